@@ -1,0 +1,318 @@
+"""The LM's authoritative books: which task holds what on which node, for which GM.
+
+Every node belongs to exactly one partition, one per GM. GM requests are validated here
+and either applied whole or rejected with a reason; nothing is half-done. The three
+requests follow the paper:
+
+- ``launch``: node in the requesting GM's own partition.
+- ``repartition``: node in another GM's partition; exactly the task's resources are
+  carved out as a logical node of the requester and return to the owner on release.
+- ``preempt``: victims still run on the node and their queues are still over share;
+  they are released (to be re-queued by their GM) and the task takes their place.
+
+Requests are idempotent by ``(task_id, attempt)``: a repeated launch changes nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from services.core.constraints import DEFAULT_NUM_CONSTRAINTS, from_mask
+from services.core.fairness import usage_by_queue
+from services.core.match import FirstFit, PlacementPolicy
+from services.core.node_table import NodeTable
+from services.core.resources import NUM_RESOURCES, format_resources, validate_capacity
+from services.core.snapshot import Allocation, Snapshot
+from services.core.status import PlacementStatus
+from services.core.task import TaskSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    status: PlacementStatus
+    reason: str = ""
+    allocation: Allocation | None = None
+    preempted: tuple[Allocation, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status.ok
+
+
+class ClusterState:
+    """One LM's nodes, partitions and running allocations, versioned for heartbeats."""
+
+    def __init__(
+        self,
+        lm_id: str,
+        gm_ids: Sequence[str],
+        num_constraints: int = DEFAULT_NUM_CONSTRAINTS,
+        policy: PlacementPolicy | None = None,
+        delta_history: int = 100_000,
+    ):
+        if not gm_ids:
+            raise ValueError("an LM needs at least one GM (one partition per GM)")
+        if len(set(gm_ids)) != len(gm_ids):
+            raise ValueError(f"GM ids must be unique, got {list(gm_ids)}")
+        self.lm_id = lm_id
+        self.gm_ids = tuple(gm_ids)
+        self._partition_of = {gm: p for p, gm in enumerate(self.gm_ids)}
+        self.table = NodeTable(len(self.gm_ids), num_constraints)
+        self.policy: PlacementPolicy = policy or FirstFit()
+        self.version = 0
+        self.allocations: dict[str, Allocation] = {}  # insertion order = version order
+        self._by_node: dict[int, set[str]] = collections.defaultdict(set)
+        self._free_version = np.zeros(0, dtype=np.int64)
+        self._static_version = np.zeros(0, dtype=np.int64)
+        self._ended: collections.deque[tuple[int, str]] = collections.deque()
+        self._delta_history = delta_history
+        self._delta_floor = 0  # deltas from a base below this need a full snapshot
+        self._ended_attempt: dict[str, int] = {}
+        self._sequence = 0
+
+    # ------------------------------------------------------------------ nodes
+    def partition_of(self, gm_id: str) -> int | None:
+        return self._partition_of.get(gm_id)
+
+    def add_node(
+        self,
+        node_id: str,
+        capacity: np.ndarray,
+        constraint_mask: int = 0,
+        partition: int | None = None,
+        address: str = "",
+    ) -> int:
+        """Register a node; without a partition it joins the smallest one."""
+        validate_capacity(capacity)
+        if constraint_mask >> self.table.num_constraints:
+            bad = [c for c in from_mask(constraint_mask) if c >= self.table.num_constraints]
+            raise ValueError(f"node {node_id!r} claims unknown constraints {bad}")
+        if partition is None:
+            partition = int(self.table.partition_sizes().argmin())
+        index = self.table.add(node_id, capacity, constraint_mask, partition, address)
+        self.version += 1
+        self._free_version = np.append(self._free_version, self.version)
+        self._static_version = np.append(self._static_version, self.version)
+        return index
+
+    def set_alive(self, index: int, alive: bool) -> list[Allocation]:
+        """Mark a node alive or dead. A dead node's tasks are released and returned so
+        the caller re-queues them; it takes no new work until it is alive again."""
+        if self.table.is_alive(index) == alive:
+            return []
+        self.version += 1
+        self.table.set_alive(index, alive)
+        self._static_version[index] = self.version
+        if alive:
+            return []
+        lost = [self.allocations[t] for t in sorted(self._by_node.get(index, ()))]
+        for allocation in lost:
+            self._release(allocation)
+        return lost
+
+    # --------------------------------------------------------------- requests
+    def launch(self, gm_id: str, task: TaskSpec, node: int) -> Decision:
+        return self._place(gm_id, task, node, repartition=False)
+
+    def repartition(self, gm_id: str, task: TaskSpec, node: int) -> Decision:
+        return self._place(gm_id, task, node, repartition=True)
+
+    def preempt(
+        self,
+        gm_id: str,
+        task: TaskSpec,
+        node: int,
+        victim_ids: Sequence[str],
+        is_over_share: Callable[[str], bool],
+    ) -> Decision:
+        """Kill ``victim_ids`` on ``node`` and launch ``task`` there, if still justified."""
+        early = self._check_common(gm_id, task, node)
+        if early is not None:
+            return early
+        if not victim_ids:
+            return Decision(PlacementStatus.REJECTED_VICTIMS, "no victims named")
+        victims = []
+        node_id = self.table.node_ids[node]
+        for vid in victim_ids:
+            victim = self.allocations.get(vid)
+            if victim is None or victim.node != node:
+                return Decision(
+                    PlacementStatus.REJECTED_VICTIMS,
+                    f"victim {vid} no longer runs on node {node_id}",
+                )
+            if not is_over_share(victim.queue):
+                return Decision(
+                    PlacementStatus.REJECTED_VICTIMS,
+                    f"victim {vid}'s queue {victim.queue} is no longer over its share",
+                )
+            victims.append(victim)
+        freed = np.sum([v.resources for v in victims], axis=0)
+        if not self.policy.fits(self.table, node, task, extra_free=freed):
+            return Decision(
+                PlacementStatus.REJECTED_RESOURCES,
+                self._resource_reason(task, node, extra=freed),
+            )
+        for victim in victims:
+            self._release(victim)
+        partition = self._partition_of[gm_id]
+        logical = int(self.table.owner[node]) != partition
+        allocation = self._allocate(task, node, partition, logical)
+        return Decision(PlacementStatus.ACCEPTED, allocation=allocation, preempted=tuple(victims))
+
+    def release(self, task_id: str) -> Allocation | None:
+        """Give a task's resources back (to the owner partition, for a logical node).
+
+        Idempotent: releasing an unknown or already released task returns None.
+        """
+        allocation = self.allocations.get(task_id)
+        if allocation is None:
+            return None
+        self._release(allocation)
+        return allocation
+
+    # ----------------------------------------------------------- snapshots
+    def snapshot(self, since_version: int | None = None) -> Snapshot:
+        """Everything (``since_version`` None or too old), or what changed after it."""
+        full = since_version is None or since_version < self._delta_floor
+        if full:
+            base = 0
+            free_idx = np.arange(self.table.size, dtype=np.uint32)
+            nodes = self.table.columns()
+            allocations = list(self.allocations.values())
+            ended: list[str] = []
+        else:
+            assert since_version is not None
+            base = min(since_version, self.version)
+            free_idx = np.flatnonzero(self._free_version > base).astype(np.uint32)
+            nodes = self.table.columns(np.flatnonzero(self._static_version > base))
+            allocations = []
+            for allocation in reversed(self.allocations.values()):
+                if allocation.version <= base:
+                    break
+                allocations.append(allocation)
+            allocations.reverse()
+            ended = [task_id for version, task_id in self._ended if version > base]
+        return Snapshot(
+            lm_id=self.lm_id,
+            version=self.version,
+            full=full,
+            base_version=base,
+            gm_ids=self.gm_ids,
+            num_constraints=self.table.num_constraints,
+            nodes=nodes,
+            free_indices=free_idx,
+            free=self.table.free[:, free_idx.astype(np.int64)].copy(),
+            allocations=allocations,
+            ended_task_ids=ended,
+        )
+
+    # ----------------------------------------------------------- accounting
+    def queue_usage(self) -> dict[str, np.ndarray]:
+        """Resources held per user queue (what fairness measures shares with)."""
+        return usage_by_queue(self.allocations.values())
+
+    def borrowed(self) -> np.ndarray:
+        """Per owner partition, resources lent to other GMs by repartition."""
+        out = np.zeros((self.table.num_partitions, NUM_RESOURCES), dtype=np.int64)
+        for allocation in self.allocations.values():
+            if allocation.logical:
+                out[int(self.table.owner[allocation.node])] += allocation.resources
+        return out
+
+    # ------------------------------------------------------------- internals
+    def _duplicate(self, task: TaskSpec) -> Decision | None:
+        current = self.allocations.get(task.task_id)
+        if current is not None and current.attempt >= task.attempt:
+            return Decision(PlacementStatus.DUPLICATE, "already running", allocation=current)
+        if self._ended_attempt.get(task.task_id, -1) >= task.attempt:
+            return Decision(PlacementStatus.DUPLICATE, f"attempt {task.attempt} already ended")
+        return None
+
+    def _check_common(self, gm_id: str, task: TaskSpec, node: int) -> Decision | None:
+        """Checks every request shares; None when the request may go on."""
+        duplicate = self._duplicate(task)
+        if duplicate is not None:
+            return duplicate
+        if gm_id not in self._partition_of:
+            return Decision(PlacementStatus.REJECTED_UNKNOWN_GM, f"unknown GM {gm_id!r}")
+        if not 0 <= node < self.table.size:
+            return Decision(PlacementStatus.REJECTED_UNKNOWN_NODE, f"no node with index {node}")
+        if not self.table.is_alive(node):
+            return Decision(
+                PlacementStatus.REJECTED_NODE_DEAD, f"node {self.table.node_ids[node]} is dead"
+            )
+        if not self.table.satisfies(node, task.constraint_mask):
+            have = int(self.table.constraint_masks[node])
+            missing = from_mask(task.constraint_mask & ~have)
+            return Decision(
+                PlacementStatus.REJECTED_CONSTRAINTS,
+                f"node {self.table.node_ids[node]} lacks constraints {missing}",
+            )
+        return None
+
+    def _place(self, gm_id: str, task: TaskSpec, node: int, repartition: bool) -> Decision:
+        early = self._check_common(gm_id, task, node)
+        if early is not None:
+            return early
+        partition = self._partition_of[gm_id]
+        internal = int(self.table.owner[node]) == partition
+        if internal == repartition:
+            owner = self.gm_ids[int(self.table.owner[node])]
+            hint = "use Launch" if internal else "use Repartition"
+            return Decision(
+                PlacementStatus.REJECTED_WRONG_PARTITION,
+                f"node {self.table.node_ids[node]} is in {owner}'s partition; {hint}",
+            )
+        if not self.policy.fits(self.table, node, task):
+            return Decision(PlacementStatus.REJECTED_RESOURCES, self._resource_reason(task, node))
+        allocation = self._allocate(task, node, partition, logical=repartition)
+        return Decision(PlacementStatus.ACCEPTED, allocation=allocation)
+
+    def _allocate(self, task: TaskSpec, node: int, partition: int, logical: bool) -> Allocation:
+        self.version += 1
+        self._sequence += 1
+        previous = self.allocations.get(task.task_id)
+        if previous is not None:  # an older attempt still on the books: replaced
+            self._release(previous)
+        allocation = Allocation(
+            task_id=task.task_id,
+            queue=task.queue,
+            node=node,
+            resources=task.resources.copy(),
+            partition=partition,
+            logical=logical,
+            sequence=self._sequence,
+            attempt=task.attempt,
+            version=self.version,
+        )
+        self.table.free[:, node] -= allocation.resources
+        self._free_version[node] = self.version
+        self.allocations[task.task_id] = allocation
+        self._by_node[node].add(task.task_id)
+        return allocation
+
+    def _release(self, allocation: Allocation) -> None:
+        """Completion, preemption and loss are booked alike: the attempt has ended (a
+        stale retry of it is a duplicate) and its resources are free again. Re-queueing
+        a lost or preempted task, as attempt + 1, is the caller's business."""
+        del self.allocations[allocation.task_id]
+        self._by_node[allocation.node].discard(allocation.task_id)
+        self.version += 1
+        self.table.free[:, allocation.node] += allocation.resources
+        self._free_version[allocation.node] = self.version
+        self._ended_attempt[allocation.task_id] = allocation.attempt
+        self._ended.append((self.version, allocation.task_id))
+        while len(self._ended) > self._delta_history:
+            version, _ = self._ended.popleft()
+            self._delta_floor = version
+
+    def _resource_reason(self, task: TaskSpec, node: int, extra: np.ndarray | None = None) -> str:
+        free = self.table.free[:, node] + (0 if extra is None else extra)
+        return (
+            f"node {self.table.node_ids[node]} has {format_resources(free)} free, "
+            f"task needs {format_resources(task.resources)}"
+        )

@@ -1,0 +1,224 @@
+"""The GM's eventually-consistent view of every LM, and placement over it (paper Alg. 1).
+
+    heartbeats / replies ──apply──> LMView per LM ──match──> Placement(lm, node, kind)
+                                     (NodeTable,            internal partitions round-robin,
+                                      allocations)          then external ones (repartition)
+
+The view is rebuilt from LM snapshots alone, so a GM can be killed and restarted at any
+time. After a launch it deducts the task optimistically (``reserve``); the LM's next
+state overwrites the deduction with the truth either way.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+from bitarray import bitarray
+from bitarray.util import ones
+
+from services.core.constraints import DEFAULT_NUM_CONSTRAINTS
+from services.core.fairness import FairShare, Victims, pick_victims, usage_by_queue
+from services.core.match import NO_NODE, FirstFit, PlacementPolicy, assess, match
+from services.core.node_table import NodeTable
+from services.core.resources import NUM_RESOURCES
+from services.core.snapshot import Allocation, Snapshot
+from services.core.status import Verdict
+from services.core.task import TaskSpec
+
+
+class ApplyResult(enum.Enum):
+    APPLIED = "applied"
+    STALE = "stale"  # not newer than the view: ignored
+    NEEDS_FULL = "needs_full"  # a delta whose base the view has not reached: ask GetState
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    lm_id: str
+    node: int
+    node_id: str
+    repartition: bool  # True: the node belongs to another GM's partition
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionPlan:
+    lm_id: str
+    node_id: str
+    victims: Victims
+
+
+@dataclass(slots=True, eq=False)
+class LMView:
+    """What one GM believes about one LM."""
+
+    lm_id: str
+    gm_ids: tuple[str, ...]
+    table: NodeTable
+    version: int
+    partition: int | None  # this GM's partition in the LM, None if the LM doesn't know us
+    updated_at: float
+    allocations: dict[str, Allocation] = field(default_factory=dict)
+    internal: bitarray | None = None
+    external: bitarray | None = None
+
+    def refresh_masks(self) -> None:
+        if self.partition is None:
+            self.internal, self.external = None, ones(self.table.size, endian="big")
+        else:
+            self.internal = self.table.members[self.partition]
+            self.external = ~self.internal
+
+
+class GlobalView:
+    """Every LM's nodes as this GM last heard of them."""
+
+    def __init__(
+        self,
+        gm_id: str,
+        policy: PlacementPolicy | None = None,
+        num_constraints: int = DEFAULT_NUM_CONSTRAINTS,
+    ):
+        self.gm_id = gm_id
+        self.policy: PlacementPolicy = policy or FirstFit()
+        self.num_constraints = num_constraints
+        self.lms: dict[str, LMView] = {}
+        self._order: list[str] = []
+        self._rr_internal = 0
+        self._rr_external = 0
+
+    # -------------------------------------------------------------- updates
+    def apply(self, snapshot: Snapshot, now: float) -> ApplyResult:
+        """Fold an LM snapshot (heartbeat or reply) into the view."""
+        view = self.lms.get(snapshot.lm_id)
+        if view is not None and snapshot.version <= view.version:
+            return ApplyResult.STALE
+        if snapshot.full:
+            self._apply_full(snapshot, now)
+            return ApplyResult.APPLIED
+        if view is None or view.version < snapshot.base_version:
+            return ApplyResult.NEEDS_FULL
+        if len(snapshot.nodes):
+            view.table.set_columns(snapshot.nodes)
+            view.refresh_masks()
+        view.table.set_free(snapshot.free_indices, snapshot.free)
+        for task_id in snapshot.ended_task_ids:
+            view.allocations.pop(task_id, None)
+        for allocation in snapshot.allocations:
+            view.allocations[allocation.task_id] = allocation
+        view.version = snapshot.version
+        view.updated_at = now
+        return ApplyResult.APPLIED
+
+    def _apply_full(self, snapshot: Snapshot, now: float) -> None:
+        table = NodeTable(len(snapshot.gm_ids), snapshot.num_constraints)
+        table.set_columns(snapshot.nodes)
+        table.set_free(snapshot.free_indices, snapshot.free)
+        gm_ids = tuple(snapshot.gm_ids)
+        view = LMView(
+            lm_id=snapshot.lm_id,
+            gm_ids=gm_ids,
+            table=table,
+            version=snapshot.version,
+            partition=gm_ids.index(self.gm_id) if self.gm_id in gm_ids else None,
+            updated_at=now,
+            allocations={a.task_id: a for a in snapshot.allocations},
+        )
+        view.refresh_masks()
+        if snapshot.lm_id not in self.lms:
+            self._order = sorted([*self._order, snapshot.lm_id])
+        self.lms[snapshot.lm_id] = view
+
+    def forget(self, lm_id: str) -> None:
+        """Drop an LM (gone silent for too long); its nodes take no more placements."""
+        if self.lms.pop(lm_id, None) is not None:
+            self._order.remove(lm_id)
+
+    def reserve(self, placement: Placement, task: TaskSpec) -> None:
+        """Optimistic deduction after deciding (or launching) a placement."""
+        view = self.lms[placement.lm_id]
+        view.table.free[:, placement.node] -= task.resources
+        view.allocations[task.task_id] = Allocation(
+            task_id=task.task_id,
+            queue=task.queue,
+            node=placement.node,
+            resources=task.resources.copy(),
+            partition=view.partition if view.partition is not None else -1,
+            logical=placement.repartition,
+            sequence=0,
+            attempt=task.attempt,
+            version=view.version,
+        )
+
+    # ------------------------------------------------------------- matching
+    def match(self, task: TaskSpec) -> Placement | None:
+        """Internal partitions round-robin over LMs, then external ones; None if full."""
+        found = self._search(task, internal=True)
+        if found is None:
+            found = self._search(task, internal=False)
+        return found
+
+    def _search(self, task: TaskSpec, internal: bool) -> Placement | None:
+        count = len(self._order)
+        start = self._rr_internal if internal else self._rr_external
+        for step in range(count):
+            slot = (start + step) % count
+            view = self.lms[self._order[slot]]
+            within = view.internal if internal else view.external
+            if within is None:
+                continue
+            node = match(view.table, task, self.policy, within)
+            if node != NO_NODE:
+                if internal:
+                    self._rr_internal = slot + 1
+                else:
+                    self._rr_external = slot + 1
+                return Placement(view.lm_id, node, view.table.node_ids[node], not internal)
+        return None
+
+    def assess(self, task: TaskSpec) -> Verdict:
+        """Placeable now, later (with why), or never, judged on this view."""
+        return assess((v.table for v in self.lms.values()), task)
+
+    # ----------------------------------------------------------- accounting
+    def allocations(self) -> Iterator[Allocation]:
+        for view in self.lms.values():
+            yield from view.allocations.values()
+
+    def total_capacity(self) -> np.ndarray:
+        total = np.zeros(NUM_RESOURCES, dtype=np.int64)
+        for view in self.lms.values():
+            total += view.table.capacity.sum(axis=1)
+        return total
+
+    def queue_usage(self) -> dict[str, np.ndarray]:
+        return usage_by_queue(self.allocations())
+
+    # ----------------------------------------------------------- fairness
+    def preemption_plan(self, task: TaskSpec, fair: FairShare) -> PreemptionPlan | str:
+        """Paper Alg. 2 for a task that found no node: whom to preempt, or why not.
+
+        Only a queue under its share may preempt, and only the queue with the largest
+        share violation loses tasks; among LMs, the node needing fewest victims wins.
+        """
+        usage, total = self.queue_usage(), self.total_capacity()
+        if not fair.is_under_share(task.queue, usage, total):
+            return f"queue {task.queue} is {fair.describe(task.queue, usage, total)}"
+        victim_queue = fair.most_over_share(usage, total, exclude=task.queue)
+        if victim_queue is None:
+            return "no queue is over its share; waiting for resources"
+        best: PreemptionPlan | None = None
+        for lm_id in self._order:
+            view = self.lms[lm_id]
+            running = [a for a in view.allocations.values() if a.queue == victim_queue]
+            victims = pick_victims(view.table, task, running)
+            if victims is None:
+                continue
+            if best is None or len(victims.task_ids) < len(best.victims.task_ids):
+                node_id = view.table.node_ids[victims.node]
+                best = PreemptionPlan(lm_id, node_id, victims)
+        if best is None:
+            return f"no node could hold it even after preempting queue {victim_queue}"
+        return best

@@ -1,0 +1,222 @@
+"""The column store of one LM's nodes, shared by the LM's books and the GM's view of them.
+
+Nodes are rows ``0..n-1`` that never move (a dead node keeps its row), so an index is a
+stable node address on the wire. Numbers live in numpy arrays laid out resource-major
+(``free[d, i]``), so "free cpu of every node" is one contiguous slice. Sets of nodes
+(alive, each constraint, each partition) are bitarrays, so a candidate set is a few ANDs.
+The numpy arrays are the truth; the bitarrays are kept in step by every mutator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from bitarray import bitarray
+
+from services.core.constraints import DEFAULT_NUM_CONSTRAINTS, MAX_CONSTRAINTS
+from services.core.resources import NUM_RESOURCES
+
+
+@dataclass(slots=True)
+class NodeColumns:
+    """Static facts of a batch of nodes, column-wise (what a snapshot carries)."""
+
+    indices: np.ndarray  # uint32 (k,)
+    node_ids: list[str]
+    addresses: list[str]
+    capacity: np.ndarray  # int64 (NUM_RESOURCES, k)
+    constraint_masks: np.ndarray  # uint64 (k,)
+    partitions: np.ndarray  # int32 (k,)
+    alive: np.ndarray  # bool (k,)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+def bits_from_bools(values: np.ndarray) -> bitarray:
+    """A big-endian bitarray with bit i = values[i] (vectorised through packbits)."""
+    out = bitarray(endian="big")
+    out.frombytes(np.packbits(values.astype(bool, copy=False)).tobytes())
+    del out[len(values) :]
+    return out
+
+
+def bools_from_bits(bits: bitarray, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """The inverse of ``bits_from_bools`` for ``bits[start:stop]``; ``start`` byte-aligned."""
+    stop = len(bits) if stop is None else stop
+    raw = np.frombuffer(bits[start:stop].tobytes(), dtype=np.uint8)
+    return np.unpackbits(raw, count=stop - start).view(bool)
+
+
+class NodeTable:
+    """Nodes of one LM: capacity, free resources, constraints, liveness, owner partition."""
+
+    def __init__(self, num_partitions: int, num_constraints: int = DEFAULT_NUM_CONSTRAINTS):
+        if not 0 < num_constraints <= MAX_CONSTRAINTS:
+            raise ValueError(f"num_constraints must be in 1..{MAX_CONSTRAINTS}")
+        if num_partitions < 1:
+            raise ValueError("a node table needs at least one partition")
+        self.num_constraints = num_constraints
+        self.num_partitions = num_partitions
+        self.size = 0
+        self.node_ids: list[str] = []
+        self.addresses: list[str] = []
+        self._index_of: dict[str, int] = {}
+        cap = 16
+        self._capacity = np.zeros((NUM_RESOURCES, cap), dtype=np.int64)
+        self._free = np.zeros((NUM_RESOURCES, cap), dtype=np.int64)
+        self._masks = np.zeros(cap, dtype=np.uint64)
+        self._owner = np.zeros(cap, dtype=np.int32)
+        self.alive = bitarray(endian="big")
+        self.constraint_bits = [bitarray(endian="big") for _ in range(num_constraints)]
+        self.members = [bitarray(endian="big") for _ in range(num_partitions)]
+
+    # ----------------------------------------------------------------- views
+    @property
+    def capacity(self) -> np.ndarray:
+        return self._capacity[:, : self.size]
+
+    @property
+    def free(self) -> np.ndarray:
+        return self._free[:, : self.size]
+
+    @property
+    def constraint_masks(self) -> np.ndarray:
+        return self._masks[: self.size]
+
+    @property
+    def owner(self) -> np.ndarray:
+        return self._owner[: self.size]
+
+    def index_of(self, node_id: str) -> int | None:
+        return self._index_of.get(node_id)
+
+    def is_alive(self, index: int) -> bool:
+        return bool(self.alive[index])
+
+    def satisfies(self, index: int, constraint_mask: int) -> bool:
+        return int(self._masks[index]) & constraint_mask == constraint_mask
+
+    # ------------------------------------------------------------- mutators
+    def add(
+        self,
+        node_id: str,
+        capacity: np.ndarray,
+        constraint_mask: int,
+        partition: int,
+        address: str = "",
+        alive: bool = True,
+    ) -> int:
+        """Append a node (free = capacity) and return its row."""
+        if node_id in self._index_of:
+            raise ValueError(f"node {node_id!r} is already registered")
+        if not 0 <= partition < self.num_partitions:
+            raise ValueError(f"partition {partition} out of range 0..{self.num_partitions - 1}")
+        self._grow(self.size + 1)
+        i = self.size
+        self.size += 1
+        self.node_ids.append(node_id)
+        self.addresses.append(address)
+        self._index_of[node_id] = i
+        self._capacity[:, i] = capacity
+        self._free[:, i] = capacity
+        self._masks[i] = constraint_mask
+        self._owner[i] = partition
+        self.alive.append(alive)
+        for c, bits in enumerate(self.constraint_bits):
+            bits.append((constraint_mask >> c) & 1)
+        for p, bits in enumerate(self.members):
+            bits.append(p == partition)
+        return i
+
+    def set_alive(self, index: int, alive: bool) -> None:
+        self.alive[index] = alive
+
+    def set_columns(self, columns: NodeColumns) -> None:
+        """Overwrite (or append) the static facts of the given rows, vectorised."""
+        if len(columns) == 0:
+            return
+        idx = columns.indices.astype(np.int64)
+        new_size = max(self.size, int(idx.max()) + 1)
+        if new_size > self.size:
+            self._grow(new_size)
+            grow_by = new_size - self.size
+            self.node_ids.extend([""] * grow_by)
+            self.addresses.extend([""] * grow_by)
+            self._capacity[:, self.size : new_size] = 0
+            self._free[:, self.size : new_size] = 0
+            self._masks[self.size : new_size] = 0
+            self._owner[self.size : new_size] = 0
+            self.size = new_size
+        rows = zip(idx.tolist(), columns.node_ids, columns.addresses, strict=True)
+        for i, node_id, address in rows:
+            old = self.node_ids[i]
+            if old and self._index_of.get(old) == i:
+                del self._index_of[old]
+            self.node_ids[i] = node_id
+            self.addresses[i] = address
+            self._index_of[node_id] = i
+        self._capacity[:, idx] = columns.capacity
+        self._masks[idx] = columns.constraint_masks
+        self._owner[idx] = np.clip(columns.partitions, 0, self.num_partitions - 1)
+        alive_all = np.zeros(self.size, dtype=bool)
+        alive_all[: len(self.alive)] = bools_from_bits(self.alive)
+        alive_all[idx] = columns.alive
+        self._rebuild_bits(alive_all)
+
+    def set_free(self, indices: np.ndarray, free: np.ndarray) -> None:
+        """Overwrite free resources of ``indices`` with ``free`` (NUM_RESOURCES, k)."""
+        self._free[:, indices.astype(np.int64)] = free
+
+    # ------------------------------------------------------------- helpers
+    def partition_free(self) -> np.ndarray:
+        """Free resources summed per owner partition: (num_partitions, NUM_RESOURCES)."""
+        out = np.zeros((self.num_partitions, NUM_RESOURCES), dtype=np.int64)
+        np.add.at(out, self.owner, self.free.T)
+        return out
+
+    def partition_sizes(self) -> np.ndarray:
+        return np.bincount(self.owner, minlength=self.num_partitions)
+
+    def _rebuild_bits(self, alive: np.ndarray) -> None:
+        self.alive = bits_from_bools(alive)
+        masks = self.constraint_masks
+        one = np.uint64(1)
+        self.constraint_bits = [
+            bits_from_bools((masks >> np.uint64(c)) & one) for c in range(self.num_constraints)
+        ]
+        owner = self.owner
+        self.members = [bits_from_bools(owner == p) for p in range(self.num_partitions)]
+
+    def _grow(self, needed: int) -> None:
+        cap = self._free.shape[1]
+        if needed <= cap:
+            return
+        while cap < needed:
+            cap *= 2
+        for name in ("_capacity", "_free"):
+            old = getattr(self, name)
+            new = np.zeros((NUM_RESOURCES, cap), dtype=np.int64)
+            new[:, : old.shape[1]] = old
+            setattr(self, name, new)
+        for name in ("_masks", "_owner"):
+            old = getattr(self, name)
+            new = np.zeros(cap, dtype=old.dtype)
+            new[: old.shape[0]] = old
+            setattr(self, name, new)
+
+    def columns(self, indices: Sequence[int] | np.ndarray | None = None) -> NodeColumns:
+        """Static facts of ``indices`` (all rows when None), for a snapshot."""
+        idx = np.arange(self.size) if indices is None else np.asarray(indices, dtype=np.int64)
+        alive = bools_from_bits(self.alive)[idx] if self.size else np.zeros(0, dtype=bool)
+        return NodeColumns(
+            indices=idx.astype(np.uint32),
+            node_ids=[self.node_ids[i] for i in idx.tolist()],
+            addresses=[self.addresses[i] for i in idx.tolist()],
+            capacity=self._capacity[:, idx].copy(),
+            constraint_masks=self._masks[idx].copy(),
+            partitions=self._owner[idx].copy(),
+            alive=alive,
+        )

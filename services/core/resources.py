@@ -1,0 +1,170 @@
+"""Resource vectors: the four quantities every node offers and every task asks for.
+
+A resource vector is a numpy ``int64`` array of length ``NUM_RESOURCES`` in the order
+``cpu_milli, memory_mb, disk_mb, net_mbps``. Plain arrays (not a class) because the hot
+path compares a request against a whole column of nodes at once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+RESOURCE_NAMES: tuple[str, ...] = ("cpu_milli", "memory_mb", "disk_mb", "net_mbps")
+NUM_RESOURCES = len(RESOURCE_NAMES)
+CPU, MEMORY, DISK, NET = range(NUM_RESOURCES)
+
+# Human spellings accepted by ``parse_resources`` -> index into the vector.
+_ALIASES: dict[str, int] = {
+    "cpu": CPU,
+    "cpu_milli": CPU,
+    "mem": MEMORY,
+    "memory": MEMORY,
+    "memory_mb": MEMORY,
+    "disk": DISK,
+    "disk_mb": DISK,
+    "net": NET,
+    "network": NET,
+    "net_mbps": NET,
+}
+
+# Upper bound per quantity. It keeps sums of many tasks far from int64 overflow and
+# catches unit mistakes ("mem=2000000Gi") with a readable error.
+MAX_VALUE = 1 << 40
+
+_QUANTITY = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[A-Za-z]*)\s*$")
+
+# Memory/disk units -> MiB. Decimal (G, M) and binary (Gi, Mi) suffixes are both
+# accepted; decimal ones are converted exactly, then rounded up to whole MiB.
+_BYTES_PER_UNIT: dict[str, float] = {
+    "": 1024**2,  # a bare number is already MiB
+    "k": 1e3,
+    "ki": 1024,
+    "m": 1e6,
+    "mi": 1024**2,
+    "g": 1e9,
+    "gi": 1024**3,
+    "t": 1e12,
+    "ti": 1024**4,
+}
+# Network units -> Mbit/s.
+_MBPS_PER_UNIT: dict[str, float] = {"": 1, "k": 1e-3, "m": 1, "g": 1e3, "t": 1e6}
+
+
+class ResourceError(ValueError):
+    """A resource vector or a human resource string is invalid; the message says why."""
+
+
+def resources(
+    cpu_milli: int = 0, memory_mb: int = 0, disk_mb: int = 0, net_mbps: int = 0
+) -> np.ndarray:
+    """Build a resource vector from keyword quantities."""
+    return np.array([cpu_milli, memory_mb, disk_mb, net_mbps], dtype=np.int64)
+
+
+def zeros() -> np.ndarray:
+    return np.zeros(NUM_RESOURCES, dtype=np.int64)
+
+
+def _parse_cpu(text: str) -> int:
+    match = _QUANTITY.match(text)
+    if not match:
+        raise ResourceError(f"cannot read cpu quantity {text!r}; use e.g. cpu=2 or cpu=500m")
+    num, unit = float(match["num"]), match["unit"].lower()
+    if unit == "m":
+        return int(np.ceil(num))
+    if unit == "":
+        return int(np.ceil(num * 1000))
+    raise ResourceError(f"unknown cpu unit {match['unit']!r} in {text!r}; use cores or 'm'")
+
+
+def _parse_scaled(text: str, name: str, table: Mapping[str, float], divisor: float) -> int:
+    match = _QUANTITY.match(text)
+    if not match:
+        raise ResourceError(f"cannot read {name} quantity {text!r}")
+    unit = match["unit"].lower().removesuffix("b").removesuffix("bps")
+    if unit not in table:
+        allowed = ", ".join(repr(u) for u in table if u)
+        raise ResourceError(f"unknown {name} unit {match['unit']!r} in {text!r}; use {allowed}")
+    return int(np.ceil(float(match["num"]) * table[unit] / divisor))
+
+
+def parse_resources(text: str) -> np.ndarray:
+    """Parse ``"cpu=500m,mem=2Gi,disk=10Gi,net=100M"`` into a resource vector.
+
+    CPU is in cores (``2``, ``0.5``) or millicores (``500m``); memory and disk take byte
+    suffixes (``512Mi``, ``2Gi``, ``1G``; a bare number is MiB); network takes bit-rate
+    suffixes (``100M``, ``1G``; a bare number is Mbit/s). Quantities round up.
+    """
+    vector = zeros()
+    seen: set[int] = set()
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        key = key.strip().lower()
+        if not sep or not value.strip():
+            raise ResourceError(f"expected name=quantity, got {item!r}")
+        if key not in _ALIASES:
+            known = ", ".join(sorted({"cpu", "mem", "disk", "net"}))
+            raise ResourceError(f"unknown resource {key!r}; known: {known}")
+        index = _ALIASES[key]
+        if index in seen:
+            raise ResourceError(f"resource {RESOURCE_NAMES[index]} given twice in {text!r}")
+        seen.add(index)
+        if index == CPU:
+            vector[index] = _parse_cpu(value)
+        elif index == NET:
+            vector[index] = _parse_scaled(value, "network", _MBPS_PER_UNIT, 1)
+        else:
+            name = "memory" if index == MEMORY else "disk"
+            vector[index] = _parse_scaled(value, name, _BYTES_PER_UNIT, 1024**2)
+    if not seen:
+        raise ResourceError("no resources given; use e.g. cpu=1,mem=512Mi")
+    validate_request(vector)
+    return vector
+
+
+def format_resources(vector: Iterable[int]) -> str:
+    """Render a vector the way a person reads it: ``cpu=1.5 mem=2048Mi disk=0Mi net=0M``."""
+    cpu, mem, disk, net = (int(v) for v in vector)
+    cores = f"{cpu / 1000:g}" if cpu % 1000 == 0 or cpu >= 10_000 else f"{cpu}m"
+    return f"cpu={cores} mem={mem}Mi disk={disk}Mi net={net}M"
+
+
+def validate_request(vector: np.ndarray) -> None:
+    """A task request: no negative quantity, something asked for, nothing absurd."""
+    _validate_shape(vector, "request")
+    if (vector < 0).any():
+        raise ResourceError(f"request has a negative quantity: {_describe(vector < 0, vector)}")
+    if not (vector > 0).any():
+        raise ResourceError("request asks for nothing; a task needs some cpu or memory")
+    _validate_bounds(vector, "request")
+
+
+def validate_capacity(vector: np.ndarray) -> None:
+    """A node capacity: no negative quantity and at least some CPU and memory."""
+    _validate_shape(vector, "capacity")
+    if (vector < 0).any():
+        raise ResourceError(f"capacity has a negative quantity: {_describe(vector < 0, vector)}")
+    if vector[CPU] <= 0 or vector[MEMORY] <= 0:
+        raise ResourceError("a node needs cpu_milli > 0 and memory_mb > 0")
+    _validate_bounds(vector, "capacity")
+
+
+def _validate_shape(vector: np.ndarray, what: str) -> None:
+    if vector.shape != (NUM_RESOURCES,):
+        raise ResourceError(f"{what} must have {NUM_RESOURCES} quantities, got {vector.shape}")
+
+
+def _validate_bounds(vector: np.ndarray, what: str) -> None:
+    too_big = vector > MAX_VALUE
+    if too_big.any():
+        raise ResourceError(f"{what} quantity out of range: {_describe(too_big, vector)}")
+
+
+def _describe(mask: np.ndarray, vector: np.ndarray) -> str:
+    return ", ".join(f"{RESOURCE_NAMES[i]}={int(vector[i])}" for i in np.flatnonzero(mask))
