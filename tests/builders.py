@@ -1,0 +1,27 @@
+"""Small builders shared by the tests."""
+
+from __future__ import annotations
+
+from services.core.constraints import to_mask
+from services.core.resources import resources
+from services.core.task import TaskSpec
+
+
+def task(
+    task_id: str = "t1",
+    cpu: int = 1000,
+    mem: int = 1024,
+    constraints: tuple[int, ...] = (),
+    queue: str = "default",
+    attempt: int = 0,
+) -> TaskSpec:
+    return TaskSpec(
+        task_id=task_id,
+        resources=resources(cpu, mem),
+        constraint_mask=to_mask(constraints),
+        queue=queue,
+        attempt=attempt,
+    )
+
+
+NODE = resources(cpu_milli=4000, memory_mb=8192, disk_mb=1000, net_mbps=1000)

@@ -1,0 +1,132 @@
+import numpy as np
+
+from services.core.cluster_state import ClusterState
+from services.core.fairness import FairShare, QueueShare
+from services.core.global_view import ApplyResult, GlobalView, PreemptionPlan
+from services.core.status import Schedulability
+from tests.builders import NODE, task
+
+GMS = ("gm-a", "gm-b")
+
+
+def federation(lms: int = 3, nodes: int = 4) -> list[ClusterState]:
+    states = []
+    for j in range(lms):
+        state = ClusterState(f"lm-{j}", GMS)
+        for i in range(nodes):
+            state.add_node(f"lm{j}-w{i}", NODE, partition=i % 2)
+        states.append(state)
+    return states
+
+
+def view_of(states, gm="gm-a") -> GlobalView:
+    view = GlobalView(gm)
+    for s in states:
+        assert view.apply(s.snapshot(), now=0.0) is ApplyResult.APPLIED
+    return view
+
+
+def test_full_snapshot_rebuilds_an_identical_table():
+    states = federation(1, 5)
+    states[0].launch("gm-a", task(), 2)
+    view = view_of(states)
+    mine = view.lms["lm-0"].table
+    np.testing.assert_array_equal(mine.free, states[0].table.free)
+    np.testing.assert_array_equal(mine.capacity, states[0].table.capacity)
+    assert mine.node_ids == states[0].table.node_ids
+    assert mine.members[0] == states[0].table.members[0]
+    assert set(view.lms["lm-0"].allocations) == {"t1"}
+
+
+def test_deltas_apply_in_order_and_stale_or_gapped_ones_are_refused():
+    (state,) = federation(1)
+    view = view_of([state])
+    v0 = state.version
+    state.launch("gm-a", task("t1"), 0)
+    d1 = state.snapshot(since_version=v0)
+    v1 = state.version
+    state.launch("gm-a", task("t2"), 0)
+    state.release("t1")
+    d2 = state.snapshot(since_version=v1)
+    assert view.apply(d2, 1.0) is ApplyResult.NEEDS_FULL  # a gap: v0 < base v1
+    assert view.apply(d1, 1.0) is ApplyResult.APPLIED
+    assert view.apply(d1, 1.0) is ApplyResult.STALE
+    assert view.apply(d2, 2.0) is ApplyResult.APPLIED
+    lmv = view.lms["lm-0"]
+    np.testing.assert_array_equal(lmv.table.free, state.table.free)
+    assert set(lmv.allocations) == {"t2"} and lmv.updated_at == 2.0
+    # a delta from an older base than the view still converges (absolute values)
+    v2 = state.version
+    state.launch("gm-a", task("t3"), 2)
+    assert view.apply(state.snapshot(since_version=v0), 3.0) is ApplyResult.APPLIED
+    np.testing.assert_array_equal(lmv.table.free, state.table.free)
+    assert set(lmv.allocations) == {"t2", "t3"} and v2 < lmv.version
+
+
+def test_internal_partitions_round_robin_over_lms():
+    view = view_of(federation(3))
+    placed = [view.match(task(f"t{i}")) for i in range(6)]
+    assert [p.lm_id for p in placed] == ["lm-0", "lm-1", "lm-2"] * 2
+    assert all(not p.repartition and p.node % 2 == 0 for p in placed)
+
+
+def test_full_internal_partitions_fall_back_to_external_then_none():
+    states = federation(2, 2)  # per LM: node 0 -> gm-a, node 1 -> gm-b
+    view = view_of(states)
+    for n in range(2):
+        placement = view.match(task(f"big{n}", cpu=4000))
+        assert not placement.repartition
+        view.reserve(placement, task(f"big{n}", cpu=4000))
+    placement = view.match(task("x", cpu=4000))
+    assert placement.repartition and placement.node == 1
+    view.reserve(placement, task("x", cpu=4000))
+    view.reserve(view.match(task("y", cpu=4000)), task("y", cpu=4000))
+    assert view.match(task("z", cpu=4000)) is None
+    verdict = view.assess(task("z", cpu=4000))
+    assert verdict.schedulability is Schedulability.UNSCHEDULABLE
+    assert view.assess(task("z", cpu=40_000)).schedulability is Schedulability.INFEASIBLE
+
+
+def test_a_wrong_view_is_corrected_by_the_lm_reply():
+    (state,) = federation(1, 2)
+    view_a, view_b = view_of([state], "gm-a"), view_of([state], "gm-b")
+    # gm-b takes node 0 by repartition; gm-a's view still shows node 0 free
+    placement_b = view_b.match(task("b1", cpu=4000, mem=1))
+    placement_b = view_b.match(task("b2", cpu=4000, mem=1)) if not placement_b.repartition else placement_b
+    assert state.launch("gm-b", task("b1", cpu=4000, mem=1), 1).ok
+    assert state.repartition("gm-b", task("b2", cpu=4000, mem=1), 0).ok
+    placement_a = view_a.match(task("a1", cpu=4000))
+    assert placement_a.node == 0
+    decision = state.launch("gm-a", task("a1", cpu=4000), placement_a.node)
+    assert not decision.ok
+    assert view_a.apply(state.snapshot(), 1.0) is ApplyResult.APPLIED
+    assert view_a.match(task("a1", cpu=4000)) is None
+
+
+def test_a_restarted_gm_rebuilds_the_same_view_from_heartbeats():
+    states = federation(2)
+    states[0].launch("gm-a", task("t1"), 0)
+    states[1].repartition("gm-a", task("t2"), 1)
+    old, new = view_of(states), view_of(states)
+    for lm_id in old.lms:
+        np.testing.assert_array_equal(old.lms[lm_id].table.free, new.lms[lm_id].table.free)
+    assert new.queue_usage()["default"].tolist() == [2000, 2048, 0, 0]
+    assert new.total_capacity().tolist() == (NODE * 8).tolist()
+
+
+def test_preemption_plan_follows_alg2():
+    states = federation(1, 2)
+    (state,) = states
+    for i, node in enumerate([0, 0, 1, 1]):
+        gm = "gm-a" if node == 0 else "gm-b"
+        state.launch(gm, task(f"hog{i}", cpu=2000, mem=1000, queue="hog"), node)
+    view = view_of(states)
+    fair = FairShare([QueueShare("hog", 0.5, "gm-a"), QueueShare("small", 0.5, "gm-a")])
+    plan = view.preemption_plan(task("s1", cpu=2000, queue="small"), fair)
+    assert isinstance(plan, PreemptionPlan)
+    assert plan.victims.queue == "hog" and plan.victims.task_ids == ("hog1",)  # youngest on node 0
+    # a queue over share never preempts
+    assert "over share (100% of 50%)" in view.preemption_plan(task("h", queue="hog"), fair)
+    # nothing is over share -> wait
+    lone = FairShare([QueueShare("small", 0.5), QueueShare("other", 0.5)])
+    assert "over share" not in lone.describe("small", view.queue_usage(), view.total_capacity())
