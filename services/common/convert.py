@@ -10,10 +10,11 @@ Free resources travel as packed columns (``FreeColumns``) so a heartbeat is enco
 decoded with a few list/array copies, not a loop over nodes. Node facts and allocations
 are messages per item; they change rarely, so deltas carry few of them.
 
-Not on the wire, and so not restored by ``snapshot_from_proto``: ``Allocation.attempt``
-and ``Allocation.version`` (left 0), and the federation's ``num_constraints`` (an
-argument). ``LocalMasterState.partitions`` and ``sent_unix_nanos`` have no place in a
-``Snapshot``; the sender fills them, the receiver reads them off the message.
+Not on the wire, and so not restored by ``snapshot_from_proto``: ``Allocation.version``
+(left 0; only the LM's own delta bookkeeping reads it) and the federation's
+``num_constraints`` (an argument). ``LocalMasterState.partitions`` and ``sent_unix_nanos``
+have no place in a ``Snapshot``; the sender fills them, the receiver reads them off the
+message.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ def snapshot_to_proto(
             partition=a.partition,
             logical=a.logical,
             sequence=a.sequence,
+            attempt=a.attempt,
         )
     if partitions is not None:
         if len(partitions) != len(snap.gm_ids):
@@ -173,6 +175,7 @@ def snapshot_from_proto(msg: common_pb2.LocalMasterState, num_constraints: int) 
             partition=a.partition,
             logical=a.logical,
             sequence=a.sequence,
+            attempt=a.attempt,
         )
         for a in msg.allocations
     ]
@@ -223,7 +226,7 @@ def _nodes_from_proto(nodes: Sequence[common_pb2.NodeState]) -> NodeColumns:
         indices=np.fromiter((n.index for n in nodes), dtype=np.uint32, count=k),
         node_ids=[n.node_id for n in nodes],
         addresses=[n.worker_address for n in nodes],
-        capacity=np.ascontiguousarray(capacity.reshape(k, NUM_RESOURCES).T),
+        capacity=capacity.reshape(k, NUM_RESOURCES).T.copy(),  # reshape: right when k == 0
         constraint_masks=np.fromiter((n.constraint_mask for n in nodes), np.uint64, count=k),
         partitions=np.fromiter((n.partition for n in nodes), dtype=np.int32, count=k),
         # UNSPECIFIED counts as dead: a GM must not place on a node of unknown health.

@@ -40,6 +40,13 @@ def test_first_fit_takes_lowest_row_that_fits():
     assert match(table, task(cpu=500), FirstFit()) == 3
 
 
+def test_an_exact_fit_is_a_fit():
+    table = table_of(2)
+    table.free[:, 0] = resources(1000, 1024, 0, 0)
+    for policy in (FirstFit(), BestFit()):
+        assert match(table, task(cpu=1000, mem=1024), policy) == 0
+
+
 def test_constraints_are_anded():
     masks = [to_mask([1]), to_mask([2]), to_mask([1, 2]), to_mask([1, 2, 3])]
     table = table_of(4, masks)

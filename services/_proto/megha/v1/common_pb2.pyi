@@ -512,6 +512,7 @@ class Allocation(_message.Message):
     PARTITION_FIELD_NUMBER: _builtins.int
     LOGICAL_FIELD_NUMBER: _builtins.int
     SEQUENCE_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     queue: _builtins.str
     node_index: _builtins.int
@@ -525,6 +526,10 @@ class Allocation(_message.Message):
     """LM-wide launch order (larger = younger), so victims can be picked
     youngest-first, losing the least work.
     """
+    attempt: _builtins.int
+    """Which (re)queued attempt of the task holds the resources; a request for an attempt
+    that has ended is a duplicate.
+    """
     @_builtins.property
     def resources(self) -> Global___Resources: ...
     def __init__(
@@ -537,10 +542,11 @@ class Allocation(_message.Message):
         partition: _builtins.int = ...,
         logical: _builtins.bool = ...,
         sequence: _builtins.int = ...,
+        attempt: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["logical", b"logical", "node_index", b"node_index", "partition", b"partition", "queue", b"queue", "resources", b"resources", "sequence", b"sequence", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "logical", b"logical", "node_index", b"node_index", "partition", b"partition", "queue", b"queue", "resources", b"resources", "sequence", b"sequence", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -748,3 +754,58 @@ class TaskEvent(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskEvent: _TypeAlias = TaskEvent  # noqa: Y015
+
+@_typing.final
+class TaskBatch(_message.Message):
+    """One durable user-queue message: a submitted job, or tasks re-queued after preemption
+    or a lost worker. One broker message per batch (not per task) keeps the broker far
+    from its confirmed-publish ceiling; the message is acked once every task launched.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    TASKS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    queue: _builtins.str
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___Task]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        tasks: _abc.Iterable[Global___Task] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "queue", b"queue", "tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskBatch: _TypeAlias = TaskBatch  # noqa: Y015
+
+@_typing.final
+class TaskEventBatch(_message.Message):
+    """Task lifecycle events published together on the events topic exchange, for the
+    same reason: one broker message per flush, not per event.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskEvent]: ...
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___TaskEvent] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskEventBatch: _TypeAlias = TaskEventBatch  # noqa: Y015

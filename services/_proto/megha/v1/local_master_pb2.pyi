@@ -130,7 +130,12 @@ class LaunchRequest(_message.Message):
 
     GM_ID_FIELD_NUMBER: _builtins.int
     PLACEMENTS_FIELD_NUMBER: _builtins.int
+    KNOWN_VERSION_FIELD_NUMBER: _builtins.int
     gm_id: _builtins.str
+    known_version: _builtins.int
+    """The version of this LM the GM last applied: a rejection answers with a delta
+    from it (cheap), not a full state. 0 = send a full state.
+    """
     @_builtins.property
     def placements(self) -> _containers.RepeatedCompositeFieldContainer[Global___Placement]: ...
     def __init__(
@@ -138,10 +143,11 @@ class LaunchRequest(_message.Message):
         *,
         gm_id: _builtins.str = ...,
         placements: _abc.Iterable[Global___Placement] | None = ...,
+        known_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "placements", b"placements"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "known_version", b"known_version", "placements", b"placements"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -159,7 +165,8 @@ class LaunchResponse(_message.Message):
 
     @_builtins.property
     def state(self) -> _common_pb2.LocalMasterState:
-        """Set whenever any placement was rejected: the LM's current full state, so
+        """Set whenever any placement was rejected: the LM's state since the request's
+        known_version (a delta, or full when that is 0 or too old), so
         the GM corrects its view at once (the paper's inconsistency path).
         """
 
@@ -183,7 +190,12 @@ class RepartitionRequest(_message.Message):
 
     GM_ID_FIELD_NUMBER: _builtins.int
     PLACEMENTS_FIELD_NUMBER: _builtins.int
+    KNOWN_VERSION_FIELD_NUMBER: _builtins.int
     gm_id: _builtins.str
+    known_version: _builtins.int
+    """The version of this LM the GM last applied: a rejection answers with a delta
+    from it (cheap), not a full state. 0 = send a full state.
+    """
     @_builtins.property
     def placements(self) -> _containers.RepeatedCompositeFieldContainer[Global___Placement]: ...
     def __init__(
@@ -191,10 +203,11 @@ class RepartitionRequest(_message.Message):
         *,
         gm_id: _builtins.str = ...,
         placements: _abc.Iterable[Global___Placement] | None = ...,
+        known_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "placements", b"placements"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "known_version", b"known_version", "placements", b"placements"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -236,8 +249,13 @@ class PreemptRequest(_message.Message):
     TASK_FIELD_NUMBER: _builtins.int
     NODE_INDEX_FIELD_NUMBER: _builtins.int
     VICTIM_TASK_IDS_FIELD_NUMBER: _builtins.int
+    KNOWN_VERSION_FIELD_NUMBER: _builtins.int
     gm_id: _builtins.str
     node_index: _builtins.int
+    known_version: _builtins.int
+    """The version of this LM the GM last applied: a rejection answers with a delta
+    from it (cheap), not a full state. 0 = send a full state.
+    """
     @_builtins.property
     def task(self) -> _common_pb2.Task:
         """The task to launch once the victims are gone."""
@@ -255,10 +273,11 @@ class PreemptRequest(_message.Message):
         task: _common_pb2.Task | None = ...,
         node_index: _builtins.int = ...,
         victim_task_ids: _abc.Iterable[_builtins.str] | None = ...,
+        known_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "node_index", b"node_index", "task", b"task", "victim_task_ids", b"victim_task_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "known_version", b"known_version", "node_index", b"node_index", "task", b"task", "victim_task_ids", b"victim_task_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -411,12 +430,17 @@ class TaskReport(_message.Message):
     EXIT_CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
     TIMESTAMPS_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     state: _common_pb2.TaskState.ValueType
     exit_code: _builtins.int
     """The process or container exit code, for FAILED / SUCCEEDED."""
     message: _builtins.str
     """A human-readable cause, e.g. "timed out after 60 s"."""
+    attempt: _builtins.int
+    """The attempt the report is about, so a late report of a killed attempt never
+    releases the resources of the re-queued attempt that replaced it.
+    """
     @_builtins.property
     def timestamps(self) -> _common_pb2.TaskTimestamps:
         """The worker fills in worker_received, started and finished."""
@@ -429,10 +453,11 @@ class TaskReport(_message.Message):
         exit_code: _builtins.int = ...,
         message: _builtins.str = ...,
         timestamps: _common_pb2.TaskTimestamps | None = ...,
+        attempt: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timestamps", b"timestamps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["exit_code", b"exit_code", "message", b"message", "state", b"state", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "exit_code", b"exit_code", "message", b"message", "state", b"state", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,213 @@
+"""The federation config: one file (YAML or TOML) every process reads, validated by pydantic.
+
+Any top-level scalar can be overridden by an environment variable ``MEGHA_<NAME>``
+(for example ``MEGHA_RABBITMQ_URL``, ``MEGHA_HEARTBEAT_INTERVAL_S``); containers use that
+to point the same file at other hosts. Errors come out as one readable message
+(``ConfigError``), never as a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from services.core.constraints import DEFAULT_NUM_CONSTRAINTS, MAX_CONSTRAINTS
+from services.core.resources import ResourceError, parse_resources
+
+ENV_PREFIX = "MEGHA_"
+
+
+class ConfigError(ValueError):
+    """The config file is missing, unreadable or invalid; the message says where and why."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Endpoint(_Model):
+    host: str = Field("127.0.0.1", description="Address other services dial.")
+    port: int = Field(..., ge=1, le=65535, description="gRPC port.")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port; 0 = none.")
+    bind: str = Field("", description="Address to listen on (default: host).")
+
+    @property
+    def target(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def listen(self) -> str:
+        return f"{self.bind or self.host}:{self.port}"
+
+
+class GlobalMasterConfig(Endpoint):
+    id: str = Field(..., min_length=1, description="Unique GM id; also its partition name.")
+
+
+class LocalMasterConfig(Endpoint):
+    id: str = Field(..., min_length=1, description="Unique LM id.")
+
+
+class WorkerGroup(_Model):
+    """Identical worker agents attached to one LM (one ``megha worker`` process)."""
+
+    lm: str = Field(..., description="Id of the LM the agents register with.")
+    count: int = Field(8, ge=1, le=10_000, description="Agents (nodes) in the process.")
+    capacity: str = Field("cpu=4,mem=8Gi,disk=50Gi,net=1G", description="Per agent.")
+    constraints: list[int] = Field(default_factory=list, description="Constraints each has.")
+    executor: Literal["sim", "process", "docker"] = Field("sim", description="Default executor.")
+    name_prefix: str = Field("", description="Node id prefix; default '<lm>-w'.")
+
+    @field_validator("capacity")
+    @classmethod
+    def _capacity_parses(cls, value: str) -> str:
+        try:
+            parse_resources(value)
+        except ResourceError as err:
+            raise ValueError(f"capacity {value!r}: {err}") from None
+        return value
+
+
+class QueueConfig(_Model):
+    name: str = Field(..., min_length=1, description="User queue name.")
+    share: float = Field(1.0, gt=0, le=1, description="Dominant-resource share of the pool.")
+    gm: str = Field(..., description="The one GM that serves this queue.")
+
+
+class FederationConfig(_Model):
+    rabbitmq_url: str = Field("amqp://guest:guest@127.0.0.1:5672/", description="Broker URL.")
+    heartbeat_interval_s: float = Field(1.0, gt=0, le=60, description="LM state broadcast.")
+    full_state_every: int = Field(10, ge=1, description="Every Nth heartbeat is a full state.")
+    worker_heartbeat_interval_s: float = Field(1.0, gt=0, le=60)
+    worker_timeout_s: float = Field(5.0, gt=0, description="Silence before a worker is dead.")
+    num_constraints: int = Field(DEFAULT_NUM_CONSTRAINTS, ge=1, le=MAX_CONSTRAINTS)
+    policy: Literal["first-fit", "best-fit"] = Field("first-fit", description="Placement.")
+    exchange_prefix: str = Field("megha", description="Namespace for exchanges and queues.")
+    gms: list[GlobalMasterConfig] = Field(..., min_length=1)
+    lms: list[LocalMasterConfig] = Field(..., min_length=1)
+    workers: list[WorkerGroup] = Field(default_factory=list)
+    queues: list[QueueConfig] = Field(default_factory=list)
+    predictor: Endpoint | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FederationConfig:
+        gm_ids = [g.id for g in self.gms]
+        lm_ids = [m.id for m in self.lms]
+        for kind, ids in (("GM", gm_ids), ("LM", lm_ids)):
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"{kind} ids must be unique, got {ids}")
+        for group in self.workers:
+            if group.lm not in lm_ids:
+                raise ValueError(f"worker group names unknown LM {group.lm!r}; LMs: {lm_ids}")
+            bad = [c for c in group.constraints if not 0 <= c < self.num_constraints]
+            if bad:
+                raise ValueError(f"worker constraints {bad} outside 0..{self.num_constraints - 1}")
+        names = [q.name for q in self.queues]
+        if len(set(names)) != len(names):
+            raise ValueError(f"queue names must be unique, got {names}")
+        for queue in self.queues:
+            if queue.gm not in gm_ids:
+                raise ValueError(f"queue {queue.name!r} names unknown GM {queue.gm!r}")
+        if sum(q.share for q in self.queues) > 1 + 1e-9:
+            raise ValueError("queue shares add up to more than 1")
+        return self
+
+    # ------------------------------------------------------------ lookups
+    @property
+    def gm_ids(self) -> list[str]:
+        return [g.id for g in self.gms]
+
+    def gm(self, gm_id: str) -> GlobalMasterConfig:
+        return _find(self.gms, gm_id, "GM")
+
+    def lm(self, lm_id: str) -> LocalMasterConfig:
+        return _find(self.lms, lm_id, "LM")
+
+    def queues_of(self, gm_id: str) -> list[QueueConfig]:
+        return [q for q in self.effective_queues() if q.gm == gm_id]
+
+    def queue(self, name: str) -> QueueConfig | None:
+        return next((q for q in self.effective_queues() if q.name == name), None)
+
+    def effective_queues(self) -> list[QueueConfig]:
+        """The configured queues, or one ``default`` queue on the first GM."""
+        if self.queues:
+            return list(self.queues)
+        return [QueueConfig(name="default", share=1.0, gm=self.gms[0].id)]
+
+
+def _find(items: list[Any], item_id: str, kind: str) -> Any:
+    for item in items:
+        if item.id == item_id:
+            return item
+    known = ", ".join(i.id for i in items)
+    raise ConfigError(f"no {kind} with id {item_id!r} in the config (known: {known})")
+
+
+def default_config(
+    gms: int = 2, lms: int = 3, workers_per_lm: int = 8, base_port: int = 50050
+) -> dict:
+    """The federation ``megha up`` starts without a file: loopback ports from base_port."""
+    port = iter(range(base_port, base_port + 1000))
+    return {
+        "gms": [{"id": f"gm-{i + 1}", "port": next(port)} for i in range(gms)],
+        "lms": [{"id": f"lm-{i + 1}", "port": next(port)} for i in range(lms)],
+        "workers": [{"lm": f"lm-{i + 1}", "count": workers_per_lm} for i in range(lms)],
+        "predictor": {"port": next(port)},
+    }
+
+
+def parse_config(data: dict[str, Any], env: dict[str, str] | None = None) -> FederationConfig:
+    """Validate ``data`` after applying ``MEGHA_*`` overrides from ``env``."""
+    env = dict(os.environ) if env is None else env
+    merged = dict(data)
+    for name, field in FederationConfig.model_fields.items():
+        value = env.get(ENV_PREFIX + name.upper())
+        if value is None:
+            continue
+        annotation = str(field.annotation)
+        if "list" in annotation or "Endpoint" in annotation:
+            try:
+                merged[name] = yaml.safe_load(value)
+            except yaml.YAMLError as err:
+                raise ConfigError(f"{ENV_PREFIX}{name.upper()}: not valid YAML: {err}") from None
+        else:
+            merged[name] = value
+    try:
+        return FederationConfig.model_validate(merged)
+    except ValidationError as err:
+        raise ConfigError(_explain(err)) from None
+
+
+def load_config(path: str | Path | None, env: dict[str, str] | None = None) -> FederationConfig:
+    """Read a YAML (``.yaml``/``.yml``) or TOML (``.toml``) file; None = the default."""
+    if path is None:
+        return parse_config(default_config(), env)
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read config {path}: {err.strerror}") from None
+    try:
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path}: not valid {path.suffix.lstrip('.') or 'YAML'}: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    try:
+        return parse_config(data, env)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
+
+
+def _explain(err: ValidationError) -> str:
+    lines = []
+    for problem in err.errors():
+        where = ".".join(str(p) for p in problem["loc"]) or "config"
+        lines.append(f"{where}: {problem['msg']}")
+    return "invalid config: " + "; ".join(lines)

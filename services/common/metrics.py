@@ -1,0 +1,52 @@
+"""Prometheus metrics (``megha_`` prefix, base units, no task or job ids in labels)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+# 100 us .. ~100 s, x2 per bucket: allocation times span five orders of magnitude.
+_SECONDS = tuple(0.0001 * 2**i for i in range(21))
+
+ALLOCATION_SECONDS = Histogram(
+    "megha_allocation_duration_seconds",
+    "Time from submission to the task starting on a worker (paper eq. 1).",
+    ["gm"],
+    buckets=_SECONDS,
+)
+SCHEDULE_ATTEMPTS = Counter(
+    "megha_schedule_attempts_total",
+    "Placement attempts by the GM, by result.",
+    ["gm", "result"],
+)
+QUEUE_PENDING = Gauge("megha_queue_pending_tasks", "Tasks waiting in a user queue.", ["queue"])
+QUEUE_USAGE_SHARE = Gauge(
+    "megha_queue_usage_share", "Dominant share of the federation a queue holds.", ["queue"]
+)
+INCONSISTENCIES = Counter(
+    "megha_inconsistencies_total",
+    "GM requests an LM rejected because the GM's view was stale.",
+    ["gm", "lm"],
+)
+REPARTITIONS = Counter("megha_repartitions_total", "Placements on another GM's nodes.", ["gm"])
+PREEMPTION_ATTEMPTS = Counter(
+    "megha_preemption_attempts_total", "Preempt requests sent to LMs.", ["gm"]
+)
+PREEMPTIONS = Counter("megha_preemptions_total", "Tasks preempted by an LM.", ["lm"])
+HEARTBEATS_APPLIED = Counter(
+    "megha_heartbeats_applied_total", "LM states a GM applied, by result.", ["gm", "result"]
+)
+HEARTBEAT_AGE_SECONDS = Histogram(
+    "megha_heartbeat_age_seconds",
+    "Age of an LM heartbeat when the GM applied it.",
+    ["gm"],
+    buckets=_SECONDS,
+)
+LM_PLACEMENTS = Counter(
+    "megha_lm_placements_total",
+    "GM requests an LM decided, by kind and status.",
+    ["lm", "kind", "status"],
+)
+WORKERS = Gauge("megha_workers", "Worker nodes registered with an LM, by health.", ["lm", "health"])
+TASKS_FINISHED = Counter(
+    "megha_tasks_finished_total", "Tasks ended, by final state.", ["lm", "state"]
+)

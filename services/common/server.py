@@ -1,0 +1,120 @@
+"""gRPC server set-up every service shares: health, reflection, metrics, graceful stop."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+log = logging.getLogger("megha.server")
+
+# Heartbeat snapshots of big LMs and batched launches can exceed gRPC's 4 MiB default;
+# anything past this is a bug or an attack and gets RESOURCE_EXHAUSTED.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHANNEL_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+_metrics_ports: set[int] = set()
+
+Registrar = Callable[[Any, grpc.aio.Server], None]
+
+
+class Service:
+    """One gRPC server: ``async with Service(...)`` serves until the block ends.
+
+    ``stop`` is idempotent: health turns NOT_SERVING first (so load balancers and
+    ``megha up`` stop routing), then in-flight calls get ``grace_s`` to finish.
+    """
+
+    def __init__(
+        self,
+        listen: str,
+        servicers: Sequence[tuple[Registrar, Any, str]],
+        metrics_port: int = 0,
+        grace_s: float = 2.0,
+    ):
+        self.listen = listen
+        self.servicers = servicers
+        self.metrics_port = metrics_port
+        self.grace_s = grace_s
+        self.server: grpc.aio.Server | None = None
+        self.health = health_aio.HealthServicer()
+        self.port = 0
+
+    async def start(self) -> Service:
+        server = grpc.aio.server(options=CHANNEL_OPTIONS)
+        names = [
+            reflection.SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+        ]
+        for register, servicer, full_name in self.servicers:
+            register(servicer, server)
+            names.append(full_name)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(names, server)
+        self.port = server.add_insecure_port(self.listen)
+        if self.port == 0:
+            raise OSError(f"cannot listen on {self.listen} (address in use?)")
+        await server.start()
+        self.server = server
+        serving = health_pb2.HealthCheckResponse.SERVING
+        await self.health.set("", serving)
+        for _, _, full_name in self.servicers:
+            await self.health.set(full_name, serving)
+        if self.metrics_port and self.metrics_port not in _metrics_ports:
+            start_http_server(self.metrics_port, addr="0.0.0.0")
+            _metrics_ports.add(self.metrics_port)
+        log.info("serving", extra={"listen": self.listen, "services": names[2:]})
+        return self
+
+    async def stop(self) -> None:
+        server, self.server = self.server, None
+        if server is None:
+            return
+        await self.health.enter_graceful_shutdown()
+        await server.stop(self.grace_s)
+
+    async def wait(self) -> None:
+        if self.server is not None:
+            await self.server.wait_for_termination()
+
+    async def __aenter__(self) -> Service:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+
+def channel(target: str) -> grpc.aio.Channel:
+    """A client channel with the same message limits and keepalives as the servers."""
+    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+
+
+async def wait_healthy(target: str, timeout_s: float = 10.0, service: str = "") -> None:
+    """Poll the gRPC health protocol until SERVING; raise TimeoutError with the target."""
+    import asyncio
+
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with channel(target) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while True:
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"{target} did not become healthy within {timeout_s:.0f} s")
+            await asyncio.sleep(0.1)

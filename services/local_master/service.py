@@ -1,0 +1,383 @@
+"""The Local Master process: authoritative books (``ClusterState``) behind gRPC.
+
+    GM ──Launch/Repartition/Preempt──▶ validate in ClusterState ──▶ StartTask on the worker stream
+       ◀── results (+ full state if any rejected)
+    worker ──heartbeats + reports──▶ release on finish, events on the topic exchange
+    every interval ──▶ LocalMasterState (full or delta) on the heartbeat fanout exchange
+
+Every decision is the core's; this module moves bytes, keeps worker sessions, and turns
+lost or preempted tasks back into durable queue messages (attempt + 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import grpc
+
+from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
+from services.common import metrics
+from services.common.bus import Bus
+from services.common.config import FederationConfig
+from services.common.convert import (
+    partition_totals,
+    placement_status_to_proto,
+    resources_from_proto,
+    snapshot_to_proto,
+    task_to_spec,
+)
+from services.core.cluster_state import ClusterState, Decision
+from services.core.constraints import ConstraintError, to_mask
+from services.core.fairness import FairShare, QueueShare
+from services.core.match import make_policy
+from services.core.resources import ResourceError
+from services.core.snapshot import Allocation
+
+log = logging.getLogger("megha.lm")
+
+HEARTBEAT_EXCHANGE = "heartbeats"
+EVENT_EXCHANGE = "events"
+TERMINAL = {
+    common_pb2.TASK_STATE_SUCCEEDED,
+    common_pb2.TASK_STATE_FAILED,
+    common_pb2.TASK_STATE_PREEMPTED,
+}
+
+
+def user_queue(queue: str) -> str:
+    """The durable work queue that holds a user queue's pending tasks."""
+    return f"user.{queue}"
+
+
+@dataclass(eq=False)
+class WorkerSession:
+    """An attached worker: the commands waiting for its stream, and when we last heard."""
+
+    node: int
+    node_id: str
+    last_seen: float
+    commands: asyncio.Queue[local_master_pb2.WorkerCommand] = field(default_factory=asyncio.Queue)
+    streams: int = 0
+
+
+class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
+    def __init__(self, config: FederationConfig, lm_id: str, bus: Bus):
+        self.config = config
+        self.lm_id = lm_id
+        self.bus = bus
+        self.state = ClusterState(
+            lm_id, config.gm_ids, config.num_constraints, make_policy(config.policy)
+        )
+        self.fair = FairShare(
+            [QueueShare(q.name, q.share, q.gm) for q in config.effective_queues()]
+        )
+        self.sessions: dict[int, WorkerSession] = {}
+        self.tasks: dict[str, common_pb2.Task] = {}  # running attempt's wire task, by id
+        self._events: list[common_pb2.TaskEvent] = []
+        self._events_ready = asyncio.Event()
+        self._published_version = -1
+        self._beats = 0
+        self._loops: list[asyncio.Task] = []
+        self._closed = False
+
+    # ----------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        self._loops = [
+            asyncio.create_task(self._heartbeat_loop(), name="lm-heartbeats"),
+            asyncio.create_task(self._event_loop(), name="lm-events"),
+            asyncio.create_task(self._watchdog_loop(), name="lm-watchdog"),
+        ]
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for loop in self._loops:
+            loop.cancel()
+        for loop in self._loops:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await loop
+        with contextlib.suppress(Exception):
+            await self._flush_events()
+
+    # ------------------------------------------------------------- GM RPCs
+    async def Launch(self, request, context):
+        results = await self._place_all(request, context, "launch")
+        return local_master_pb2.LaunchResponse(**results)
+
+    async def Repartition(self, request, context):
+        results = await self._place_all(request, context, "repartition")
+        return local_master_pb2.RepartitionResponse(**results)
+
+    async def _place_all(self, request, context, kind: str) -> dict:
+        received = time.time_ns()
+        specs = [await self._spec(p.task, context) for p in request.placements]
+        place = self.state.launch if kind == "launch" else self.state.repartition
+        results, rejected = [], False
+        for placement, spec in zip(request.placements, specs, strict=True):
+            decision = place(request.gm_id, spec, placement.node_index)
+            results.append(self._result(spec.task_id, decision, kind))
+            if decision.status.name == "ACCEPTED":
+                self._start(placement.task, decision.allocation, received)
+            rejected |= not decision.ok
+        reply: dict = {"results": results}
+        if rejected:
+            reply["state"] = self._state_proto(request.known_version or None)
+        return reply
+
+    async def Preempt(self, request, context):
+        received = time.time_ns()
+        spec = await self._spec(request.task, context)
+        usage, total = self.state.queue_usage(), self.state.table.capacity.sum(axis=1)
+        decision = self.state.preempt(
+            request.gm_id,
+            spec,
+            request.node_index,
+            list(request.victim_task_ids),
+            lambda queue: self.fair.is_over_share(queue, usage, total),
+        )
+        reply = local_master_pb2.PreemptResponse(
+            results=[self._result(spec.task_id, decision, "preempt")]
+        )
+        if decision.status.name == "ACCEPTED":
+            for victim in decision.preempted:
+                await self._requeue(victim, common_pb2.TASK_STATE_PREEMPTED, "preempted")
+                self._send(victim.node, kill=(victim.task_id, "preempted"))
+            metrics.PREEMPTIONS.labels(self.lm_id).inc(len(decision.preempted))
+            reply.preempted_task_ids.extend(v.task_id for v in decision.preempted)
+            self._start(request.task, decision.allocation, received)
+        if not decision.ok:
+            reply.state.CopyFrom(self._state_proto(request.known_version or None))
+        return reply
+
+    async def GetState(self, request, context):
+        since = request.since_version or None
+        return local_master_pb2.GetStateResponse(state=self._state_proto(since))
+
+    # --------------------------------------------------------- worker RPCs
+    async def RegisterWorker(self, request, context):
+        if not request.node_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "node_id is required")
+        try:
+            capacity = resources_from_proto(request.capacity)
+            mask = to_mask(request.constraints, self.config.num_constraints)
+            node = self.state.table.index_of(request.node_id)
+            if node is None:
+                node = self.state.add_node(
+                    request.node_id, capacity, mask, address=request.worker_address
+                )
+            else:  # a known worker reconnecting: it may take work again
+                for lost in self.state.set_alive(node, True):
+                    await self._requeue(lost, common_pb2.TASK_STATE_LOST, "worker re-registered")
+        except (ResourceError, ConstraintError, ValueError) as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        session = self.sessions.get(node)
+        if session is None:
+            session = self.sessions[node] = WorkerSession(node, request.node_id, time.monotonic())
+        session.last_seen = time.monotonic()
+        self._count_workers()
+        log.info("worker registered", extra={"node_id": request.node_id, "node": node})
+        return local_master_pb2.RegisterWorkerResponse(
+            lm_id=self.lm_id,
+            node_index=node,
+            heartbeat_interval_s=self.config.worker_heartbeat_interval_s,
+        )
+
+    async def WorkerHeartbeats(self, request_iterator, context):
+        """Bidirectional: reports in, commands out, for as long as the worker stays."""
+        first = await context.read()
+        if first is grpc.aio.EOF:
+            return
+        session = self.sessions.get(first.node_index)
+        if session is None or session.node_id != first.node_id:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "register first")
+        session.streams += 1
+        await self._on_heartbeat(session, first)
+
+        async def read() -> None:
+            while True:
+                beat = await context.read()
+                if beat is grpc.aio.EOF:
+                    return
+                await self._on_heartbeat(session, beat)
+
+        reader = asyncio.create_task(read())
+        try:
+            while not reader.done():
+                getter = asyncio.ensure_future(session.commands.get())
+                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    await context.write(getter.result())
+                else:
+                    getter.cancel()
+        finally:
+            session.streams -= 1
+            reader.cancel()
+
+    async def ReportTask(self, request, context):
+        node = self.state.table.index_of(request.node_id)
+        if node is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown node {request.node_id}")
+        accepted = sum([self._on_report(node, r) for r in request.reports])
+        return local_master_pb2.ReportTaskResponse(accepted=accepted)
+
+    async def _on_heartbeat(self, session: WorkerSession, beat) -> None:
+        session.last_seen = time.monotonic()
+        if not self.state.table.is_alive(session.node):  # back from the dead
+            self.state.set_alive(session.node, True)
+            self._count_workers()
+        for report in beat.reports:
+            self._on_report(session.node, report)
+
+    def _on_report(self, node: int, report) -> bool:
+        task = self.tasks.get(report.task_id)
+        allocation = self.state.allocations.get(report.task_id)
+        if task is None or allocation is None or allocation.node != node:
+            return False  # a report about an attempt that already ended here
+        if report.attempt != allocation.attempt:
+            return False
+        task.timestamps.MergeFrom(report.timestamps)
+        if report.state in TERMINAL:
+            self.state.release(report.task_id)
+            del self.tasks[report.task_id]
+            state_name = common_pb2.TaskState.Name(report.state).removeprefix("TASK_STATE_")
+            metrics.TASKS_FINISHED.labels(self.lm_id, state_name.lower()).inc()
+        self._event(task, report.state, node, report.message)
+        return True
+
+    # --------------------------------------------------------------- helpers
+    async def _spec(self, task: common_pb2.Task, context):
+        try:
+            return task_to_spec(task, self.config.num_constraints)
+        except (ResourceError, ConstraintError, ValueError) as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"task {task.task_id}: {err}")
+
+    def _result(self, task_id: str, decision: Decision, kind: str):
+        metrics.LM_PLACEMENTS.labels(self.lm_id, kind, decision.status.name.lower()).inc()
+        return local_master_pb2.PlacementResult(
+            task_id=task_id,
+            status=placement_status_to_proto(decision.status),
+            reason=decision.reason,
+        )
+
+    def _start(self, task: common_pb2.Task, allocation: Allocation | None, received: int) -> None:
+        assert allocation is not None
+        task = common_pb2.Task().FromString(task.SerializeToString())  # our own copy
+        task.timestamps.lm_received_unix_nanos = received
+        task.timestamps.lm_decided_unix_nanos = time.time_ns()
+        self.tasks[task.task_id] = task
+        self._send(allocation.node, start=task)
+        self._event(task, common_pb2.TASK_STATE_PLACED, allocation.node, "")
+
+    def _send(self, node: int, start=None, kill: tuple[str, str] | None = None) -> None:
+        session = self.sessions.get(node)
+        if session is None:
+            return
+        if start is not None:
+            command = local_master_pb2.WorkerCommand(start=local_master_pb2.StartTask(task=start))
+        else:
+            assert kill is not None
+            command = local_master_pb2.WorkerCommand(
+                kill=local_master_pb2.KillTask(task_id=kill[0], reason=kill[1])
+            )
+        session.commands.put_nowait(command)
+
+    async def _requeue(self, allocation: Allocation, state: int, reason: str) -> None:
+        """A task that lost its place goes back to its user queue as the next attempt."""
+        task = self.tasks.pop(allocation.task_id, None)
+        if task is None:
+            return
+        self._event(task, state, allocation.node, reason)
+        task.attempt = allocation.attempt + 1
+        batch = common_pb2.TaskBatch(job_id=task.job_id, queue=task.queue, tasks=[task])
+        await self.bus.enqueue(user_queue(task.queue), batch.SerializeToString())
+
+    def _event(self, task: common_pb2.Task, state: int, node: int, reason: str) -> None:
+        self._events.append(
+            common_pb2.TaskEvent(
+                task_id=task.task_id,
+                job_id=task.job_id,
+                queue=task.queue,
+                state=state,
+                lm_id=self.lm_id,
+                node_id=self.state.table.node_ids[node] if node >= 0 else "",
+                reason=reason,
+                timestamps=task.timestamps,
+                attempt=task.attempt,
+            )
+        )
+        self._events_ready.set()
+
+    def _state_proto(self, since: int | None = None) -> common_pb2.LocalMasterState:
+        msg = snapshot_to_proto(self.state.snapshot(since), partition_totals(self.state))
+        msg.sent_unix_nanos = time.time_ns()
+        return msg
+
+    def _count_workers(self) -> None:
+        alive = self.state.table.alive.count()
+        metrics.WORKERS.labels(self.lm_id, "alive").set(alive)
+        metrics.WORKERS.labels(self.lm_id, "dead").set(self.state.table.size - alive)
+
+    # ----------------------------------------------------------------- loops
+    async def _heartbeat_loop(self) -> None:
+        interval = self.config.heartbeat_interval_s
+        while True:
+            try:
+                await self.publish_heartbeat()
+            except Exception:
+                log.exception("heartbeat publish failed")
+            await asyncio.sleep(interval)
+
+    async def publish_heartbeat(self) -> None:
+        """Full state at start and every ``full_state_every`` beats, deltas between."""
+        full = self._beats % self.config.full_state_every == 0 or self._published_version < 0
+        self._beats += 1
+        since = None if full else self._published_version
+        msg = self._state_proto(since)
+        self._published_version = msg.version
+        await self.bus.publish_fanout(
+            HEARTBEAT_EXCHANGE, msg.SerializeToString(), ttl_s=self.config.heartbeat_interval_s
+        )
+
+    async def _event_loop(self) -> None:
+        while True:
+            await self._events_ready.wait()
+            await asyncio.sleep(0.005)  # gather a few ms of events into one message
+            try:
+                await self._flush_events()
+            except Exception:
+                log.exception("event publish failed")
+
+    async def _flush_events(self) -> None:
+        self._events_ready.clear()
+        events, self._events = self._events, []
+        if events:
+            body = common_pb2.TaskEventBatch(events=events).SerializeToString()
+            await self.bus.publish_topic(EVENT_EXCHANGE, f"task.{self.lm_id}", body)
+
+    async def _watchdog_loop(self) -> None:
+        """A worker silent for longer than the timeout is dead; its tasks are re-queued."""
+        timeout = self.config.worker_timeout_s
+        while True:
+            await asyncio.sleep(min(timeout / 4, 1.0))
+            now = time.monotonic()
+            for session in list(self.sessions.values()):
+                if now - session.last_seen > timeout and self.state.table.is_alive(session.node):
+                    await self.mark_dead(session.node, f"no heartbeat for {timeout:g} s")
+
+    async def mark_dead(self, node: int, reason: str) -> None:
+        lost = self.state.set_alive(node, False)
+        self._count_workers()
+        log.warning(
+            "worker lost",
+            extra={"node_id": self.state.table.node_ids[node], "tasks": len(lost), "why": reason},
+        )
+        by_queue: dict[str, int] = defaultdict(int)
+        for allocation in lost:
+            by_queue[allocation.queue] += 1
+            await self._requeue(allocation, common_pb2.TASK_STATE_LOST, f"worker lost: {reason}")
