@@ -3,18 +3,40 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import sys
 from collections.abc import Sequence
+
+ROLES = ("gm", "lm", "worker", "predictor")
 
 
 def _sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError("sizes must be positive integers")
     return sizes
+
+
+def _add_config(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        default=os.environ.get("MEGHA_CONFIG"),
+        help="federation file (YAML or TOML; env MEGHA_CONFIG); default: built-in federation",
+    )
+
+
+def _add_gm(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--gm",
+        default=os.environ.get("MEGHA_GM"),
+        help="GM address HOST:PORT (env MEGHA_GM); default: the config's first GM",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +44,58 @@ def build_parser() -> argparse.ArgumentParser:
         prog="megha", description="Megha: decentralized fair scheduling for federated clusters"
     )
     commands = parser.add_subparsers(dest="command", required=True)
+
+    for role, text in (
+        ("gm", "run one Global Master"),
+        ("lm", "run one Local Master"),
+        ("worker", "run worker agents for one LM (or every group in the config)"),
+        ("predictor", "run the predictor sidecar"),
+    ):
+        p = commands.add_parser(role, help=text)
+        _add_config(p)
+        if role in ("gm", "lm"):
+            p.add_argument("--id", required=True, help=f"the {role.upper()} id in the config")
+        if role == "worker":
+            p.add_argument("--lm", help="attach to this LM (default: every worker group)")
+            p.add_argument("--count", type=int, help="agents in this process")
+        p.add_argument("--log-level", default="INFO")
+
+    up = commands.add_parser("up", help="start a whole local federation")
+    _add_config(up)
+    up.add_argument("--embedded", action="store_true", help="one process, in-memory bus")
+    up.add_argument("--gms", type=int, default=2, help="without --config: number of GMs")
+    up.add_argument("--lms", type=int, default=3, help="without --config: number of LMs")
+    up.add_argument("--workers", type=int, default=8, help="without --config: workers per LM")
+    up.add_argument("--base-port", type=int, default=50050)
+    up.add_argument("--log-dir", default="", help="child process logs (default: a temp dir)")
+    up.add_argument("--replay", default="", help="after start-up, replay this trace and stop")
+    up.add_argument("--max-jobs", type=int, default=10, help="with --replay: jobs to replay")
+    up.add_argument(
+        "--speedup", type=float, default=20000.0, help="with --replay: compress time by this"
+    )
+
+    submit = commands.add_parser("submit", help="submit a job of identical tasks")
+    _add_config(submit)
+    _add_gm(submit)
+    submit.add_argument("--resources", default="cpu=1,mem=512Mi", help="per task")
+    submit.add_argument("--count", type=int, default=1, help="tasks in the job")
+    submit.add_argument("--duration", type=float, default=1.0, help="sim executor seconds")
+    submit.add_argument("--command", nargs=argparse.REMAINDER, default=[], help="run a process")
+    submit.add_argument("--image", default="", help="run a docker image")
+    submit.add_argument("--timeout", type=float, default=0.0)
+    submit.add_argument("--constraints", default="", help="e.g. 1,4,7")
+    submit.add_argument("--queue", default="", help="user queue (default: the first)")
+    submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
+
+    job = commands.add_parser("job", help="show (or --watch) a job")
+    _add_config(job)
+    _add_gm(job)
+    job.add_argument("job_id")
+    job.add_argument("--watch", action="store_true")
+
+    status = commands.add_parser("status", help="LMs, partitions, queues, allocation times")
+    _add_config(status)
+    _add_gm(status)
 
     bench = commands.add_parser("bench", help="micro-benchmarks of the scheduling hot path")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
@@ -37,16 +111,46 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "bench" and args.bench == "match":
-        from services.bench import bench_match, render_match
+    if args.command == "bench":
+        return _bench(args)
 
-        if not 1 <= args.constraints <= 64:
-            print("megha: --constraints must be in 1..64", file=sys.stderr)
-            return 2
-        results = bench_match(args.nodes, args.constraints, args.samples, args.policy, args.seed)
-        print(render_match(results, args.json))
-        return 0
-    return 2
+    from services.common.config import ConfigError, load_config
+
+    try:
+        if args.command == "up":
+            from services import operator
+
+            return operator.up(args)
+        config = load_config(args.config)
+        if args.command in ROLES:
+            from services.common.logs import setup_logging
+            from services.common.runner import serve_role
+
+            setup_logging(f"{args.command}:{getattr(args, 'id', None) or ''}", args.log_level)
+            if args.command in ("gm", "lm"):
+                (config.gm if args.command == "gm" else config.lm)(args.id)  # known id?
+            ident = getattr(args, "id", None) or getattr(args, "lm", None)
+            asyncio.run(serve_role(config, args.command, ident, getattr(args, "count", None)))
+            return 0
+        from services import operator
+
+        return asyncio.run(operator.client_command(args, config))
+    except ConfigError as err:
+        print(f"megha: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from services.bench import bench_match, render_match
+
+    if not 1 <= args.constraints <= 64:
+        print("megha: --constraints must be in 1..64", file=sys.stderr)
+        return 2
+    results = bench_match(args.nodes, args.constraints, args.samples, args.policy, args.seed)
+    print(render_match(results, args.json))
+    return 0
 
 
 if __name__ == "__main__":

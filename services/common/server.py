@@ -25,6 +25,14 @@ CHANNEL_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
 ]
+# Servers accept the clients' keepalive pings (their default policy answers a ping every
+# 10 s with GOAWAY "Too many pings", which kills long watch and heartbeat streams).
+SERVER_OPTIONS: list[tuple[str, Any]] = [
+    *CHANNEL_OPTIONS[:2],
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
 _metrics_ports: set[int] = set()
 
 Registrar = Callable[[Any, grpc.aio.Server], None]
@@ -53,7 +61,7 @@ class Service:
         self.port = 0
 
     async def start(self) -> Service:
-        server = grpc.aio.server(options=CHANNEL_OPTIONS)
+        server = grpc.aio.server(options=SERVER_OPTIONS)
         names = [
             reflection.SERVICE_NAME,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

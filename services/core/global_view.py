@@ -94,6 +94,8 @@ class GlobalView:
         """Fold an LM snapshot (heartbeat or reply) into the view."""
         view = self.lms.get(snapshot.lm_id)
         if view is not None and snapshot.version <= view.version:
+            if snapshot.version == view.version:
+                view.updated_at = now  # nothing changed, but the LM is alive and current
             return ApplyResult.STALE
         if snapshot.full:
             self._apply_full(snapshot, now)
@@ -151,6 +153,17 @@ class GlobalView:
             attempt=task.attempt,
             version=view.version,
         )
+
+    def release(self, lm_id: str, task_id: str) -> bool:
+        """A task ended (lifecycle event): credit its resources back before the next
+        heartbeat confirms it. Heartbeats carry absolute values, so nothing is counted
+        twice. Returns whether the view knew the allocation."""
+        view = self.lms.get(lm_id)
+        allocation = view.allocations.pop(task_id, None) if view is not None else None
+        if allocation is None:
+            return False
+        view.table.free[:, allocation.node] += allocation.resources
+        return True
 
     # ------------------------------------------------------------- matching
     def match(self, task: TaskSpec) -> Placement | None:

@@ -241,6 +241,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             return False  # a report about an attempt that already ended here
         if report.attempt != allocation.attempt:
             return False
+        if report.state == common_pb2.TASK_STATE_RUNNING and task.timestamps.started_unix_nanos:
+            return True  # a reconnecting worker's inventory: already known to run
         task.timestamps.MergeFrom(report.timestamps)
         if report.state in TERMINAL:
             self.state.release(report.task_id)

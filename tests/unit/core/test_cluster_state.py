@@ -51,7 +51,7 @@ def test_launch_takes_and_release_gives_back_exactly():
     [
         ("gm-z", 0, task(), S.REJECTED_UNKNOWN_GM, "unknown GM 'gm-z'"),
         ("gm-a", 9, task(), S.REJECTED_UNKNOWN_NODE, "no node with index 9"),
-        ("gm-a", 1, task(), S.REJECTED_WRONG_PARTITION, "w1 is in gm-b's partition; use Repartition"),
+        ("gm-a", 1, task(), S.REJECTED_WRONG_PARTITION, "w1 is in gm-b's partition; use Repart"),
         ("gm-a", 0, task(constraints=(3,)), S.REJECTED_CONSTRAINTS, r"w0 lacks constraints \[3\]"),
         ("gm-a", 0, task(cpu=5000), S.REJECTED_RESOURCES, "w0 has cpu=4 mem=8192Mi"),
     ],
@@ -117,10 +117,12 @@ def test_preempt_verifies_victims_then_swaps():
     state.launch("gm-a", task("young", cpu=2000, queue="big"), 0)
     over = {"big"}.__contains__
 
-    rejected = state.preempt("gm-a", task("new", cpu=2000, queue="small"), 0, ["gone"], over)
-    assert rejected.status is S.REJECTED_VICTIMS and "gone no longer runs on node w0" in rejected.reason
+    new = task("new", cpu=2000, queue="small")
+    rejected = state.preempt("gm-a", new, 0, ["gone"], over)
+    assert rejected.status is S.REJECTED_VICTIMS
+    assert "gone no longer runs on node w0" in rejected.reason
 
-    rejected = state.preempt("gm-a", task("new", cpu=2000, queue="small"), 0, ["young"], set().__contains__)
+    rejected = state.preempt("gm-a", new, 0, ["young"], set().__contains__)
     assert rejected.status is S.REJECTED_VICTIMS and "no longer over its share" in rejected.reason
 
     rejected = state.preempt("gm-a", task("new", cpu=5000, queue="small"), 0, ["young"], over)

@@ -1,4 +1,3 @@
-import numpy as np
 import pytest
 
 from services.core.fairness import FairShare, QueueShare, dominant_share, pick_victims
@@ -21,7 +20,7 @@ def test_dominant_share_is_the_larger_of_cpu_and_memory():
 
 
 def test_shares_are_validated():
-    with pytest.raises(ValueError, match="add up to 1.20"):
+    with pytest.raises(ValueError, match=r"add up to 1\.20"):
         FairShare([QueueShare("a", 0.6), QueueShare("b", 0.6)])
     with pytest.raises(ValueError, match="share must be in"):
         FairShare([QueueShare("a", 0.0)])

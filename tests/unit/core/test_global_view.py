@@ -89,10 +89,8 @@ def test_full_internal_partitions_fall_back_to_external_then_none():
 
 def test_a_wrong_view_is_corrected_by_the_lm_reply():
     (state,) = federation(1, 2)
-    view_a, view_b = view_of([state], "gm-a"), view_of([state], "gm-b")
+    view_a = view_of([state], "gm-a")
     # gm-b takes node 0 by repartition; gm-a's view still shows node 0 free
-    placement_b = view_b.match(task("b1", cpu=4000, mem=1))
-    placement_b = view_b.match(task("b2", cpu=4000, mem=1)) if not placement_b.repartition else placement_b
     assert state.launch("gm-b", task("b1", cpu=4000, mem=1), 1).ok
     assert state.repartition("gm-b", task("b2", cpu=4000, mem=1), 0).ok
     placement_a = view_a.match(task("a1", cpu=4000))
@@ -130,3 +128,16 @@ def test_preemption_plan_follows_alg2():
     # nothing is over share -> wait
     lone = FairShare([QueueShare("small", 0.5), QueueShare("other", 0.5)])
     assert "over share" not in lone.describe("small", view.queue_usage(), view.total_capacity())
+
+
+def test_a_finished_task_is_credited_back_once():
+    (state,) = federation(1, 2)
+    view = view_of([state])
+    placement = view.match(task("t1", cpu=4000))
+    view.reserve(placement, task("t1", cpu=4000))
+    assert view.match(task("t2", cpu=4000)).repartition  # own node is now full
+    assert view.release("lm-0", "t1") is True
+    assert view.release("lm-0", "t1") is False
+    assert view.release("lm-9", "t1") is False
+    assert not view.match(task("t2", cpu=4000)).repartition
+    assert view.lms["lm-0"].table.free[0, placement.node] == 4000

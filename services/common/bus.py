@@ -1,0 +1,852 @@
+"""The message bus: one small publish/subscribe interface, backed by RabbitMQ or by memory.
+
+Three kinds of traffic use it (DESIGN.md §3, "Messaging"):
+
+- **Fan-out** (LM heartbeats): every current subscriber gets every message. Each subscriber
+  has its own exclusive, auto-deleted queue whose messages expire after ``ttl_s``, so a slow
+  subscriber skips stale state instead of replaying history.
+- **Topic** (task lifecycle events): routing keys such as ``task.<lm_id>``; binding keys may
+  use the AMQP wildcards ``*`` (exactly one word) and ``#`` (zero or more words).
+- **Durable work queues** (user queues): ``enqueue`` returns only once the broker has
+  confirmed the message is stored, and a delivery leaves the queue only when ``ack()`` is
+  called. A consumer that goes away (cancelled, bus closed, process killed) gives its
+  unacked deliveries back; the next consumer sees them with ``redelivered=True``.
+
+Names passed in are logical. Exchanges are named ``<prefix>.<exchange>`` and work queues
+``<prefix>.queue.<queue>``, so tests (or two federations on one broker) never collide.
+
+How handlers are called:
+
+- Fan-out and topic handlers of one subscription run **one at a time, in arrival order**, so
+  heartbeats of one LM are applied in the order they were sent. A handler that raises is
+  logged (logger ``megha.bus``) and the message is dropped; the subscription keeps going.
+  With a ``ttl_s`` a subscription holds at most one message outside the broker, so a message
+  that waited longer than the TTL behind a slow handler is never delivered.
+- Work-queue handlers run **concurrently, up to ``prefetch``** unacked deliveries per
+  consumer, each in its own task. A handler that raises is logged and its delivery is
+  nacked with ``requeue=True`` (unless the handler already settled it). ``ack``/``nack``
+  after the delivery was settled, or after its channel is gone, do nothing (the broker
+  redelivers what was not acked, so consumers must be idempotent, e.g. by task id).
+- Cancelling a subscription cancels its in-flight handler tasks (except the caller's own).
+
+``RabbitBus`` uses one robust connection with a channel with publisher confirms for
+``enqueue``, a channel without confirms for fan-out/topic publishing (heartbeats must not
+wait for confirms), and a channel per subscription. Work queues are durable and their
+messages persistent; fan-out/topic exchanges are not durable (they carry only live state,
+and every publisher or subscriber declares them again, also after a reconnect).
+
+``InMemoryBus`` gives the same semantics inside one process for ``megha up --embedded``:
+several buses sharing one ``InMemoryBroker`` behave like clients of one RabbitMQ.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+import aio_pika
+from aio_pika.abc import (
+    AbstractChannel,
+    AbstractExchange,
+    AbstractIncomingMessage,
+    AbstractQueue,
+    AbstractRobustConnection,
+)
+from aio_pika.exceptions import AMQPError, ChannelInvalidStateError, PublishError
+
+log = logging.getLogger("megha.bus")
+
+DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
+MEMORY_URL = "memory://"
+
+FanoutHandler = Callable[[bytes], Awaitable[None]]
+TopicHandler = Callable[[str, bytes], Awaitable[None]]
+
+# Unacked messages a fan-out/topic subscription without TTL may hold client-side. Bounded,
+# so a slow subscriber's backlog stays in the broker rather than in our memory.
+_STREAM_PREFETCH = 256
+# Bound on the broker round trips of cancel/close, so shutdown never hangs on a dead broker.
+_CLOSE_TIMEOUT_S = 5.0
+# Errors that mean "this channel or connection is gone"; the broker requeues what we held.
+_GONE = (AMQPError, ChannelInvalidStateError, ConnectionError, asyncio.TimeoutError)
+
+
+class Delivery(Protocol):
+    """One message from a durable work queue."""
+
+    body: bytes
+    redelivered: bool
+    """True if an earlier consumer got it and never acked it (e.g. a GM crashed)."""
+
+    async def ack(self) -> None:
+        """Remove the message from the queue for good."""
+        ...
+
+    async def nack(self, requeue: bool = True) -> None:
+        """Give the message back (``requeue=True``) or drop it."""
+        ...
+
+
+class Subscription(Protocol):
+    async def cancel(self) -> None:
+        """Stop delivering. Idempotent; unacked deliveries go back to the queue."""
+        ...
+
+
+class Bus(abc.ABC):
+    """Publish/subscribe and durable work queues; see the module docstring."""
+
+    def __init__(self, prefix: str = "megha") -> None:
+        if not prefix:
+            raise ValueError("bus prefix must not be empty")
+        self.prefix = prefix
+
+    def exchange_name(self, exchange: str) -> str:
+        return f"{self.prefix}.{exchange}"
+
+    def queue_name(self, queue: str) -> str:
+        return f"{self.prefix}.queue.{queue}"
+
+    @abc.abstractmethod
+    async def connect(self) -> None: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Idempotent; cancels every subscription made through this bus."""
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @abc.abstractmethod
+    async def publish_fanout(self, exchange: str, body: bytes, ttl_s: float | None = None) -> None:
+        """Send ``body`` to every current subscriber; it expires after ``ttl_s`` if given."""
+
+    @abc.abstractmethod
+    async def subscribe_fanout(
+        self, exchange: str, handler: FanoutHandler, ttl_s: float | None = None
+    ) -> Subscription:
+        """Receive every message published from now on that is not older than ``ttl_s``."""
+
+    @abc.abstractmethod
+    async def publish_topic(self, exchange: str, routing_key: str, body: bytes) -> None: ...
+
+    @abc.abstractmethod
+    async def subscribe_topic(
+        self, exchange: str, binding_key: str, handler: TopicHandler
+    ) -> Subscription:
+        """Receive ``(routing_key, body)`` for every message whose key matches ``binding_key``."""
+
+    @abc.abstractmethod
+    async def enqueue(self, queue: str, body: bytes) -> None:
+        """Store ``body`` durably at the tail of ``queue``; returns once the broker confirmed."""
+
+    async def enqueue_many(self, queue: str, bodies: Sequence[bytes]) -> None:
+        """Enqueue concurrently; returns once every body is confirmed, or raises the first error.
+
+        On error some bodies may be stored and others not: the caller retries the batch, and
+        consumers deduplicate (by task id).
+        """
+        results = await asyncio.gather(
+            *(self.enqueue(queue, body) for body in bodies), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    @abc.abstractmethod
+    async def consume(
+        self, queue: str, handler: Callable[[Delivery], Awaitable[None]], prefetch: int = 1000
+    ) -> Subscription:
+        """Deliver messages of ``queue``, at most ``prefetch`` unacked at once."""
+
+    @abc.abstractmethod
+    async def delete_queue(self, queue: str) -> None:
+        """Delete a work queue and its messages (tests and cleanup); no error if missing."""
+
+    @abc.abstractmethod
+    async def queue_depth(self, queue: str) -> int:
+        """Messages ready in a work queue (delivered-but-unacked ones are not counted)."""
+
+
+def make_bus(url: str, prefix: str = "megha", broker: InMemoryBroker | None = None) -> Bus:
+    """``memory://`` → an in-process bus on ``broker`` (or a shared default); else RabbitMQ."""
+    if url.startswith(MEMORY_URL):
+        return InMemoryBus(broker if broker is not None else _DEFAULT_BROKER, prefix=prefix)
+    return RabbitBus(url, prefix=prefix)
+
+
+def _check_prefetch(prefetch: int) -> None:
+    if not 1 <= prefetch <= 65535:
+        raise ValueError(f"prefetch must be between 1 and 65535, got {prefetch}")
+
+
+# --------------------------------------------------------------------------- RabbitMQ
+
+
+class RabbitBus(Bus):
+    """The bus on RabbitMQ through aio-pika, with a robust (reconnecting) connection."""
+
+    def __init__(self, url: str = DEFAULT_URL, prefix: str = "megha") -> None:
+        super().__init__(prefix)
+        self.url = url
+        self._connection: AbstractRobustConnection | None = None
+        self._confirmed: AbstractChannel | None = None  # publisher confirms: enqueue
+        self._fast: AbstractChannel | None = None  # no confirms: fan-out and topic
+        self._exchanges: dict[str, AbstractExchange] = {}
+        self._work_queues: set[str] = set()
+        self._declare_lock = asyncio.Lock()
+        self._subscriptions: set[_RabbitSubscription] = set()
+
+    async def connect(self) -> None:
+        if self._connection is not None:
+            return
+        connection = await aio_pika.connect_robust(self.url)
+        try:
+            # on_return_raises: an enqueue to a queue deleted behind our back must fail, not
+            # be confirmed and silently dropped.
+            self._confirmed = await connection.channel(
+                publisher_confirms=True, on_return_raises=True
+            )
+            self._fast = await connection.channel(publisher_confirms=False)
+        except BaseException:
+            await connection.close()
+            raise
+        self._connection = connection
+
+    async def close(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        await asyncio.gather(
+            *(sub.cancel() for sub in list(self._subscriptions)), return_exceptions=True
+        )
+        self._exchanges.clear()
+        self._work_queues.clear()
+        self._confirmed = self._fast = None
+        with contextlib.suppress(*_GONE):
+            async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                await connection.close()
+
+    def _require(self) -> AbstractRobustConnection:
+        if self._connection is None:
+            raise RuntimeError("bus is not connected: call connect() or use 'async with'")
+        return self._connection
+
+    async def _exchange(self, name: str, kind: aio_pika.ExchangeType) -> AbstractExchange:
+        self._require()
+        exchange = self._exchanges.get(name)
+        if exchange is None:
+            async with self._declare_lock:
+                exchange = self._exchanges.get(name)
+                if exchange is None:
+                    assert self._fast is not None
+                    exchange = await self._fast.declare_exchange(name, kind, durable=False)
+                    self._exchanges[name] = exchange
+        return exchange
+
+    async def publish_fanout(self, exchange: str, body: bytes, ttl_s: float | None = None) -> None:
+        target = await self._exchange(self.exchange_name(exchange), aio_pika.ExchangeType.FANOUT)
+        # mandatory=False: nobody listening is normal, and a returned message would only
+        # cost bandwidth (and an aiormq error log, since this channel has no confirms).
+        await target.publish(aio_pika.Message(body, expiration=ttl_s), "", mandatory=False)
+
+    async def publish_topic(self, exchange: str, routing_key: str, body: bytes) -> None:
+        target = await self._exchange(self.exchange_name(exchange), aio_pika.ExchangeType.TOPIC)
+        await target.publish(aio_pika.Message(body), routing_key, mandatory=False)
+
+    async def subscribe_fanout(
+        self, exchange: str, handler: FanoutHandler, ttl_s: float | None = None
+    ) -> Subscription:
+        async def call(_key: str, body: bytes) -> None:
+            await handler(body)
+
+        return await self._subscribe_stream(
+            self.exchange_name(exchange), aio_pika.ExchangeType.FANOUT, "", ttl_s, call
+        )
+
+    async def subscribe_topic(
+        self, exchange: str, binding_key: str, handler: TopicHandler
+    ) -> Subscription:
+        return await self._subscribe_stream(
+            self.exchange_name(exchange), aio_pika.ExchangeType.TOPIC, binding_key, None, handler
+        )
+
+    async def _subscribe_stream(
+        self,
+        exchange_name: str,
+        kind: aio_pika.ExchangeType,
+        binding_key: str,
+        ttl_s: float | None,
+        call: TopicHandler,
+    ) -> Subscription:
+        channel = await self._require().channel(publisher_confirms=False)
+        try:
+            # With a TTL, one message at a time: the rest wait in the broker, where they expire.
+            await channel.set_qos(prefetch_count=1 if ttl_s is not None else _STREAM_PREFETCH)
+            exchange = await channel.declare_exchange(exchange_name, kind, durable=False)
+            arguments = None if ttl_s is None else {"x-message-ttl": max(0, round(ttl_s * 1000))}
+            queue = await channel.declare_queue(
+                exclusive=True, auto_delete=True, arguments=arguments
+            )
+            await queue.bind(exchange, routing_key=binding_key)
+            subscription = _RabbitStream(self, channel, queue, call, exchange_name, ttl_s)
+            await subscription.start()
+        except BaseException:
+            with contextlib.suppress(*_GONE):
+                await channel.close()
+            raise
+        self._subscriptions.add(subscription)
+        return subscription
+
+    async def _work_queue(self, name: str) -> None:
+        if name in self._work_queues:
+            return
+        async with self._declare_lock:
+            if name not in self._work_queues:
+                assert self._confirmed is not None
+                await self._confirmed.declare_queue(name, durable=True)
+                self._work_queues.add(name)
+
+    async def enqueue(self, queue: str, body: bytes) -> None:
+        self._require()
+        name = self.queue_name(queue)
+        await self._work_queue(name)
+        try:
+            await self._publish_persistent(name, body)
+        except PublishError:
+            # Returned as unroutable: the queue was deleted since we declared it.
+            self._work_queues.discard(name)
+            await self._work_queue(name)
+            await self._publish_persistent(name, body)
+
+    async def _publish_persistent(self, name: str, body: bytes) -> None:
+        assert self._confirmed is not None
+        message = aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+        # With publisher confirms this returns once the broker has stored the message, and
+        # raises DeliveryError if the broker nacks it.
+        await self._confirmed.default_exchange.publish(message, name, mandatory=True)
+
+    async def enqueue_many(self, queue: str, bodies: Sequence[bytes]) -> None:
+        self._require()
+        await self._work_queue(self.queue_name(queue))  # once, not once per body
+        await super().enqueue_many(queue, bodies)
+
+    async def consume(
+        self, queue: str, handler: Callable[[Delivery], Awaitable[None]], prefetch: int = 1000
+    ) -> Subscription:
+        _check_prefetch(prefetch)
+        name = self.queue_name(queue)
+        channel = await self._require().channel(publisher_confirms=False)
+        try:
+            await channel.set_qos(prefetch_count=prefetch)
+            amqp_queue = await channel.declare_queue(name, durable=True)
+            subscription = _RabbitConsumer(self, channel, amqp_queue, handler, name)
+            await subscription.start()
+        except BaseException:
+            with contextlib.suppress(*_GONE):
+                await channel.close()
+            raise
+        self._subscriptions.add(subscription)
+        return subscription
+
+    async def delete_queue(self, queue: str) -> None:
+        self._require()
+        name = self.queue_name(queue)
+        assert self._confirmed is not None
+        self._work_queues.discard(name)
+        # RabbitMQ answers delete-ok for a queue that does not exist.
+        await self._confirmed.queue_delete(name, if_unused=False, if_empty=False)
+
+    async def queue_depth(self, queue: str) -> int:
+        self._require()
+        assert self._confirmed is not None
+        # A raw (non-robust) declare, so a periodic depth probe does not pile up queue objects
+        # for the robust channel to restore; declaring (not passive) makes "missing" mean 0
+        # instead of a channel-closing 404.
+        channel = await self._confirmed.get_underlay_channel()
+        declared = await channel.queue_declare(self.queue_name(queue), durable=True)
+        return int(declared.message_count or 0)
+
+
+class _RabbitSubscription:
+    """A consumer on its own channel; cancelling closes the channel, which requeues unacked."""
+
+    def __init__(
+        self, bus: RabbitBus, channel: AbstractChannel, queue: AbstractQueue, name: str
+    ) -> None:
+        self._bus = bus
+        self._channel = channel
+        self._queue = queue
+        self._name = name
+        self._tag: str | None = None
+        self._cancelled = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> None:
+        self._tag = await self._queue.consume(self._on_message, no_ack=False)
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        raise NotImplementedError
+
+    async def cancel(self) -> None:
+        if self._cancelled:
+            return
+        self._cancelled = True
+        self._bus._subscriptions.discard(self)
+        current = asyncio.current_task()
+        tasks = [task for task in self._tasks if task is not current]
+        for task in tasks:
+            task.cancel()
+        with contextlib.suppress(*_GONE):
+            async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                if self._tag is not None and not self._channel.is_closed:
+                    await self._queue.cancel(self._tag)
+                await asyncio.gather(*tasks, return_exceptions=True)
+                await self._channel.close()
+
+
+class _RabbitStream(_RabbitSubscription):
+    """Fan-out/topic subscription: messages go through a local inbox to one handler loop."""
+
+    def __init__(
+        self,
+        bus: RabbitBus,
+        channel: AbstractChannel,
+        queue: AbstractQueue,
+        call: TopicHandler,
+        name: str,
+        ttl_s: float | None,
+    ) -> None:
+        super().__init__(bus, channel, queue, name)
+        self._call = call
+        self._ttl_s = ttl_s
+        self._inbox: asyncio.Queue[tuple[AbstractIncomingMessage, float]] = asyncio.Queue()
+
+    async def start(self) -> None:
+        pump = asyncio.get_running_loop().create_task(self._pump(), name=f"bus:{self._name}")
+        self._tasks.add(pump)
+        try:
+            await super().start()
+        except BaseException:
+            pump.cancel()
+            raise
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        # aio-pika runs each callback in a new task; they start in arrival order, and this
+        # one does not await, so the inbox keeps that order.
+        self._inbox.put_nowait((message, time.monotonic()))
+
+    async def _pump(self) -> None:
+        while not self._cancelled:
+            message, received = await self._inbox.get()
+            if not self._expired(message, received):
+                try:
+                    await self._call(message.routing_key or "", message.body)
+                except Exception:
+                    log.exception("handler for %s failed; message dropped", self._name)
+            # Acked after the handler, so with prefetch 1 the next message waits (and
+            # expires) in the broker while the handler is busy.
+            with contextlib.suppress(*_GONE):
+                await message.ack()
+
+    def _expired(self, message: AbstractIncomingMessage, received: float) -> bool:
+        """Whether it waited here longer than its TTL (only possible with prefetch > 1).
+
+        The broker drops what expires in the queue; this drops what expired in our inbox,
+        e.g. a message published with a TTL to a subscription made without one. It is
+        conservative: time spent in the broker before delivery is not counted.
+        """
+        ttls = [t for t in (message.expiration, self._ttl_s) if t is not None]
+        return bool(ttls) and time.monotonic() - received > min(ttls)
+
+
+class _RabbitDelivery:
+    __slots__ = ("_message", "_settled", "body", "redelivered")
+
+    def __init__(self, message: AbstractIncomingMessage) -> None:
+        self._message = message
+        self._settled = False
+        self.body: bytes = message.body
+        self.redelivered: bool = bool(message.redelivered)
+
+    async def ack(self) -> None:
+        if not self._settled:
+            self._settled = True
+            await self._settle(self._message.ack(), "ack")
+
+    async def nack(self, requeue: bool = True) -> None:
+        if not self._settled:
+            self._settled = True
+            await self._settle(self._message.nack(requeue=requeue), "nack")
+
+    @staticmethod
+    async def _settle(action: Awaitable[None], what: str) -> None:
+        try:
+            await action
+        except _GONE as err:
+            # The channel is gone, so the broker has already put the message back.
+            log.warning("could not %s a delivery (%r); the broker will redeliver it", what, err)
+
+
+class _RabbitConsumer(_RabbitSubscription):
+    """Work-queue consumer: one task per delivery, at most ``prefetch`` at once (broker qos)."""
+
+    def __init__(
+        self,
+        bus: RabbitBus,
+        channel: AbstractChannel,
+        queue: AbstractQueue,
+        handler: Callable[[Delivery], Awaitable[None]],
+        name: str,
+    ) -> None:
+        super().__init__(bus, channel, queue, name)
+        self._handler = handler
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        if self._cancelled:
+            return  # left unacked: closing the channel requeues it
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        delivery = _RabbitDelivery(message)
+        try:
+            await self._handler(delivery)
+        except Exception:
+            log.exception("handler for %s failed; message requeued", self._name)
+            await delivery.nack(requeue=True)
+        finally:
+            self._tasks.discard(task)
+
+
+# --------------------------------------------------------------------------- in memory
+
+
+def topic_matches(binding_key: str, routing_key: str) -> bool:
+    """AMQP topic matching on dot-separated words: ``*`` is one word, ``#`` zero or more."""
+    words = routing_key.split(".")
+    reachable = {0}  # how many words the pattern so far can have consumed
+    for part in binding_key.split("."):
+        if part == "#":
+            reachable = set(range(min(reachable), len(words) + 1))
+        else:
+            reachable = {i + 1 for i in reachable if i < len(words) and part in ("*", words[i])}
+        if not reachable:
+            return False
+    return len(words) in reachable
+
+
+@dataclass(slots=True)
+class _Stored:
+    body: bytes
+    redelivered: bool = False
+
+
+class _MemoryWorkQueue:
+    """FIFO of ready messages plus its consumers, served round-robin within their prefetch."""
+
+    def __init__(self) -> None:
+        self.ready: deque[_Stored] = deque()
+        self.consumers: list[_MemoryConsumer] = []
+        self._next = 0
+
+    def dispatch(self) -> None:
+        while self.ready and self.consumers:
+            consumer = self._next_with_room()
+            if consumer is None:
+                return
+            consumer.deliver(self.ready.popleft())
+
+    def _next_with_room(self) -> _MemoryConsumer | None:
+        count = len(self.consumers)
+        for step in range(count):
+            index = (self._next + step) % count
+            consumer = self.consumers[index]
+            if consumer.has_room():
+                self._next = (index + 1) % count
+                return consumer
+        return None
+
+    def give_back(self, stored: Sequence[_Stored]) -> None:
+        """Put messages back at the head, keeping their order, marked redelivered."""
+        self.ready.extendleft(_Stored(s.body, redelivered=True) for s in reversed(stored))
+        self.dispatch()
+
+
+class InMemoryBroker:
+    """What one RabbitMQ would hold, for buses in the same process and event loop."""
+
+    def __init__(self) -> None:
+        self._fanout: dict[str, list[_MemoryStream]] = {}
+        self._topic: dict[str, list[_MemoryStream]] = {}
+        self._queues: dict[str, _MemoryWorkQueue] = {}
+
+    def work_queue(self, name: str) -> _MemoryWorkQueue:
+        queue = self._queues.get(name)
+        if queue is None:
+            queue = self._queues[name] = _MemoryWorkQueue()
+        return queue
+
+
+_DEFAULT_BROKER = InMemoryBroker()
+
+
+class InMemoryBus(Bus):
+    """The bus inside one process; several buses on one broker act like RabbitMQ clients."""
+
+    def __init__(self, broker: InMemoryBroker, prefix: str = "megha") -> None:
+        super().__init__(prefix)
+        self.broker = broker
+        self._connected = False
+        self._subscriptions: set[_MemoryStream | _MemoryConsumer] = set()
+
+    async def connect(self) -> None:
+        self._connected = True
+
+    async def close(self) -> None:
+        if not self._connected:
+            return
+        self._connected = False
+        await asyncio.gather(
+            *(sub.cancel() for sub in list(self._subscriptions)), return_exceptions=True
+        )
+
+    def _require(self) -> None:
+        if not self._connected:
+            raise RuntimeError("bus is not connected: call connect() or use 'async with'")
+
+    async def publish_fanout(self, exchange: str, body: bytes, ttl_s: float | None = None) -> None:
+        self._require()
+        now = time.monotonic()
+        for stream in self.broker._fanout.get(self.exchange_name(exchange), ()):
+            stream.push("", body, now, ttl_s)
+
+    async def publish_topic(self, exchange: str, routing_key: str, body: bytes) -> None:
+        self._require()
+        now = time.monotonic()
+        for stream in self.broker._topic.get(self.exchange_name(exchange), ()):
+            if topic_matches(stream.binding_key, routing_key):
+                stream.push(routing_key, body, now, None)
+
+    async def subscribe_fanout(
+        self, exchange: str, handler: FanoutHandler, ttl_s: float | None = None
+    ) -> Subscription:
+        async def call(_key: str, body: bytes) -> None:
+            await handler(body)
+
+        return self._subscribe(self.broker._fanout, exchange, "", ttl_s, call)
+
+    async def subscribe_topic(
+        self, exchange: str, binding_key: str, handler: TopicHandler
+    ) -> Subscription:
+        return self._subscribe(self.broker._topic, exchange, binding_key, None, handler)
+
+    def _subscribe(
+        self,
+        registry: dict[str, list[_MemoryStream]],
+        exchange: str,
+        binding_key: str,
+        ttl_s: float | None,
+        call: TopicHandler,
+    ) -> _MemoryStream:
+        self._require()
+        name = self.exchange_name(exchange)
+        streams = registry.setdefault(name, [])
+        stream = _MemoryStream(self, streams, binding_key, ttl_s, call, name)
+        streams.append(stream)
+        self._subscriptions.add(stream)
+        return stream
+
+    async def enqueue(self, queue: str, body: bytes) -> None:
+        self._require()
+        work_queue = self.broker.work_queue(self.queue_name(queue))
+        work_queue.ready.append(_Stored(bytes(body)))
+        work_queue.dispatch()
+
+    async def enqueue_many(self, queue: str, bodies: Sequence[bytes]) -> None:
+        self._require()
+        work_queue = self.broker.work_queue(self.queue_name(queue))
+        work_queue.ready.extend(_Stored(bytes(body)) for body in bodies)
+        work_queue.dispatch()
+
+    async def consume(
+        self, queue: str, handler: Callable[[Delivery], Awaitable[None]], prefetch: int = 1000
+    ) -> Subscription:
+        self._require()
+        _check_prefetch(prefetch)
+        name = self.queue_name(queue)
+        work_queue = self.broker.work_queue(name)
+        consumer = _MemoryConsumer(self, work_queue, handler, prefetch, name)
+        work_queue.consumers.append(consumer)
+        self._subscriptions.add(consumer)
+        work_queue.dispatch()
+        return consumer
+
+    async def delete_queue(self, queue: str) -> None:
+        self._require()
+        work_queue = self.broker._queues.pop(self.queue_name(queue), None)
+        if work_queue is not None:
+            # Like RabbitMQ, which cancels the consumers of a deleted queue.
+            for consumer in list(work_queue.consumers):
+                await consumer.cancel()
+            work_queue.ready.clear()
+
+    async def queue_depth(self, queue: str) -> int:
+        self._require()
+        work_queue = self.broker._queues.get(self.queue_name(queue))
+        return 0 if work_queue is None else len(work_queue.ready)
+
+
+class _MemoryStream:
+    """A fan-out/topic subscriber's private queue, drained by one handler loop."""
+
+    def __init__(
+        self,
+        bus: InMemoryBus,
+        streams: list[_MemoryStream],
+        binding_key: str,
+        ttl_s: float | None,
+        call: TopicHandler,
+        name: str,
+    ) -> None:
+        self._bus = bus
+        self._streams = streams
+        self.binding_key = binding_key
+        self._ttl_s = ttl_s
+        self._call = call
+        self._name = name
+        self._inbox: deque[tuple[str, bytes, float | None]] = deque()
+        self._wakeup = asyncio.Event()
+        self._cancelled = False
+        self._pump_task = asyncio.get_running_loop().create_task(self._pump(), name=f"bus:{name}")
+
+    def push(self, routing_key: str, body: bytes, now: float, ttl_s: float | None) -> None:
+        ttls = [t for t in (ttl_s, self._ttl_s) if t is not None]
+        deadline = now + min(ttls) if ttls else None
+        self._inbox.append((routing_key, body, deadline))
+        self._wakeup.set()
+
+    async def _pump(self) -> None:
+        while not self._cancelled:
+            if not self._inbox:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            routing_key, body, deadline = self._inbox.popleft()
+            if deadline is not None and time.monotonic() > deadline:
+                continue  # expired while waiting, as RabbitMQ's x-message-ttl drops it
+            try:
+                await self._call(routing_key, body)
+            except Exception:
+                log.exception("handler for %s failed; message dropped", self._name)
+
+    async def cancel(self) -> None:
+        if self._cancelled:
+            return
+        self._cancelled = True
+        self._bus._subscriptions.discard(self)
+        with contextlib.suppress(ValueError):
+            self._streams.remove(self)
+        self._inbox.clear()
+        self._wakeup.set()
+        if self._pump_task is not asyncio.current_task():
+            self._pump_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump_task
+
+
+class _MemoryDelivery:
+    __slots__ = ("_consumer", "_stored", "body", "redelivered", "tag")
+
+    def __init__(self, consumer: _MemoryConsumer, stored: _Stored, tag: int) -> None:
+        self.tag = tag
+        self._consumer = consumer
+        self._stored = stored
+        self.body = stored.body
+        self.redelivered = stored.redelivered
+
+    async def ack(self) -> None:
+        self._consumer.settle(self, requeue=None)
+
+    async def nack(self, requeue: bool = True) -> None:
+        self._consumer.settle(self, requeue=requeue)
+
+
+class _MemoryConsumer:
+    def __init__(
+        self,
+        bus: InMemoryBus,
+        queue: _MemoryWorkQueue,
+        handler: Callable[[Delivery], Awaitable[None]],
+        prefetch: int,
+        name: str,
+    ) -> None:
+        self._bus = bus
+        self._queue = queue
+        self._handler = handler
+        self._prefetch = prefetch
+        self._name = name
+        self._unacked: dict[int, _MemoryDelivery] = {}  # insertion order = delivery order
+        self._tags = itertools.count()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._cancelled = False
+
+    def has_room(self) -> bool:
+        return len(self._unacked) < self._prefetch
+
+    def deliver(self, stored: _Stored) -> None:
+        delivery = _MemoryDelivery(self, stored, next(self._tags))
+        self._unacked[delivery.tag] = delivery
+        # A task, so the publisher never runs consumer code inline.
+        task = asyncio.get_running_loop().create_task(self._run(delivery))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, delivery: _MemoryDelivery) -> None:
+        try:
+            await self._handler(delivery)
+        except Exception:
+            log.exception("handler for %s failed; message requeued", self._name)
+            self.settle(delivery, requeue=True)
+
+    def settle(self, delivery: _MemoryDelivery, requeue: bool | None) -> None:
+        """``requeue=None`` acks; a delivery already settled or given back is ignored."""
+        if self._unacked.pop(delivery.tag, None) is None:
+            return
+        if requeue:
+            self._queue.give_back([delivery._stored])
+        else:
+            self._queue.dispatch()
+
+    async def cancel(self) -> None:
+        if self._cancelled:
+            return
+        self._cancelled = True
+        self._bus._subscriptions.discard(self)
+        with contextlib.suppress(ValueError):
+            self._queue.consumers.remove(self)
+        current = asyncio.current_task()
+        tasks = [task for task in self._tasks if task is not current]
+        for task in tasks:
+            task.cancel()
+        unacked = [delivery._stored for delivery in self._unacked.values()]
+        self._unacked.clear()
+        self._queue.give_back(unacked)
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,183 @@
+"""Run services as processes: one service per ``megha <role>``, or all of them in one
+process for ``megha up --embedded``. Each role is started, waits for SIGINT/SIGTERM,
+and shuts down gracefully (health NOT_SERVING, in-flight calls drained, bus closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator
+
+from services._proto.megha.v1 import (
+    global_master_pb2,
+    global_master_pb2_grpc,
+    local_master_pb2,
+    local_master_pb2_grpc,
+    predictor_pb2,
+    predictor_pb2_grpc,
+)
+from services.common.bus import Bus, InMemoryBroker, make_bus
+from services.common.config import FederationConfig, WorkerGroup
+from services.common.server import Service, wait_healthy
+
+log = logging.getLogger("megha.runner")
+
+
+def _full_name(module, service: str) -> str:
+    return module.DESCRIPTOR.services_by_name[service].full_name
+
+
+class PlaceholderPredictor(predictor_pb2_grpc.PredictorServicer):
+    """Answers health checks; every prediction RPC is UNIMPLEMENTED until the
+    predictor issue lands (gRPC's default servicer behaviour)."""
+
+
+@contextlib.asynccontextmanager
+async def running_lm(config: FederationConfig, lm_id: str, bus: Bus) -> AsyncIterator:
+    from services.local_master.service import LocalMaster
+
+    endpoint = config.lm(lm_id)
+    lm = LocalMaster(config, lm_id, bus)
+    service = Service(
+        endpoint.listen,
+        [
+            (
+                local_master_pb2_grpc.add_LocalMasterServicer_to_server,
+                lm,
+                _full_name(local_master_pb2, "LocalMaster"),
+            )
+        ],
+        metrics_port=endpoint.metrics_port,
+    )
+    await service.start()
+    await lm.start()
+    try:
+        yield lm
+    finally:
+        await service.stop()
+        await lm.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def running_gm(config: FederationConfig, gm_id: str, bus: Bus) -> AsyncIterator:
+    from services.global_master.service import GlobalMaster
+
+    endpoint = config.gm(gm_id)
+    gm = GlobalMaster(config, gm_id, bus)
+    service = Service(
+        endpoint.listen,
+        [
+            (
+                global_master_pb2_grpc.add_GlobalMasterServicer_to_server,
+                gm,
+                _full_name(global_master_pb2, "GlobalMaster"),
+            )
+        ],
+        metrics_port=endpoint.metrics_port,
+    )
+    await gm.start()
+    await service.start()
+    try:
+        yield gm
+    finally:
+        await service.stop()
+        await gm.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def running_predictor(config: FederationConfig) -> AsyncIterator:
+    assert config.predictor is not None
+    service = Service(
+        config.predictor.listen,
+        [
+            (
+                predictor_pb2_grpc.add_PredictorServicer_to_server,
+                PlaceholderPredictor(),
+                _full_name(predictor_pb2, "Predictor"),
+            )
+        ],
+        metrics_port=config.predictor.metrics_port,
+    )
+    async with service:
+        yield service
+
+
+@contextlib.asynccontextmanager
+async def running_workers(config: FederationConfig, lm_id: str | None, count: int | None):
+    from services.worker.host import WorkerHost
+
+    groups = [g for g in config.workers if lm_id is None or g.lm == lm_id]
+    if lm_id is not None and not groups:  # an LM the file gives no workers: defaults
+        groups = [WorkerGroup(lm=lm_id)]
+    if count is not None:
+        groups = [g.model_copy(update={"count": count}) for g in groups]
+    hosts = [WorkerHost(config, g) for g in groups]
+    tasks = [asyncio.create_task(h.run()) for h in hosts]
+    try:
+        yield hosts
+    finally:
+        for host in hosts:
+            await host.shutdown()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+async def until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def serve_role(config: FederationConfig, role: str, ident: str | None, count: int | None):
+    """``megha gm|lm|worker|predictor``: one role until SIGINT/SIGTERM."""
+    if role == "predictor":
+        async with running_predictor(config):
+            await until_signalled()
+        return
+    if role == "worker":
+        async with running_workers(config, ident, count):
+            await until_signalled()
+        return
+    bus = make_bus(config.rabbitmq_url, prefix=config.exchange_prefix)
+    async with bus:
+        runner = running_gm if role == "gm" else running_lm
+        assert ident is not None
+        async with runner(config, ident, bus):
+            await until_signalled()
+
+
+async def serve_embedded(config: FederationConfig, ready: asyncio.Event | None = None) -> None:
+    """Every service of ``config`` in this process on an in-memory bus (no RabbitMQ)."""
+    broker = InMemoryBroker()
+    async with contextlib.AsyncExitStack() as stack:
+        for lm in config.lms:
+            bus = await stack.enter_async_context(make_bus("memory://", broker=broker))
+            await stack.enter_async_context(running_lm(config, lm.id, bus))
+        await stack.enter_async_context(running_workers(config, None, None))
+        for gm in config.gms:
+            bus = await stack.enter_async_context(make_bus("memory://", broker=broker))
+            await stack.enter_async_context(running_gm(config, gm.id, bus))
+        if config.predictor is not None:
+            await stack.enter_async_context(running_predictor(config))
+        await wait_all_healthy(config)
+        if ready is not None:
+            ready.set()
+        await until_signalled()
+
+
+def endpoints(config: FederationConfig) -> list[tuple[str, str]]:
+    out = [(f"GM {g.id}", g.target) for g in config.gms]
+    out += [(f"LM {m.id}", m.target) for m in config.lms]
+    if config.predictor is not None:
+        out.append(("predictor", config.predictor.target))
+    return out
+
+
+async def wait_all_healthy(config: FederationConfig, timeout_s: float = 30.0) -> None:
+    await asyncio.gather(*(wait_healthy(t, timeout_s) for _, t in endpoints(config)))

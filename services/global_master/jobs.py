@@ -1,0 +1,100 @@
+"""What a GM remembers about jobs: each task's latest state, for GetJob and WatchJob.
+
+Built from the GM's own submissions and from the lifecycle events every LM publishes,
+so any GM can answer for any job it has heard of. Bounded: the oldest jobs are forgotten
+first once ``max_jobs`` is reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from services._proto.megha.v1 import common_pb2, global_master_pb2
+
+TERMINAL = {
+    common_pb2.TASK_STATE_SUCCEEDED,
+    common_pb2.TASK_STATE_FAILED,
+    common_pb2.TASK_STATE_REJECTED,
+}
+# Lifecycle order: a late, older event never overwrites a newer state of the same attempt.
+_RANK = {
+    common_pb2.TASK_STATE_QUEUED: 1,
+    common_pb2.TASK_STATE_PLACED: 2,
+    common_pb2.TASK_STATE_RUNNING: 3,
+    common_pb2.TASK_STATE_LOST: 4,
+    common_pb2.TASK_STATE_PREEMPTED: 4,
+    common_pb2.TASK_STATE_SUCCEEDED: 5,
+    common_pb2.TASK_STATE_FAILED: 5,
+    common_pb2.TASK_STATE_REJECTED: 5,
+}
+
+
+@dataclass(eq=False)
+class JobRecord:
+    job_id: str
+    queue: str
+    tasks: dict[str, global_master_pb2.TaskStatus] = field(default_factory=dict)
+    watchers: list[asyncio.Queue] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.tasks) and all(t.state in TERMINAL for t in self.tasks.values())
+
+    def to_proto(self) -> global_master_pb2.Job:
+        return global_master_pb2.Job(
+            job_id=self.job_id, queue=self.queue, tasks=list(self.tasks.values())
+        )
+
+
+class JobBook:
+    def __init__(self, max_jobs: int = 100_000):
+        self.max_jobs = max_jobs
+        self.jobs: OrderedDict[str, JobRecord] = OrderedDict()
+
+    def get(self, job_id: str) -> JobRecord | None:
+        return self.jobs.get(job_id)
+
+    def record(self, job_id: str, queue: str) -> JobRecord:
+        job = self.jobs.get(job_id)
+        if job is None:
+            job = self.jobs[job_id] = JobRecord(job_id, queue)
+            while len(self.jobs) > self.max_jobs:
+                self.jobs.popitem(last=False)
+        return job
+
+    def queued(self, task: common_pb2.Task) -> None:
+        job = self.record(task.job_id, task.queue)
+        if task.task_id not in job.tasks:
+            job.tasks[task.task_id] = global_master_pb2.TaskStatus(
+                task_id=task.task_id,
+                state=common_pb2.TASK_STATE_QUEUED,
+                timestamps=task.timestamps,
+                attempt=task.attempt,
+            )
+
+    def apply(self, event: common_pb2.TaskEvent) -> None:
+        job = self.record(event.job_id, event.queue)
+        status = job.tasks.get(event.task_id)
+        if status is None:
+            status = job.tasks[event.task_id] = global_master_pb2.TaskStatus(task_id=event.task_id)
+        newer_attempt = event.attempt > status.attempt
+        same_attempt_later = event.attempt == status.attempt and _RANK.get(
+            event.state, 0
+        ) >= _RANK.get(status.state, 0)
+        if not (newer_attempt or same_attempt_later or status.state == 0):
+            return
+        status.state = event.state
+        status.lm_id = event.lm_id
+        status.node_id = event.node_id
+        status.attempt = event.attempt
+        status.timestamps.CopyFrom(event.timestamps)
+        status.pending_reason = event.reason if event.state != common_pb2.TASK_STATE_RUNNING else ""
+        for watcher in job.watchers:
+            watcher.put_nowait(event)
+
+    def set_reason(self, job_id: str, task_id: str, reason: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is not None and task_id in job.tasks:
+            job.tasks[task_id].pending_reason = reason

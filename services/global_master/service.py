@@ -1,0 +1,500 @@
+"""The Global Master process: a stateless matcher over an eventually-consistent view.
+
+    SubmitJob ──validate──▶ durable user queue (broker confirm) ──▶ ack to the client
+    user queues it serves ──consume──▶ UserQueues (round-robin) ──match──▶ Launch / Repartition
+        rejected → apply the LM's state, retry;  no node → fairness (Alg. 2) → park
+        accepted → the broker message is acked once every task in it has launched
+    heartbeats (fanout) ──▶ GlobalView.apply      lifecycle events (topic) ──▶ JobBook
+
+Nothing here decides: matching, fairness and validation are ``services.core``. A GM can
+be killed at any moment: unacked queue messages go back to the broker and the restarted
+GM re-launches them; LMs answer DUPLICATE for tasks that already run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from services._proto.megha.v1 import (
+    common_pb2,
+    global_master_pb2,
+    global_master_pb2_grpc,
+    local_master_pb2,
+    local_master_pb2_grpc,
+)
+from services.common import metrics
+from services.common.bus import Bus, Delivery
+from services.common.config import FederationConfig
+from services.common.convert import (
+    placement_status_from_proto,
+    resources_to_proto,
+    snapshot_from_proto,
+    task_to_spec,
+)
+from services.common.server import channel
+from services.core.constraints import ConstraintError
+from services.core.fairness import FairShare, QueueShare, dominant_share
+from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
+from services.core.match import make_policy
+from services.core.resources import ResourceError
+from services.core.status import PlacementStatus, Schedulability
+from services.core.task import TaskSpec
+from services.core.user_queues import UserQueues
+from services.global_master.jobs import JobBook
+from services.local_master.service import EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, user_queue
+
+log = logging.getLogger("megha.gm")
+
+MAX_TASKS_PER_JOB = 100_000
+ROUND_PER_QUEUE = 512  # tasks taken from each queue per scheduling round
+MAX_REJECTIONS = 20  # an LM rejecting a task this often parks it until the view changes
+
+
+@dataclass(eq=False)
+class Batch:
+    """One broker message; acked when every task in it has launched."""
+
+    delivery: Delivery
+    remaining: int
+
+
+@dataclass(eq=False)
+class Pending:
+    task: common_pb2.Task
+    spec: TaskSpec
+    batch: Batch
+    rejections: int = 0
+
+
+@dataclass
+class Recent:
+    """Recent allocation times (seconds) of tasks this GM scheduled."""
+
+    values: deque = field(default_factory=lambda: deque(maxlen=10_000))
+
+
+class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
+    def __init__(self, config: FederationConfig, gm_id: str, bus: Bus):
+        self.config = config
+        self.gm_id = gm_id
+        self.bus = bus
+        self.view = GlobalView(gm_id, make_policy(config.policy), config.num_constraints)
+        self.fair = FairShare(
+            [QueueShare(q.name, q.share, q.gm) for q in config.effective_queues()]
+        )
+        self.my_queues = [q.name for q in config.queues_of(gm_id)]
+        self.queues: UserQueues[Pending] = UserQueues(self.my_queues)
+        self.jobs = JobBook()
+        self.recent = Recent()
+        self._stubs = {
+            lm.id: local_master_pb2_grpc.LocalMasterStub(channel(lm.target)) for lm in config.lms
+        }
+        self._wake = asyncio.Event()
+        self._loops: list[asyncio.Task] = []
+        self._inflight: set[asyncio.Task] = set()
+        self._subscriptions: list = []
+        self._closed = False
+        self.counters: dict[str, int] = defaultdict(int)
+
+    # ----------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        self._subscriptions.append(
+            await self.bus.subscribe_fanout(
+                HEARTBEAT_EXCHANGE, self._on_heartbeat, ttl_s=self.config.heartbeat_interval_s
+            )
+        )
+        self._subscriptions.append(
+            await self.bus.subscribe_topic(EVENT_EXCHANGE, "task.#", self._on_events)
+        )
+        for queue in self.my_queues:
+            self._subscriptions.append(
+                await self.bus.consume(user_queue(queue), self._on_delivery, prefetch=1000)
+            )
+        self._loops.append(asyncio.create_task(self._schedule_loop(), name="gm-schedule"))
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for sub in self._subscriptions:
+            with contextlib.suppress(Exception):
+                await sub.cancel()
+        for loop in [*self._loops, *self._inflight]:
+            loop.cancel()
+        for loop in [*self._loops, *self._inflight]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await loop
+
+    # ------------------------------------------------------------ client API
+    async def SubmitJob(self, request, context):
+        now = time.time_ns()
+        if not request.tasks:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a job needs at least one task")
+        if len(request.tasks) > MAX_TASKS_PER_JOB:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"a job may have at most {MAX_TASKS_PER_JOB} tasks, got {len(request.tasks)}",
+            )
+        queue = request.queue or self.config.effective_queues()[0].name
+        if self.config.queue(queue) is None:
+            known = ", ".join(q.name for q in self.config.effective_queues())
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"unknown queue {queue!r}; known: {known}"
+            )
+        if not self.view.lms:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "no Local Master heard from yet; retry shortly"
+            )
+        job_id = request.job_id or uuid.uuid4().hex[:12]
+        batch = common_pb2.TaskBatch(job_id=job_id, queue=queue)
+        batch.tasks.extend(request.tasks)
+        for i, task in enumerate(batch.tasks):
+            task.task_id = task.task_id or f"{job_id}.{i}"
+            task.job_id, task.queue = job_id, queue
+            try:
+                spec = task_to_spec(task, self.config.num_constraints)
+            except (ResourceError, ConstraintError, ValueError) as err:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"task {task.task_id}: {err}")
+            verdict = self.view.assess(spec)
+            if verdict.schedulability is Schedulability.INFEASIBLE:
+                await context.abort(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"task {task.task_id} can never run here: {verdict.reason}",
+                )
+            if not task.timestamps.submitted_unix_nanos:
+                task.timestamps.submitted_unix_nanos = now
+        ids = [t.task_id for t in batch.tasks]
+        if len(set(ids)) != len(ids):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "task ids must be unique")
+        queued = time.time_ns()
+        for task in batch.tasks:
+            task.timestamps.queued_unix_nanos = queued
+        await self.bus.enqueue(user_queue(queue), batch.SerializeToString())
+        for task in batch.tasks:
+            self.jobs.queued(task)
+        return global_master_pb2.SubmitJobResponse(job_id=job_id, task_ids=ids)
+
+    async def GetJob(self, request, context):
+        job = self.jobs.get(request.job_id)
+        if job is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r} known here")
+        return global_master_pb2.GetJobResponse(job=job.to_proto())
+
+    async def WatchJob(self, request, context):
+        job = self.jobs.get(request.job_id)
+        if job is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r} known here")
+        updates: asyncio.Queue = asyncio.Queue()
+        job.watchers.append(updates)
+        try:
+            for status in list(job.tasks.values()):
+                yield global_master_pb2.WatchJobResponse(
+                    event=common_pb2.TaskEvent(
+                        task_id=status.task_id,
+                        job_id=job.job_id,
+                        queue=job.queue,
+                        state=status.state,
+                        lm_id=status.lm_id,
+                        node_id=status.node_id,
+                        reason=status.pending_reason,
+                        timestamps=status.timestamps,
+                        attempt=status.attempt,
+                    )
+                )
+            # The record may turn done while events are still queued for this watcher:
+            # deliver everything queued before ending the stream.
+            while not (job.done and updates.empty()):
+                event = await updates.get()
+                yield global_master_pb2.WatchJobResponse(event=event)
+        finally:
+            job.watchers.remove(updates)
+
+    async def GetClusterView(self, request, context):
+        now = time.monotonic()
+        reply = global_master_pb2.GetClusterViewResponse()
+        for lm_id in sorted(self.view.lms):
+            lmv = self.view.lms[lm_id]
+            free = lmv.table.partition_free()
+            sizes = lmv.table.partition_sizes()
+            out = reply.lms.add(lm_id=lm_id, version=lmv.version, age_s=now - lmv.updated_at)
+            for p, gm in enumerate(lmv.gm_ids):
+                out.partitions.add(
+                    partition=p,
+                    gm_id=gm,
+                    node_count=int(sizes[p]),
+                    free=resources_to_proto(free[p]),
+                )
+        usage, total = self.view.queue_usage(), self.view.total_capacity()
+        running: dict[str, int] = defaultdict(int)
+        for allocation in self.view.allocations():
+            running[allocation.queue] += 1
+        for q in self.config.effective_queues():
+            held = usage.get(q.name)
+            reply.queues.add(
+                queue=q.name,
+                gm_id=q.gm,
+                share=q.share,
+                usage_share=dominant_share(held, total) if held is not None else 0.0,
+                pending_tasks=self.queues.pending(q.name),
+                running_tasks=running[q.name],
+            )
+        if self.recent.values:
+            values = np.fromiter(self.recent.values, dtype=float)
+            p50, p90, p99 = np.percentile(values, [50, 90, 99])
+            reply.recent_allocation_times.p50_s = p50
+            reply.recent_allocation_times.p90_s = p90
+            reply.recent_allocation_times.p99_s = p99
+            reply.recent_allocation_times.count = values.size
+        return reply
+
+    # ------------------------------------------------------------ broker input
+    async def _on_delivery(self, delivery: Delivery) -> None:
+        batch_msg = common_pb2.TaskBatch.FromString(delivery.body)
+        batch = Batch(delivery, remaining=len(batch_msg.tasks))
+        if batch.remaining == 0:
+            await delivery.ack()
+            return
+        for task in batch_msg.tasks:
+            try:
+                spec = task_to_spec(task, self.config.num_constraints)
+            except (ResourceError, ConstraintError, ValueError) as err:
+                log.error("dropping invalid queued task", extra={"task_id": task.task_id})
+                self._event(task, common_pb2.TASK_STATE_REJECTED, str(err))
+                await self._launched(batch)
+                continue
+            self.jobs.queued(task)
+            self.queues.push(batch_msg.queue or task.queue, Pending(task, spec, batch))
+        metrics.QUEUE_PENDING.labels(batch_msg.queue).set(self.queues.pending(batch_msg.queue))
+        self._wake.set()
+
+    async def _on_heartbeat(self, body: bytes) -> None:
+        msg = common_pb2.LocalMasterState.FromString(body)
+        await self._apply_state(msg)
+
+    async def _apply_state(self, msg: common_pb2.LocalMasterState) -> None:
+        snapshot = snapshot_from_proto(msg, self.config.num_constraints)
+        result = self.view.apply(snapshot, time.monotonic())
+        if result is ApplyResult.NEEDS_FULL:
+            stub = self._stubs.get(msg.lm_id)
+            if stub is None:
+                return
+            try:
+                reply = await stub.GetState(local_master_pb2.GetStateRequest(), timeout=5)
+            except grpc.aio.AioRpcError as err:
+                log.warning("GetState failed", extra={"lm": msg.lm_id, "code": err.code().name})
+                return
+            snapshot = snapshot_from_proto(reply.state, self.config.num_constraints)
+            result = self.view.apply(snapshot, time.monotonic())
+        metrics.HEARTBEATS_APPLIED.labels(self.gm_id, result.value).inc()
+        if msg.sent_unix_nanos:
+            age = max(0.0, (time.time_ns() - msg.sent_unix_nanos) / 1e9)
+            metrics.HEARTBEAT_AGE_SECONDS.labels(self.gm_id).observe(age)
+        if result is ApplyResult.APPLIED and self.queues.unpark():
+            self._wake.set()
+
+    async def _on_events(self, routing_key: str, body: bytes) -> None:
+        freed = False
+        for event in common_pb2.TaskEventBatch.FromString(body).events:
+            self.jobs.apply(event)
+            if event.state in (
+                common_pb2.TASK_STATE_SUCCEEDED,
+                common_pb2.TASK_STATE_FAILED,
+                common_pb2.TASK_STATE_PREEMPTED,
+                common_pb2.TASK_STATE_LOST,
+            ):
+                freed |= self.view.release(event.lm_id, event.task_id)
+            elif event.state == common_pb2.TASK_STATE_RUNNING and event.queue in self.my_queues:
+                stamps = event.timestamps
+                if stamps.started_unix_nanos and stamps.submitted_unix_nanos:
+                    seconds = (stamps.started_unix_nanos - stamps.submitted_unix_nanos) / 1e9
+                    self.recent.values.append(seconds)
+                    metrics.ALLOCATION_SECONDS.labels(self.gm_id).observe(seconds)
+        if freed and self.queues.unpark():
+            self._wake.set()
+
+    # ------------------------------------------------------------ scheduling
+    async def _schedule_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while True:
+                round_ = self.queues.pop_round(ROUND_PER_QUEUE)
+                if not round_:
+                    break
+                self._schedule_round(round_)
+                await asyncio.sleep(0)  # let replies and heartbeats in between rounds
+
+    def _schedule_round(self, round_: list[tuple[str, Pending]]) -> None:
+        groups: dict[tuple[str, bool], list[tuple[Pending, Placement]]] = defaultdict(list)
+        # Within one round the view only shrinks, so a shape (constraints + request) that
+        # found no node finds none for any later task either: a backlog of identical
+        # tasks costs one match per round, not one per task.
+        failed: dict[tuple[int, bytes], str] = {}
+        now = time.time_ns()
+        for queue, item in round_:
+            item.task.timestamps.dequeued_unix_nanos = now
+            shape = (item.spec.constraint_mask, item.spec.resources.tobytes())
+            if shape in failed:
+                self._wait(queue, item, failed[shape])
+                continue
+            placement = self.view.match(item.spec)
+            if placement is None:
+                reason = self._unplaceable(queue, item)
+                if reason is not None:
+                    failed[shape] = reason
+                continue
+            self.view.reserve(placement, item.spec)
+            item.task.timestamps.decided_unix_nanos = now
+            groups[(placement.lm_id, placement.repartition)].append((item, placement))
+            metrics.SCHEDULE_ATTEMPTS.labels(self.gm_id, "placed").inc()
+        for (lm_id, repartition), items in groups.items():
+            self._spawn(self._send(lm_id, repartition, items))
+
+    def _unplaceable(self, queue: str, item: Pending) -> str | None:
+        """No node internal or external: fairness (Alg. 2), else wait for room.
+
+        Returns why the task waits, or None when a preemption was started for it."""
+        if len(self.fair.queues) > 1:
+            plan = self.view.preemption_plan(item.spec, self.fair)
+            if isinstance(plan, PreemptionPlan):
+                self._spawn(self._preempt(queue, item, plan))
+                return None
+            reason = plan
+        else:
+            reason = self.view.assess(item.spec).reason or "waiting for resources"
+        self._wait(queue, item, reason)
+        return reason
+
+    def _wait(self, queue: str, item: Pending, reason: str) -> None:
+        metrics.SCHEDULE_ATTEMPTS.labels(self.gm_id, "unschedulable").inc()
+        self.jobs.set_reason(item.task.job_id, item.task.task_id, reason)
+        self.queues.park(queue, item)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _send(self, lm_id: str, repartition: bool, items: list[tuple[Pending, Placement]]):
+        stub = self._stubs[lm_id]
+        lmv = self.view.lms.get(lm_id)
+        known = lmv.version if lmv is not None else 0
+        placements = [
+            local_master_pb2.Placement(task=item.task, node_index=placement.node)
+            for item, placement in items
+        ]
+        try:
+            if repartition:
+                metrics.REPARTITIONS.labels(self.gm_id).inc(len(items))
+                self.counters["repartitions"] += len(items)
+                reply = await stub.Repartition(
+                    local_master_pb2.RepartitionRequest(
+                        gm_id=self.gm_id, placements=placements, known_version=known
+                    ),
+                    timeout=10,
+                )
+            else:
+                reply = await stub.Launch(
+                    local_master_pb2.LaunchRequest(
+                        gm_id=self.gm_id, placements=placements, known_version=known
+                    ),
+                    timeout=10,
+                )
+        except grpc.aio.AioRpcError as err:
+            log.warning(
+                "launch failed; retrying elsewhere",
+                extra={"lm": lm_id, "code": err.code().name, "tasks": len(items)},
+            )
+            self.view.forget(lm_id)  # until its next heartbeat proves it is back
+            for item, _ in items:
+                self.queues.push_front(item.task.queue, item)
+            self._wake.set()
+            return
+        rejected = []
+        for (item, _), result in zip(items, reply.results, strict=True):
+            status = placement_status_from_proto(result.status)
+            if status.ok:
+                await self._launched(item.batch)
+            else:
+                # Undo the optimistic reservation first; the LM's state then overwrites
+                # every node that really changed.
+                self.view.release(lm_id, item.task.task_id)
+                rejected.append((item, status, result.reason))
+        if reply.HasField("state"):
+            self.counters["inconsistencies"] += 1
+            metrics.INCONSISTENCIES.labels(self.gm_id, lm_id).inc()
+            await self._apply_state(reply.state)
+        for item, status, reason in rejected:
+            self._rejected(item, status, reason)
+        if rejected:
+            self._wake.set()
+
+    def _rejected(self, item: Pending, status: PlacementStatus, reason: str) -> None:
+        item.rejections += 1
+        if item.rejections >= MAX_REJECTIONS:
+            self.jobs.set_reason(item.task.job_id, item.task.task_id, f"LM rejected: {reason}")
+            self.queues.park(item.task.queue, item)
+        else:
+            self.queues.push_front(item.task.queue, item)
+
+    async def _preempt(self, queue: str, item: Pending, plan: PreemptionPlan) -> None:
+        metrics.PREEMPTION_ATTEMPTS.labels(self.gm_id).inc()
+        self.counters["preemption_attempts"] += 1
+        self.jobs.set_reason(item.task.job_id, item.task.task_id, "waiting for preemption")
+        lmv = self.view.lms.get(plan.lm_id)
+        try:
+            reply = await self._stubs[plan.lm_id].Preempt(
+                local_master_pb2.PreemptRequest(
+                    gm_id=self.gm_id,
+                    task=item.task,
+                    node_index=plan.victims.node,
+                    victim_task_ids=list(plan.victims.task_ids),
+                    known_version=lmv.version if lmv is not None else 0,
+                ),
+                timeout=10,
+            )
+        except grpc.aio.AioRpcError:
+            self.queues.park(queue, item)
+            return
+        if reply.HasField("state"):
+            await self._apply_state(reply.state)
+        result = reply.results[0]
+        status = placement_status_from_proto(result.status)
+        if status.ok:
+            self.counters["preemptions"] += len(reply.preempted_task_ids)
+            for victim in reply.preempted_task_ids:
+                self.view.release(plan.lm_id, victim)
+            self.view.reserve(
+                Placement(plan.lm_id, plan.victims.node, plan.node_id, False), item.spec
+            )
+            await self._launched(item.batch)
+        else:
+            self._rejected(item, status, result.reason)
+            self._wake.set()
+
+    async def _launched(self, batch: Batch) -> None:
+        batch.remaining -= 1
+        if batch.remaining == 0:
+            await batch.delivery.ack()
+
+    def _event(self, task: common_pb2.Task, state: int, reason: str) -> None:
+        self.jobs.apply(
+            common_pb2.TaskEvent(
+                task_id=task.task_id,
+                job_id=task.job_id,
+                queue=task.queue,
+                state=state,
+                reason=reason,
+                timestamps=task.timestamps,
+                attempt=task.attempt,
+            )
+        )

@@ -1,0 +1,299 @@
+"""What an operator runs by hand: ``megha up`` and the client commands.
+
+``megha up`` starts the federation of a config (default: 2 GMs, 3 LMs, 8 workers per LM,
+one predictor) as child processes against RabbitMQ, waits until every service is
+healthy and every GM sees every worker, prints the endpoints, and stops everything
+cleanly on Ctrl-C / SIGTERM. Without a reachable RabbitMQ (or with ``--embedded``) it
+runs all services in this one process on an in-memory bus, and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlparse
+
+import grpc
+import yaml
+
+from services.client import STATE_NAMES, GlobalMasterClient, TaskTemplate
+from services.common.config import FederationConfig, default_config, load_config, parse_config
+from services.common.runner import endpoints, wait_all_healthy
+from services.core.constraints import ConstraintError, from_mask, parse_constraints
+from services.core.resources import ResourceError, format_resources, parse_resources
+
+
+def broker_reachable(url: str, timeout_s: float = 1.0) -> bool:
+    if url.startswith("memory://"):
+        return True
+    parsed = urlparse(url)
+    import socket
+
+    try:
+        with socket.create_connection(
+            (parsed.hostname or "127.0.0.1", parsed.port or 5672), timeout_s
+        ):
+            return True
+    except OSError:
+        return False
+
+
+def _federation(args: argparse.Namespace) -> FederationConfig:
+    if args.config:
+        return load_config(args.config)
+    return parse_config(default_config(args.gms, args.lms, args.workers, args.base_port))
+
+
+# --------------------------------------------------------------------------- up
+def up(args: argparse.Namespace) -> int:
+    config = _federation(args)
+    embedded = args.embedded
+    if not embedded and not broker_reachable(config.rabbitmq_url):
+        print(
+            f"megha: RabbitMQ is not reachable at {config.rabbitmq_url}; falling back to "
+            "--embedded (every service in this process, in-memory bus)",
+            file=sys.stderr,
+        )
+        embedded = True
+    if embedded:
+        return asyncio.run(_up_embedded(config, args))
+    return asyncio.run(_up_processes(config, args))
+
+
+def _print_endpoints(config: FederationConfig, mode: str) -> None:
+    workers = sum(g.count for g in config.workers)
+    print(
+        f"megha: federation up ({mode}): {len(config.gms)} GMs, {len(config.lms)} LMs, "
+        f"{workers} workers",
+        flush=True,
+    )
+    for name, target in endpoints(config):
+        print(f"  {name:<12} {target}", flush=True)
+
+
+async def _up_embedded(config: FederationConfig, args: argparse.Namespace) -> int:
+    from services.common.runner import serve_embedded
+
+    ready = asyncio.Event()
+    server = asyncio.create_task(serve_embedded(config, ready))
+    waiter = asyncio.create_task(ready.wait())
+    done, _ = await asyncio.wait({server, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    if server in done:
+        server.result()
+        return 1
+    await wait_until_ready(config)
+    _print_endpoints(config, "embedded")
+    code = 0
+    if args.replay:
+        code = await _replay(config, args)
+        server.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await server
+    return code
+
+
+async def _up_processes(config: FederationConfig, args: argparse.Namespace) -> int:
+    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="megha-up-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    config_path = log_dir / "federation.yaml"
+    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    children = Children(log_dir)
+    base = [sys.executable, "-m", "services.cli"]
+    try:
+        for lm in config.lms:
+            children.start(
+                f"lm-{lm.id}", [*base, "lm", "--id", lm.id, "--config", str(config_path)]
+            )
+        if config.predictor is not None:
+            children.start("predictor", [*base, "predictor", "--config", str(config_path)])
+        for gm in config.gms:
+            children.start(
+                f"gm-{gm.id}", [*base, "gm", "--id", gm.id, "--config", str(config_path)]
+            )
+        for lm in config.lms:
+            if any(g.lm == lm.id for g in config.workers):
+                children.start(
+                    f"workers-{lm.id}",
+                    [*base, "worker", "--lm", lm.id, "--config", str(config_path)],
+                )
+        await children.guard(wait_all_healthy(config, timeout_s=60))
+        await children.guard(wait_until_ready(config))
+        _print_endpoints(config, f"processes, logs in {log_dir}")
+        if args.replay:
+            return await children.guard(_replay(config, args))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await children.guard(stop.wait())
+        return 0
+    except ChildDied as err:
+        print(f"megha: {err}", file=sys.stderr)
+        return 1
+    finally:
+        children.stop()
+
+
+class ChildDied(RuntimeError):
+    pass
+
+
+class Children:
+    """Child processes with their logs; a dead child aborts what ``guard`` waits for."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, argv: list[str]) -> None:
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (lives with the child)
+        self.procs[name] = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()
+        )
+
+    async def guard(self, coro):
+        task = asyncio.ensure_future(coro)
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.2)
+            for name, proc in self.procs.items():
+                if proc.poll() is not None and not task.done():
+                    task.cancel()
+                    tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-1500:]
+                    raise ChildDied(f"{name} exited with {proc.returncode}:\n{tail}")
+        return task.result()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def wait_until_ready(config: FederationConfig, timeout_s: float = 60.0) -> None:
+    """Every GM has heard from every LM, and every configured worker has registered."""
+    expected = {lm.id: 0 for lm in config.lms}
+    for group in config.workers:
+        expected[group.lm] += group.count
+    deadline = time.monotonic() + timeout_s
+    for gm in config.gms:
+        async with GlobalMasterClient(gm.target) as client:
+            while True:
+                view = await client.cluster()
+                seen = {lm.lm_id: sum(p.node_count for p in lm.partitions) for lm in view.lms}
+                if all(seen.get(lm, -1) >= n for lm, n in expected.items()):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"GM {gm.id} sees {seen}, expected {expected}")
+                await asyncio.sleep(0.2)
+
+
+async def _replay(config: FederationConfig, args: argparse.Namespace) -> int:
+    from loadgen.replay import replay_trace
+
+    report = await replay_trace(
+        args.replay,
+        [g.target for g in config.gms],
+        speedup=args.speedup,
+        max_jobs=args.max_jobs,
+        queues=[q.name for q in config.effective_queues()],
+    )
+    print(report.render(), flush=True)
+    return 0 if report.completed == report.tasks else 1
+
+
+# ------------------------------------------------------------------- clients
+async def client_command(args: argparse.Namespace, config: FederationConfig) -> int:
+    target = args.gm or config.gms[0].target
+    try:
+        async with GlobalMasterClient(target) as client:
+            if args.command == "submit":
+                return await _submit(client, args, config)
+            if args.command == "job":
+                return await _job(client, args)
+            if args.command == "status":
+                return await _status(client)
+    except grpc.aio.AioRpcError as err:
+        print(f"megha: {err.code().name}: {err.details()}", file=sys.stderr)
+        return 1
+    return 2
+
+
+async def _submit(client: GlobalMasterClient, args, config: FederationConfig) -> int:
+    try:
+        request = parse_resources(args.resources)
+        constraints = from_mask(parse_constraints(args.constraints, config.num_constraints))
+    except (ResourceError, ConstraintError) as err:
+        print(f"megha: {err}", file=sys.stderr)
+        return 2
+    if args.count < 1:
+        print("megha: --count must be at least 1", file=sys.stderr)
+        return 2
+    template = TaskTemplate(
+        request, args.duration, args.command, args.image, args.timeout, constraints
+    )
+    reply = await client.submit([template.build() for _ in range(args.count)], queue=args.queue)
+    print(
+        f"job {reply.job_id}: {len(reply.task_ids)} tasks queued ({format_resources(request)} each)"
+    )
+    if args.wait:
+        args.job_id, args.watch = reply.job_id, True
+        return await _job(client, args)
+    return 0
+
+
+async def _job(client: GlobalMasterClient, args) -> int:
+    if args.watch:
+        failed = False
+        async for event in client.watch(args.job_id):
+            state = STATE_NAMES.get(event.state, "?")
+            where = f" on {event.lm_id}/{event.node_id}" if event.node_id else ""
+            why = f" ({event.reason})" if event.reason else ""
+            print(f"{event.task_id:<24} {state:<10}{where}{why}", flush=True)
+            failed |= state in ("failed", "rejected")
+        return 1 if failed else 0
+    job = await client.job(args.job_id)
+    print(f"job {job.job_id} (queue {job.queue}): {len(job.tasks)} tasks")
+    for task in job.tasks:
+        state = STATE_NAMES.get(task.state, "?")
+        where = f"{task.lm_id}/{task.node_id}" if task.node_id else "-"
+        print(f"  {task.task_id:<24} {state:<10} {where:<24} {task.pending_reason}")
+    return 0
+
+
+async def _status(client: GlobalMasterClient) -> int:
+    view = await client.cluster()
+    print(f"{'LM':<10} {'version':>8} {'age s':>6}  partitions (gm: nodes, free)")
+    for lm in view.lms:
+        parts = "; ".join(
+            f"{p.gm_id}: {p.node_count}, cpu={p.free.cpu_milli / 1000:g} mem={p.free.memory_mb}Mi"
+            for p in lm.partitions
+        )
+        print(f"{lm.lm_id:<10} {lm.version:>8} {lm.age_s:>6.1f}  {parts}")
+    print(f"\n{'queue':<12} {'gm':<8} {'share':>6} {'usage':>6} {'pending':>8} {'running':>8}")
+    for q in view.queues:
+        print(
+            f"{q.queue:<12} {q.gm_id:<8} {q.share:>6.0%} {q.usage_share:>6.0%} "
+            f"{q.pending_tasks:>8} {q.running_tasks:>8}"
+        )
+    times = view.recent_allocation_times
+    if times.count:
+        print(
+            f"\nallocation time (last {times.count} tasks of this GM): "
+            f"p50 {times.p50_s * 1e3:.1f} ms  p90 {times.p90_s * 1e3:.1f} ms  "
+            f"p99 {times.p99_s * 1e3:.1f} ms"
+        )
+    return 0

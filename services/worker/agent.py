@@ -1,0 +1,495 @@
+"""The worker agent: one node of an LM. It registers, keeps a heartbeat stream open, runs
+the tasks the LM starts on it and reports how they go.
+
+::
+
+    RegisterWorker ──▶ node_index, heartbeat interval
+    WorkerHeartbeats (one bidi stream per connection)
+       up:   WorkerHeartbeat(reports) every interval, and at once when a task changes state
+       down: WorkerCommand start ──▶ executor.run in an asyncio task ──▶ RUNNING, then
+                                     SUCCEEDED / FAILED (or PREEMPTED / FAILED when killed)
+             WorkerCommand kill  ──▶ cancel that asyncio task
+
+Reports wait in an outbox until a heartbeat carries them. When the LM or the stream goes
+away, tasks keep running and reports keep collecting; the agent reconnects with
+exponential backoff, registers again under the same node id and sends what it owes.
+
+What the LM can rely on:
+
+- The first heartbeat of every stream is an inventory: it carries a RUNNING report for
+  each task running here and the terminal reports still owed (a resync after an LM
+  restart or a disconnect). A RUNNING report for a task already RUNNING is a no-op. (Over
+  ``MAX_REPORTS_PER_HEARTBEAT`` reports span several heartbeats sent back to back.)
+- Terminal reports are sent at least once: reports written shortly before a stream broke
+  (within ``REDELIVERY_WINDOW_S``) are sent again on the next stream, because a
+  completed write does not mean the LM received it. Drop a terminal report for a task
+  that has already ended.
+- A task killed on shutdown is reported LOST: the node is going away, like a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+
+import grpc
+import numpy as np
+
+from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
+from services.common.convert import resources_to_proto
+from services.core.resources import validate_capacity
+from services.worker.executors import (
+    EXECUTOR_NAMES,
+    ExecutionResult,
+    Executor,
+    executor_for,
+)
+
+log = logging.getLogger("megha.worker")
+
+RUNNING = common_pb2.TASK_STATE_RUNNING
+FAILED = common_pb2.TASK_STATE_FAILED
+PREEMPTED = common_pb2.TASK_STATE_PREEMPTED
+LOST = common_pb2.TASK_STATE_LOST
+
+BACKOFF_INITIAL_S = 0.1
+BACKOFF_MAX_S = 2.0
+REGISTER_TIMEOUT_S = 5.0
+# Terminal reports written this long before a stream broke are sent again (see module doc).
+REDELIVERY_WINDOW_S = 3.0
+# Keeps a heartbeat far below gRPC's 4 MiB message limit after a long disconnect.
+MAX_REPORTS_PER_HEARTBEAT = 2000
+
+
+class RegistrationRefused(RuntimeError):
+    """The LM refused this node for good (e.g. constraints it does not know)."""
+
+
+@dataclass
+class _Running:
+    task: common_pb2.Task
+    runner: asyncio.Task[None]
+    # Set when the agent cancels the runner, so the runner knows what to report.
+    kill_state: common_pb2.TaskState.ValueType | None = None
+    kill_message: str = ""
+
+    def kill_result(self) -> ExecutionResult:
+        assert self.kill_state is not None
+        return ExecutionResult(exit_code=-1, message=self.kill_message, state=self.kill_state)
+
+
+@dataclass
+class _Sent:
+    report: local_master_pb2.TaskReport
+    at: float = field(default_factory=time.monotonic)
+
+
+class Backoff:
+    """Exponential backoff with full jitter in the upper half: 0.1 s doubling to 2 s."""
+
+    def __init__(
+        self,
+        initial_s: float = BACKOFF_INITIAL_S,
+        max_s: float = BACKOFF_MAX_S,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.initial_s, self.max_s = initial_s, max_s
+        self._rng = rng or random.Random()
+        self._next = initial_s
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self.max_s, self._next * 2)
+        return delay * self._rng.uniform(0.5, 1.0)
+
+    def reset(self) -> None:
+        self._next = self.initial_s
+
+
+class WorkerAgent:
+    """One worker node: registers with its LM, runs the tasks it is given, reports on them.
+
+    Use ``async with WorkerAgent(...)`` (runs in the background until the block ends) or
+    ``await agent.run()`` with ``await agent.shutdown()`` from elsewhere.
+
+    ``executors`` (name -> executor) lets agents of one process share executor instances;
+    ``registration_slots`` caps how many agents sharing it register at the same moment.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        capacity: np.ndarray,
+        constraints: list[int],
+        channel: grpc.aio.Channel,
+        default_executor: str = "sim",
+        heartbeat_interval_s: float = 1.0,
+        address: str = "",
+        *,
+        executors: Mapping[str, Executor] | None = None,
+        registration_slots: asyncio.Semaphore | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if default_executor not in EXECUTOR_NAMES:
+            raise ValueError(
+                f"unknown default executor {default_executor!r}; "
+                f"choose one of {', '.join(EXECUTOR_NAMES)}"
+            )
+        validate_capacity(np.asarray(capacity, dtype=np.int64))
+        self.node_id = node_id
+        self.capacity = np.asarray(capacity, dtype=np.int64)
+        self.constraints = list(constraints)
+        self.address = address
+        self.default_executor = default_executor
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.lm_id = ""
+        self.node_index: int | None = None
+        self.channel = channel
+        self._stub = local_master_pb2_grpc.LocalMasterStub(channel)
+        self._executors = executors
+        self._registration_slots = registration_slots
+        self._rng = rng or random.Random()
+        self._running: dict[str, _Running] = {}
+        self._outbox: list[local_master_pb2.TaskReport] = []
+        self._sent: deque[_Sent] = deque()  # written on the current stream, newest last
+        # Created lazily: asyncio primitives belong to the loop that runs the agent.
+        self._wake: asyncio.Event | None = None
+        self._stop: asyncio.Event | None = None
+        self._connected: asyncio.Event | None = None
+        self._run_task: asyncio.Task[None] | None = None
+        self._shutdown_task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._report_outage = True
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> WorkerAgent:
+        self._run_task = asyncio.create_task(self.run(), name=f"worker {self.node_id}")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.shutdown()
+
+    @property
+    def running_task_ids(self) -> list[str]:
+        return list(self._running)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected is not None and self._connected.is_set()
+
+    async def wait_connected(self) -> None:
+        """Return once the heartbeat stream is open (after a successful registration)."""
+        self._events()
+        assert self._connected is not None
+        await self._connected.wait()
+
+    async def run(self) -> None:
+        """Register and serve the LM until ``shutdown()``; reconnects on its own.
+
+        Raises ``RegistrationRefused`` if the LM rejects the node's registration as invalid.
+        """
+        current = asyncio.current_task()
+        if self._run_task not in (None, current) and not self._run_task.done():
+            raise RuntimeError(f"worker {self.node_id} is already running")
+        self._run_task = current
+        wake, stop, connected = self._events()
+        backoff = Backoff(rng=self._rng)
+        while not self._closing:
+            began = time.monotonic()
+            try:
+                await self._register()
+                await self._session(wake, connected)
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.INVALID_ARGUMENT and self.node_index is None:
+                    raise RegistrationRefused(
+                        f"LM refused node {self.node_id}: {err.details()}"
+                    ) from None
+                # One warning per outage, not one per retry: a host runs many agents.
+                log.log(
+                    logging.WARNING if self._report_outage else logging.DEBUG,
+                    "lost the LM; reconnecting" if connected.is_set() else "cannot reach the LM",
+                    extra={
+                        "node_id": self.node_id,
+                        "code": err.code().name,
+                        "details": err.details(),
+                    },
+                )
+                self._report_outage = False
+            except asyncio.InvalidStateError:
+                # A write raced with the LM closing the stream cleanly.
+                log.warning("the LM ended the heartbeat stream", extra={"node_id": self.node_id})
+            finally:
+                connected.clear()
+                if self._closing:
+                    self._sent.clear()
+                else:
+                    self._requeue_recent()
+            if self._closing:
+                break
+            # A stream that lived a while broke by accident: retry quickly. One that broke
+            # at once probably breaks again: back off.
+            if time.monotonic() - began >= BACKOFF_MAX_S:
+                backoff.reset()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff.next())
+
+    async def shutdown(self, timeout: float = 5.0) -> None:
+        """Kill running tasks (reported LOST), flush reports, close the stream. Idempotent."""
+        if self._shutdown_task is None:
+            self._shutdown_task = asyncio.create_task(self._shutdown(timeout))
+        await asyncio.shield(self._shutdown_task)
+
+    async def _shutdown(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        wake, stop, connected = self._events()
+        self._closing = True
+        for entry in list(self._running.values()):
+            self._kill(entry, LOST, f"worker {self.node_id} shut down while the task ran")
+        runners = [e.runner for e in self._running.values()]
+        if runners:
+            await asyncio.wait(runners, timeout=max(0.0, deadline - time.monotonic()))
+        stop.set()
+        wake.set()  # the sender flushes the outbox and closes its side of the stream
+        run_task = self._run_task
+        if run_task is not None and not run_task.done():
+            # Without a live stream there is nothing to flush: don't wait out a registration.
+            timeout = max(0.1, deadline - time.monotonic()) if connected.is_set() else 0
+            _, pending = await asyncio.wait([run_task], timeout=timeout)
+            if pending:
+                run_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await run_task
+        for entry in list(self._running.values()):  # runners that ignored the grace period
+            entry.runner.cancel()
+        if self._outbox:
+            log.warning(
+                "shut down with unsent reports",
+                extra={"node_id": self.node_id, "reports": len(self._outbox)},
+            )
+        log.info("worker shut down", extra={"node_id": self.node_id})
+
+    def _events(self) -> tuple[asyncio.Event, asyncio.Event, asyncio.Event]:
+        if self._wake is None:
+            self._wake, self._stop, self._connected = (
+                asyncio.Event(),
+                asyncio.Event(),
+                asyncio.Event(),
+            )
+        assert self._stop is not None and self._connected is not None
+        return self._wake, self._stop, self._connected
+
+    # --------------------------------------------------------------- the LM link
+    async def _register(self) -> None:
+        request = local_master_pb2.RegisterWorkerRequest(
+            node_id=self.node_id,
+            worker_address=self.address,
+            capacity=resources_to_proto(self.capacity),
+            constraints=self.constraints,
+        )
+        async with self._registration_slots or contextlib.nullcontext():
+            reply: local_master_pb2.RegisterWorkerResponse = await self._stub.RegisterWorker(
+                request, timeout=REGISTER_TIMEOUT_S
+            )
+        self.lm_id = reply.lm_id
+        self.node_index = reply.node_index
+        if reply.heartbeat_interval_s > 0:
+            self.heartbeat_interval_s = reply.heartbeat_interval_s
+        log.info(
+            "registered",
+            extra={"node_id": self.node_id, "lm_id": self.lm_id, "node_index": self.node_index},
+        )
+
+    async def _session(self, wake: asyncio.Event, connected: asyncio.Event) -> None:
+        call = self._stub.WorkerHeartbeats()
+        self._resync()
+        connected.set()
+        self._report_outage = True
+        sender = asyncio.create_task(self._send_loop(call, wake))
+        receiver = asyncio.create_task(self._receive_loop(call))
+        try:
+            done, _ = await asyncio.wait([sender, receiver], return_when=asyncio.FIRST_COMPLETED)
+            if sender in done and sender.exception() is None:
+                # We closed our side on shutdown; give the LM a moment to end the stream.
+                with contextlib.suppress(TimeoutError, grpc.aio.AioRpcError):
+                    await asyncio.wait_for(asyncio.shield(receiver), 1.0)
+            for finished in done:
+                finished.result()  # re-raise a stream error
+            if receiver in done:
+                log.warning("the LM ended the heartbeat stream", extra={"node_id": self.node_id})
+        finally:
+            sender.cancel()
+            receiver.cancel()
+            call.cancel()
+            await asyncio.gather(sender, receiver, return_exceptions=True)
+
+    def _resync(self) -> None:
+        """Queue a RUNNING report for every running task the outbox says nothing about."""
+        owed = {r.task_id for r in self._outbox}
+        for task_id, entry in self._running.items():
+            if task_id not in owed:
+                self._outbox.append(_report(entry.task, RUNNING))
+
+    def _requeue_recent(self) -> None:
+        """Put reports that may have died with the stream back at the head of the outbox."""
+        horizon = time.monotonic() - REDELIVERY_WINDOW_S
+        again = [s.report for s in self._sent if s.at >= horizon and s.report.state != RUNNING]
+        self._outbox[:0] = again
+        self._sent.clear()
+
+    async def _send_loop(self, call: grpc.aio.StreamStreamCall, wake: asyncio.Event) -> None:
+        while True:
+            wake.clear()  # before draining: a report added from here on wakes us again
+            reports = self._outbox[:MAX_REPORTS_PER_HEARTBEAT]
+            del self._outbox[:MAX_REPORTS_PER_HEARTBEAT]
+            if self._outbox:
+                wake.set()  # the rest goes in the next heartbeat, right away
+            closing = self._closing and not self._running and not self._outbox
+            await call.write(
+                local_master_pb2.WorkerHeartbeat(
+                    node_id=self.node_id,
+                    node_index=self.node_index or 0,
+                    sent_unix_nanos=time.time_ns(),
+                    reports=reports,
+                )
+            )
+            now = time.monotonic()
+            self._sent.extend(_Sent(r, now) for r in reports)
+            horizon = now - REDELIVERY_WINDOW_S
+            while self._sent and self._sent[0].at < horizon:
+                self._sent.popleft()
+            if closing:
+                await call.done_writing()
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), self.heartbeat_interval_s)
+
+    async def _receive_loop(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            command = await call.read()
+            if command is grpc.aio.EOF:
+                return
+            kind = command.WhichOneof("command")
+            if kind == "start":
+                self._start(command.start.task)
+            elif kind == "kill":
+                self._on_kill(command.kill.task_id, command.kill.reason)
+            else:
+                log.warning("ignored an empty command", extra={"node_id": self.node_id})
+
+    # ---------------------------------------------------------------- the tasks
+    def _start(self, task: common_pb2.Task) -> None:
+        task_id = task.task_id
+        if task_id in self._running:
+            log.info("duplicate start ignored", extra={"node_id": self.node_id, "task_id": task_id})
+            return
+        stamps = task.timestamps
+        stamps.worker_received_unix_nanos = time.time_ns()
+        if self._closing:
+            stamps.finished_unix_nanos = time.time_ns()
+            self._send(_report(task, LOST, message=f"worker {self.node_id} is shutting down"))
+            return
+        try:
+            executor = executor_for(task, self.default_executor, self._executors)
+        except ValueError as err:
+            stamps.finished_unix_nanos = time.time_ns()
+            self._send(_report(task, FAILED, exit_code=-1, message=str(err)))
+            log.warning("task refused", extra={"node_id": self.node_id, "task_id": task_id})
+            return
+        runner = asyncio.create_task(self._execute(task, executor), name=f"task {task_id}")
+        self._running[task_id] = _Running(task, runner)
+        runner.add_done_callback(functools.partial(self._runner_done, task_id))
+        stamps.started_unix_nanos = time.time_ns()
+        self._send(_report(task, RUNNING))
+        log.info(
+            "task started",
+            extra={"node_id": self.node_id, "task_id": task_id, "executor": executor.name},
+        )
+
+    async def _execute(self, task: common_pb2.Task, executor: Executor) -> None:
+        task_id = task.task_id
+        try:
+            result = await executor.run(task)
+        except asyncio.CancelledError:
+            entry = self._running.get(task_id)
+            if entry is None or entry.kill_state is None:
+                raise  # not our cancellation (the loop is going down)
+            result = entry.kill_result()
+        except Exception as err:  # a broken executor must still end the task visibly
+            log.exception("executor crashed", extra={"node_id": self.node_id, "task_id": task_id})
+            result = ExecutionResult.failed(-1, f"{executor.name} executor error: {err!r}")
+        self._finish(task, result)
+
+    def _runner_done(self, task_id: str, runner: asyncio.Task[None]) -> None:
+        # A runner cancelled before its first step never enters _execute, so nothing
+        # reported it: do it here.
+        entry = self._running.get(task_id)
+        if entry is not None and entry.runner is runner and entry.kill_state is not None:
+            self._finish(entry.task, entry.kill_result())
+
+    def _finish(self, task: common_pb2.Task, result: ExecutionResult) -> None:
+        task_id = task.task_id
+        self._running.pop(task_id, None)
+        task.timestamps.finished_unix_nanos = time.time_ns()
+        self._send(_report(task, result.state, result.exit_code, result.message))
+        log.info(
+            "task ended",
+            extra={
+                "node_id": self.node_id,
+                "task_id": task_id,
+                "state": common_pb2.TaskState.Name(result.state),
+                "exit_code": result.exit_code,
+            },
+        )
+
+    def _on_kill(self, task_id: str, reason: str) -> None:
+        entry = self._running.get(task_id)
+        if entry is None:
+            log.info(
+                "kill for a task not running here",
+                extra={"node_id": self.node_id, "task_id": task_id},
+            )
+            return
+        state = PREEMPTED if reason.lower().startswith("preempt") else FAILED
+        self._kill(entry, state, f"killed: {reason}" if reason else "killed")
+        log.info("task killed", extra={"node_id": self.node_id, "task_id": task_id})
+
+    def _kill(self, entry: _Running, state: common_pb2.TaskState.ValueType, message: str) -> None:
+        if entry.kill_state is None:
+            entry.kill_state, entry.kill_message = state, message
+            entry.runner.cancel()
+
+    def _send(self, report: local_master_pb2.TaskReport) -> None:
+        """Queue a report and wake the sender: state changes do not wait for the interval."""
+        self._outbox.append(report)
+        if self._wake is not None:
+            self._wake.set()
+
+
+def _report(
+    task: common_pb2.Task,
+    state: common_pb2.TaskState.ValueType,
+    exit_code: int = 0,
+    message: str = "",
+) -> local_master_pb2.TaskReport:
+    # The constructor copies the timestamps: later stamps do not change a queued report.
+    return local_master_pb2.TaskReport(
+        task_id=task.task_id,
+        state=state,
+        exit_code=exit_code,
+        message=message,
+        timestamps=task.timestamps,
+        attempt=task.attempt,
+    )

@@ -1,0 +1,435 @@
+"""Executors: how a worker agent runs one task.
+
+Every executor has one coroutine, ``run(task) -> ExecutionResult``. A task that ends on its
+own, well or badly, returns a result; the only exception ``run`` raises is
+``CancelledError``, and only after the work has really stopped (process group killed,
+container stopped and removed). The agent kills a task by cancelling the asyncio task
+that awaits ``run``.
+
+Exit codes follow the shell: 126 = cannot execute, 127 = not found, 128+N = killed by
+signal N (so a ``SIGKILL`` is 137 for a process and a container alike).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from services._proto.megha.v1 import common_pb2
+
+SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
+FAILED = common_pb2.TASK_STATE_FAILED
+
+EXECUTOR_NAMES = ("sim", "process", "docker")
+# How much of stderr / container logs a failure message carries.
+TAIL_BYTES = 2048
+# SIGTERM first, SIGKILL after this long: a task gets a moment to clean up.
+DEFAULT_KILL_GRACE_S = 2.0
+
+EXIT_CANNOT_EXECUTE = 126
+EXIT_NOT_FOUND = 127
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    """How a task ended: ``state`` is ``TASK_STATE_SUCCEEDED`` or ``TASK_STATE_FAILED``."""
+
+    exit_code: int
+    message: str
+    state: common_pb2.TaskState.ValueType
+
+    @classmethod
+    def succeeded(cls, message: str = "") -> ExecutionResult:
+        return cls(exit_code=0, message=message, state=SUCCEEDED)
+
+    @classmethod
+    def failed(cls, exit_code: int, message: str) -> ExecutionResult:
+        return cls(exit_code=exit_code, message=message, state=FAILED)
+
+
+class Executor(Protocol):
+    """Runs one task to its end; cancel the awaiting asyncio task to kill it."""
+
+    name: str
+
+    async def run(self, task: common_pb2.Task) -> ExecutionResult: ...
+
+
+# --------------------------------------------------------------------------- sim
+class SimExecutor:
+    """Holds the task's resources for its duration without running anything.
+
+    The duration is ``task.sim.duration_s`` when the task names this executor, else the
+    task's ``expected_duration_s`` (a trace replayed with the worker's default executor).
+    """
+
+    name = "sim"
+
+    async def run(self, task: common_pb2.Task) -> ExecutionResult:
+        duration = task.sim.duration_s if task.HasField("sim") else task.expected_duration_s
+        await asyncio.sleep(max(0.0, duration))
+        return ExecutionResult.succeeded()
+
+
+# ----------------------------------------------------------------------- process
+class ProcessExecutor:
+    """Runs ``task.process.args`` as a local process in its own process group.
+
+    The group is the task: a timeout or a kill signals the whole group (SIGTERM, then
+    SIGKILL after ``kill_grace_s``), and when the main process exits, whatever it left
+    behind in the group is killed too, because the LM gives the task's resources to the
+    next task at that moment. stdout is discarded; the tail of stderr goes into the
+    failure message.
+    """
+
+    name = "process"
+
+    def __init__(self, kill_grace_s: float = DEFAULT_KILL_GRACE_S) -> None:
+        self.kill_grace_s = kill_grace_s
+
+    async def run(self, task: common_pb2.Task) -> ExecutionResult:
+        spec = task.process
+        args = list(spec.args)
+        if not args:
+            return ExecutionResult.failed(EXIT_NOT_FOUND, "process task has no args to run")
+        try:
+            proc = await _spawn(args, {**os.environ, **spec.env})
+        except FileNotFoundError:
+            return ExecutionResult.failed(EXIT_NOT_FOUND, f"cannot run {args[0]!r}: not found")
+        except PermissionError:
+            return ExecutionResult.failed(
+                EXIT_CANNOT_EXECUTE, f"cannot run {args[0]!r}: permission denied"
+            )
+        except OSError as err:
+            return ExecutionResult.failed(
+                EXIT_CANNOT_EXECUTE, f"cannot run {args[0]!r}: {err.strerror or err}"
+            )
+
+        assert proc.stderr is not None
+        tail = _Tail(TAIL_BYTES)
+        reader = asyncio.create_task(tail.drain(proc.stderr))
+        timeout = spec.timeout_s if spec.timeout_s > 0 else None
+        try:
+            returncode = await asyncio.wait_for(proc.wait(), timeout)
+        except TimeoutError:
+            await self._stop(proc)
+            await _finish_reader(reader)
+            return ExecutionResult.failed(
+                _exit_code(proc.returncode), f"timed out after {spec.timeout_s:g} s"
+            )
+        except asyncio.CancelledError:
+            # Killed by the agent: the work must stop before the cancellation completes,
+            # even if a second cancel arrives while we wait for the grace period.
+            stopping = asyncio.create_task(self._stop(proc))
+            try:
+                await asyncio.shield(stopping)
+            except asyncio.CancelledError:
+                _signal_group(proc.pid, signal.SIGKILL)
+            reader.cancel()
+            raise
+        # The main process is gone; its leftovers must not outlive the task.
+        _signal_group(proc.pid, signal.SIGKILL)
+        await _group_gone(proc.pid)
+        await _finish_reader(reader)
+        if returncode == 0:
+            return ExecutionResult.succeeded()
+        code = _exit_code(returncode)
+        cause = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {code}"
+        stderr = tail.text()
+        return ExecutionResult.failed(code, f"{cause}: {stderr}" if stderr else cause)
+
+    async def _stop(self, proc: asyncio.subprocess.Process) -> None:
+        _signal_group(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), self.kill_grace_s)
+        # Also reaches children that ignored SIGTERM after the main process exited.
+        _signal_group(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        await _group_gone(proc.pid)
+
+
+async def _spawn(args: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
+    spawning = asyncio.ensure_future(
+        asyncio.create_subprocess_exec(
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+    )
+    try:
+        return await asyncio.shield(spawning)
+    except asyncio.CancelledError:
+        # Cancelled halfway, asyncio would kill only the main process and leave its
+        # children running: let the spawn finish, then kill the whole group.
+        with contextlib.suppress(Exception):
+            proc = await spawning
+            _signal_group(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            await _group_gone(proc.pid)
+        raise
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    # start_new_session made the process a group leader: its pid is the group id.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+async def _group_gone(pgid: int, limit_s: float = 1.0) -> None:
+    """Wait (bounded) until no process of the group still runs, so a kill is over when
+    the executor returns; zombies count as gone (their parent may be slow to reap)."""
+    deadline = time.monotonic() + limit_s
+    while _group_running(pgid) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
+def _group_running(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if not os.path.isdir("/proc"):
+        return True  # no cheap way to tell zombies apart: wait out the limit
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as stat:
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # After the command name: state, ppid, pgrp.
+        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
+
+
+def _exit_code(returncode: int | None) -> int:
+    if returncode is None:
+        return -1
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class _Tail:
+    """The last ``limit`` bytes of a stream, read as it comes so the pipe never fills."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data = bytearray()
+
+    async def drain(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(65536):
+            self.data += chunk
+            if len(self.data) > 2 * self.limit:
+                del self.data[: -self.limit]
+
+    def text(self) -> str:
+        return _tail_text(bytes(self.data[-self.limit :]))
+
+
+def _tail_text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace").strip()
+
+
+async def _finish_reader(reader: asyncio.Task[None]) -> None:
+    # A process that escaped the group (setsid) may still hold stderr open; don't hang.
+    with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+        await asyncio.wait_for(reader, 1.0)
+
+
+# ------------------------------------------------------------------------ docker
+class DockerExecutor:
+    """Runs ``task.docker.image`` on the local Docker engine, limited to the task's resources.
+
+    CPU and memory limits come from the task's request (``nano_cpus``, ``mem_limit``); the
+    container carries the label ``megha.task_id`` so an operator can find it. The
+    container is removed however the task ends. An engine that cannot be reached fails
+    the task with a clear message instead of raising.
+
+    ``docker.from_env()`` is called lazily, once, and the client is shared by every task.
+    Short engine calls run in ``asyncio.to_thread``; the one call that blocks for the
+    container's whole life (``wait``) runs in a pool of its own, so many long containers
+    cannot starve the default pool that ``stop`` and ``remove`` need.
+    """
+
+    name = "docker"
+
+    def __init__(
+        self,
+        kill_grace_s: float = DEFAULT_KILL_GRACE_S,
+        client_factory: Any = None,
+        max_containers: int = 256,
+    ) -> None:
+        self.kill_grace_s = kill_grace_s
+        self._client_factory = client_factory
+        self._client: Any = None
+        self._cleanups: set[asyncio.Future[None]] = set()
+        self._wait_pool = ThreadPoolExecutor(max_containers, thread_name_prefix="docker-wait")
+
+    async def run(self, task: common_pb2.Task) -> ExecutionResult:
+        import docker.errors
+        import requests
+
+        engine_errors = (docker.errors.DockerException, requests.RequestException)
+        spec = task.docker
+        if not spec.image:
+            return ExecutionResult.failed(EXIT_NOT_FOUND, "docker task has no image")
+        try:
+            client = await asyncio.to_thread(self._get_client)
+        except engine_errors as err:
+            return ExecutionResult.failed(-1, f"docker engine unavailable: {err}")
+
+        kwargs: dict[str, Any] = {
+            "command": list(spec.args) or None,
+            "environment": dict(spec.env),
+            "labels": {"megha.task_id": task.task_id},
+            "detach": True,
+        }
+        if task.resources.cpu_milli > 0:
+            kwargs["nano_cpus"] = task.resources.cpu_milli * 1_000_000
+        if task.resources.memory_mb > 0:
+            kwargs["mem_limit"] = f"{task.resources.memory_mb}m"
+
+        loop = asyncio.get_running_loop()
+        starting = asyncio.ensure_future(
+            asyncio.to_thread(client.containers.run, spec.image, **kwargs)
+        )
+        try:
+            container = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            # The engine call cannot be interrupted; remove the container once it exists.
+            starting.add_done_callback(self._remove_when_started)
+            raise
+        except docker.errors.ImageNotFound as err:
+            return ExecutionResult.failed(EXIT_NOT_FOUND, f"image {spec.image!r}: {err}")
+        except engine_errors as err:
+            return ExecutionResult.failed(-1, f"cannot start {spec.image!r}: {err}")
+
+        timeout = spec.timeout_s if spec.timeout_s > 0 else None
+        try:
+            waiting = loop.run_in_executor(self._wait_pool, _wait_container, container)
+            try:
+                exit_code = await asyncio.wait_for(waiting, timeout)
+            except TimeoutError:
+                await asyncio.to_thread(_stop_container, container, self.kill_grace_s)
+                return ExecutionResult.failed(
+                    await asyncio.to_thread(_wait_container, container),
+                    f"timed out after {spec.timeout_s:g} s",
+                )
+            if exit_code == 0:
+                return ExecutionResult.succeeded()
+            return ExecutionResult.failed(
+                exit_code, await asyncio.to_thread(_describe_failure, container, exit_code)
+            )
+        except asyncio.CancelledError:
+            stopping = asyncio.ensure_future(
+                asyncio.to_thread(_stop_container, container, self.kill_grace_s)
+            )
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.shield(stopping)
+            raise
+        except engine_errors as err:
+            return ExecutionResult.failed(-1, f"docker engine failed while running: {err}")
+        finally:
+            removing = asyncio.ensure_future(asyncio.to_thread(_remove_container, container))
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.shield(removing)
+
+    def _get_client(self) -> Any:
+        if self._client is None:
+            import docker
+
+            factory = self._client_factory or docker.from_env
+            self._client = factory()
+        return self._client
+
+    def _remove_when_started(self, starting: asyncio.Future[Any]) -> None:
+        if starting.cancelled() or starting.exception() is not None:
+            return
+        removing = asyncio.ensure_future(asyncio.to_thread(_remove_container, starting.result()))
+        self._cleanups.add(removing)
+        removing.add_done_callback(self._cleanups.discard)
+
+    def close(self) -> None:
+        self._wait_pool.shutdown(wait=False, cancel_futures=True)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def _wait_container(container: Any) -> int:
+    import requests
+
+    while True:
+        try:
+            # The SDK's HTTP read timeout would end a long wait; ask again until it exits.
+            return int(container.wait(timeout=300)["StatusCode"])
+        except (requests.exceptions.ConnectionError, requests.exceptions.Timeout):
+            container.reload()
+            if container.status in ("exited", "dead"):
+                return int(container.attrs["State"]["ExitCode"])
+
+
+def _stop_container(container: Any, grace_s: float) -> None:
+    container.stop(timeout=max(1, round(grace_s)))
+
+
+def _remove_container(container: Any) -> None:
+    import docker.errors
+
+    with contextlib.suppress(docker.errors.NotFound):
+        container.remove(force=True)
+
+
+def _describe_failure(container: Any, exit_code: int) -> str:
+    container.reload()
+    state = container.attrs.get("State", {})
+    if state.get("OOMKilled"):
+        return f"exit code {exit_code}: out of memory (container memory limit reached)"
+    logs = _tail_text(container.logs(stdout=True, stderr=True, tail=100)[-TAIL_BYTES:])
+    return f"exit code {exit_code}: {logs}" if logs else f"exit code {exit_code}"
+
+
+# ---------------------------------------------------------------------- choosing
+def default_executors() -> dict[str, Executor]:
+    """One instance of each executor kind, to be shared by the agents of one process."""
+    return {"sim": SimExecutor(), "process": ProcessExecutor(), "docker": DockerExecutor()}
+
+
+def executor_for(
+    task: common_pb2.Task, default: str, executors: Mapping[str, Executor] | None = None
+) -> Executor:
+    """The executor the task names in its ``executor`` oneof, else ``default``.
+
+    Raises ``ValueError`` for a name that no executor has.
+    """
+    name = task.WhichOneof("executor") or default
+    if executors is None:
+        executors = _shared_executors()
+    try:
+        return executors[name]
+    except KeyError:
+        known = ", ".join(sorted(executors))
+        raise ValueError(f"unknown executor {name!r}; this worker has {known}") from None
+
+
+_SHARED: dict[str, Executor] = {}
+
+
+def _shared_executors() -> dict[str, Executor]:
+    # Lazily: a process that never runs a docker task never builds a docker client.
+    if not _SHARED:
+        _SHARED.update(default_executors())
+    return _SHARED

@@ -1,0 +1,142 @@
+"""Many worker agents in one process: one ``WorkerGroup`` of the federation config.
+
+All agents of a host share one gRPC channel to their LM (one HTTP/2 connection carries
+every agent's heartbeat stream), so a host of thousands of simulated nodes costs one
+socket, and they share one set of executors (one Docker client).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from types import TracebackType
+
+import grpc
+
+from services.common.config import FederationConfig, WorkerGroup
+from services.core.resources import parse_resources
+from services.worker.agent import WorkerAgent
+from services.worker.executors import DockerExecutor, Executor, default_executors
+
+log = logging.getLogger("megha.worker")
+
+REGISTRATION_CONCURRENCY = 256
+
+
+def node_ids(group: WorkerGroup, index_offset: int = 0) -> list[str]:
+    """The node ids of a group: ``<name_prefix or '<lm>-w'><i>`` from the offset on."""
+    prefix = group.name_prefix or f"{group.lm}-w"
+    return [f"{prefix}{i}" for i in range(index_offset, index_offset + group.count)]
+
+
+class WorkerHost:
+    """Hosts ``group.count`` agents attached to ``group.lm``.
+
+    ``index_offset`` numbers the nodes of a second process of the same group apart from
+    the first one's. Use ``async with WorkerHost(...)`` or ``run()`` + ``shutdown()``.
+    """
+
+    def __init__(self, config: FederationConfig, group: WorkerGroup, index_offset: int = 0) -> None:
+        self.config = config
+        self.group = group
+        self.target = config.lm(group.lm).target
+        self.node_ids = node_ids(group, index_offset)
+        self.capacity = parse_resources(group.capacity)
+        self.agents: list[WorkerAgent] = []
+        self._channel: grpc.aio.Channel | None = None
+        self._executors: dict[str, Executor] = {}
+        self._agent_tasks: list[asyncio.Task[None]] = []
+        self._run_task: asyncio.Task[None] | None = None
+        self._shutdown_task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> WorkerHost:
+        self._start()
+        self._run_task = asyncio.create_task(self._supervise(), name="worker host")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.shutdown()
+        if self._run_task is not None:
+            (outcome,) = await asyncio.gather(self._run_task, return_exceptions=True)
+            if exc is None and isinstance(outcome, Exception):
+                raise outcome
+
+    async def run(self) -> None:
+        """Run every agent until ``shutdown()``; if one fails for good, stop all and raise."""
+        self._start()
+        await self._supervise()
+
+    async def wait_connected(self) -> None:
+        """Return once every agent has registered and opened its heartbeat stream."""
+        self._start()
+        await asyncio.gather(*(agent.wait_connected() for agent in self.agents))
+
+    async def shutdown(self, timeout: float = 5.0) -> None:
+        """Shut every agent down (their tasks are reported LOST), then close the channel."""
+        if self._shutdown_task is None:
+            self._shutdown_task = asyncio.create_task(self._shutdown(timeout))
+        await asyncio.shield(self._shutdown_task)
+
+    def _start(self) -> None:
+        if self._channel is not None:
+            return
+        if self._shutdown_task is not None:
+            raise RuntimeError("this worker host was shut down; make a new one")
+        # Created here, not in __init__: a grpc.aio channel belongs to the running loop.
+        self._channel = grpc.aio.insecure_channel(self.target)
+        self._executors = default_executors()
+        interval = self.config.worker_heartbeat_interval_s
+        # Concurrent, but not all at once: a gRPC server cancels calls beyond its pending
+        # limit (grpc.server.max_pending_requests, 1000 by default), and a cancelled
+        # registration costs the agent a backoff.
+        slots = asyncio.Semaphore(REGISTRATION_CONCURRENCY)
+        self.agents = [
+            WorkerAgent(
+                node_id,
+                self.capacity,
+                list(self.group.constraints),
+                self._channel,
+                default_executor=self.group.executor,
+                heartbeat_interval_s=interval,
+                executors=self._executors,
+                registration_slots=slots,
+            )
+            for node_id in self.node_ids
+        ]
+        # Every agent registers on its own task, so they register concurrently.
+        self._agent_tasks = [
+            asyncio.create_task(agent.run(), name=f"worker {agent.node_id}")
+            for agent in self.agents
+        ]
+        log.info(
+            "worker host started",
+            extra={"lm_id": self.group.lm, "target": self.target, "agents": len(self.agents)},
+        )
+
+    async def _supervise(self) -> None:
+        pending = set(self._agent_tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+            if failed:
+                await self.shutdown()
+                raise failed[0].exception()  # type: ignore[misc]
+
+    async def _shutdown(self, timeout: float) -> None:
+        await asyncio.gather(
+            *(agent.shutdown(timeout) for agent in self.agents), return_exceptions=True
+        )
+        for task in self._agent_tasks:
+            task.cancel()
+        await asyncio.gather(*self._agent_tasks, return_exceptions=True)
+        if self._channel is not None:
+            await self._channel.close()
+        docker = self._executors.get("docker")
+        if isinstance(docker, DockerExecutor):
+            docker.close()
+        log.info("worker host stopped", extra={"lm_id": self.group.lm})

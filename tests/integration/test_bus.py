@@ -1,0 +1,403 @@
+"""The bus as the services use it, against RabbitMQ and against the in-memory broker.
+
+Every test runs on both implementations; the RabbitMQ runs carry ``pytest.mark.integration``.
+Each test gets its own random prefix, so runs never see each other's exchanges or queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import aio_pika
+import pytest
+
+from services.common.bus import (
+    MEMORY_URL,
+    Bus,
+    Delivery,
+    InMemoryBroker,
+    InMemoryBus,
+    RabbitBus,
+    make_bus,
+    topic_matches,
+)
+
+RABBIT_URL = os.environ.get("MEGHA_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
+WAIT_S = 3.0  # upper bound for anything we expect to arrive
+QUIET_S = 0.3  # how long "nothing more arrives" is watched
+
+# The only logical names the tests use, so the fixture knows what to delete afterwards.
+HEARTBEATS = "heartbeats"
+EVENTS = "events"
+QUEUE = "user-a"
+
+BusFactory = Callable[[], Awaitable[Bus]]
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("memory", id="memory"),
+        pytest.param("rabbit", id="rabbit", marks=pytest.mark.integration),
+    ]
+)
+async def new_bus(request: pytest.FixtureRequest) -> AsyncIterator[BusFactory]:
+    """A factory of connected buses that share one broker and a fresh random prefix."""
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    url = MEMORY_URL if request.param == "memory" else RABBIT_URL
+    broker = InMemoryBroker()
+    buses: list[Bus] = []
+
+    async def factory() -> Bus:
+        bus = make_bus(url, prefix=prefix, broker=broker)
+        try:
+            await bus.connect()
+        except OSError as err:
+            pytest.fail(
+                f"RabbitMQ is not reachable at {url} ({err}); start it with "
+                "'rabbitmq-server -detached' or deselect these tests with -m 'not integration'"
+            )
+        buses.append(bus)
+        return bus
+
+    yield factory
+
+    for bus in buses:
+        await bus.close()
+    if request.param == "rabbit":
+        connection = await aio_pika.connect(RABBIT_URL)
+        async with connection:
+            channel = await connection.channel()
+            await channel.queue_delete(f"{prefix}.queue.{QUEUE}")
+            for exchange in (HEARTBEATS, EVENTS):
+                await channel.exchange_delete(f"{prefix}.{exchange}")
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = WAIT_S) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+def test_make_bus_picks_the_implementation_from_the_url() -> None:
+    broker = InMemoryBroker()
+    memory = make_bus("memory://", prefix="p", broker=broker)
+    assert isinstance(memory, InMemoryBus)
+    assert memory.broker is broker
+    assert isinstance(make_bus(RABBIT_URL), RabbitBus)
+    assert make_bus(RABBIT_URL, prefix="p").queue_name("q") == "p.queue.q"
+    assert make_bus(RABBIT_URL, prefix="p").exchange_name("heartbeats") == "p.heartbeats"
+
+
+@pytest.mark.parametrize(
+    ("binding_key", "routing_key", "matches"),
+    [
+        ("task.*", "task.lm-1", True),
+        ("task.*", "job.lm-1", False),
+        ("task.*", "task.lm-1.node-3", False),
+        ("task.*", "task", False),
+        ("task.#", "task", True),
+        ("task.#", "task.lm-1.node-3", True),
+        ("#", "anything.at.all", True),
+        ("*.lm-1", "task.lm-1", True),
+        ("task.#.done", "task.lm-1.node-3.done", True),
+        ("task.#.done", "task.done", True),
+        ("task.#.done", "task.lm-1.failed", False),
+    ],
+)
+def test_topic_matching_follows_amqp(binding_key: str, routing_key: str, matches: bool) -> None:
+    assert topic_matches(binding_key, routing_key) is matches
+
+
+# --------------------------------------------------------------------------- fan-out
+
+
+async def test_fanout_reaches_every_subscriber_in_order(new_bus: BusFactory) -> None:
+    publisher = await new_bus()
+    inboxes: list[list[bytes]] = [[], [], []]
+    for inbox in inboxes:
+        subscriber = await new_bus()
+
+        async def handler(body: bytes, inbox: list[bytes] = inbox) -> None:
+            inbox.append(body)
+
+        await subscriber.subscribe_fanout(HEARTBEATS, handler, ttl_s=5)
+
+    sent = [f"beat-{i}".encode() for i in range(5)]
+    for body in sent:
+        await publisher.publish_fanout(HEARTBEATS, body, ttl_s=5)
+
+    await wait_until(lambda: all(len(inbox) == len(sent) for inbox in inboxes))
+    assert inboxes == [sent, sent, sent]
+
+
+@pytest.mark.parametrize("ttl_on", ["subscription", "message"])
+async def test_fanout_skips_messages_that_waited_longer_than_ttl(
+    new_bus: BusFactory, ttl_on: str
+) -> None:
+    """A GM stuck in a slow handler must not replay heartbeats that are already stale."""
+    publisher, subscriber = await new_bus(), await new_bus()
+    ttl_s = 0.2
+    received: list[bytes] = []
+    release = asyncio.Event()
+
+    async def slow_handler(body: bytes) -> None:
+        received.append(body)
+        if body == b"first":
+            await release.wait()
+
+    await subscriber.subscribe_fanout(
+        HEARTBEATS, slow_handler, ttl_s=ttl_s if ttl_on == "subscription" else None
+    )
+    message_ttl = ttl_s if ttl_on == "message" else None
+    await publisher.publish_fanout(HEARTBEATS, b"first", ttl_s=message_ttl)
+    await wait_until(lambda: received == [b"first"])
+
+    for body in (b"stale-1", b"stale-2"):
+        await publisher.publish_fanout(HEARTBEATS, body, ttl_s=message_ttl)
+    await asyncio.sleep(ttl_s * 2.5)
+    release.set()
+    await publisher.publish_fanout(HEARTBEATS, b"fresh", ttl_s=message_ttl)
+
+    await wait_until(lambda: b"fresh" in received)
+    assert received == [b"first", b"fresh"]
+
+
+async def test_a_failing_fanout_handler_does_not_stop_the_subscription(
+    new_bus: BusFactory,
+) -> None:
+    bus = await new_bus()
+    received: list[bytes] = []
+
+    async def handler(body: bytes) -> None:
+        received.append(body)
+        if body == b"bad":
+            raise ValueError("cannot parse heartbeat")
+
+    await bus.subscribe_fanout(HEARTBEATS, handler)
+    await bus.publish_fanout(HEARTBEATS, b"bad")
+    await bus.publish_fanout(HEARTBEATS, b"good")
+    await wait_until(lambda: len(received) == 2)
+    assert received == [b"bad", b"good"]
+
+
+async def test_cancelled_fanout_subscription_receives_nothing(new_bus: BusFactory) -> None:
+    bus = await new_bus()
+    gone: list[bytes] = []
+    kept: list[bytes] = []
+
+    async def to_gone(body: bytes) -> None:
+        gone.append(body)
+
+    async def to_kept(body: bytes) -> None:
+        kept.append(body)
+
+    subscription = await bus.subscribe_fanout(HEARTBEATS, to_gone)
+    await bus.subscribe_fanout(HEARTBEATS, to_kept)
+    await subscription.cancel()
+    await subscription.cancel()  # idempotent
+    await bus.publish_fanout(HEARTBEATS, b"after-cancel")
+    await wait_until(lambda: kept == [b"after-cancel"])
+    assert gone == []
+
+
+# --------------------------------------------------------------------------- topic
+
+
+async def test_topic_bindings_route_by_wildcard(new_bus: BusFactory) -> None:
+    publisher, subscriber = await new_bus(), await new_bus()
+    one_word: list[tuple[str, bytes]] = []
+    any_words: list[tuple[str, bytes]] = []
+
+    async def to_one_word(key: str, body: bytes) -> None:
+        one_word.append((key, body))
+
+    async def to_any_words(key: str, body: bytes) -> None:
+        any_words.append((key, body))
+
+    await subscriber.subscribe_topic(EVENTS, "task.*", to_one_word)
+    await subscriber.subscribe_topic(EVENTS, "task.#", to_any_words)
+
+    await publisher.publish_topic(EVENTS, "job.lm-1", b"job")
+    await publisher.publish_topic(EVENTS, "task.lm-1.node-3", b"deep")
+    await publisher.publish_topic(EVENTS, "task.lm-1", b"task")
+    # Messages of one publisher stay in order, so once the sentinel is in, nothing
+    # published before it is still on the way.
+    await publisher.publish_topic(EVENTS, "task.end", b"sentinel")
+
+    await wait_until(lambda: len(one_word) >= 2 and len(any_words) >= 3)
+    assert one_word == [("task.lm-1", b"task"), ("task.end", b"sentinel")]
+    assert any_words == [
+        ("task.lm-1.node-3", b"deep"),
+        ("task.lm-1", b"task"),
+        ("task.end", b"sentinel"),
+    ]
+
+
+# --------------------------------------------------------------------------- work queues
+
+
+async def test_enqueued_messages_are_stored_and_consumed_in_fifo_order(
+    new_bus: BusFactory,
+) -> None:
+    producer, consumer = await new_bus(), await new_bus()
+    bodies = [f"task-{i}".encode() for i in range(20)]
+    await producer.enqueue(QUEUE, bodies[0])
+    await producer.enqueue_many(QUEUE, bodies[1:])
+    # enqueue returned, so the broker holds them, before anyone consumes.
+    assert await producer.queue_depth(QUEUE) == len(bodies)
+
+    received: list[bytes] = []
+
+    async def handler(delivery: Delivery) -> None:
+        received.append(delivery.body)
+        await delivery.ack()
+
+    await consumer.consume(QUEUE, handler)
+    await wait_until(lambda: len(received) == len(bodies))
+    assert received == bodies
+
+
+async def test_prefetch_bounds_the_unacked_deliveries(new_bus: BusFactory) -> None:
+    producer, consumer = await new_bus(), await new_bus()
+    await producer.enqueue_many(QUEUE, [f"task-{i}".encode() for i in range(5)])
+    held: list[Delivery] = []
+
+    async def never_ack(delivery: Delivery) -> None:
+        held.append(delivery)
+
+    await consumer.consume(QUEUE, never_ack, prefetch=2)
+    await wait_until(lambda: len(held) == 2)
+    await asyncio.sleep(QUIET_S)
+    assert [d.body for d in held] == [b"task-0", b"task-1"]
+    assert await producer.queue_depth(QUEUE) == 3
+
+    await held[0].ack()  # room for exactly one more
+    await wait_until(lambda: len(held) == 3)
+    await asyncio.sleep(QUIET_S)
+    assert [d.body for d in held] == [b"task-0", b"task-1", b"task-2"]
+
+
+async def test_unacked_deliveries_survive_a_consumer_crash(new_bus: BusFactory) -> None:
+    """A GM that dies between receiving tasks and launching them loses none of them."""
+    producer, doomed, successor = await new_bus(), await new_bus(), await new_bus()
+    bodies = [f"task-{i}".encode() for i in range(3)]
+    await producer.enqueue_many(QUEUE, bodies)
+
+    first: list[Delivery] = []
+
+    async def hold(delivery: Delivery) -> None:
+        first.append(delivery)
+
+    await doomed.consume(QUEUE, hold, prefetch=10)
+    await wait_until(lambda: len(first) == len(bodies))
+    assert not any(d.redelivered for d in first)
+    await doomed.close()
+
+    second: list[Delivery] = []
+
+    async def launch(delivery: Delivery) -> None:
+        second.append(delivery)
+        await delivery.ack()
+
+    await successor.consume(QUEUE, launch)
+    await wait_until(lambda: len(second) == len(bodies))
+    assert [d.body for d in second] == bodies
+    assert all(d.redelivered for d in second)
+
+    await first[0].ack()  # a late ack from the dead consumer changes nothing
+    await asyncio.sleep(QUIET_S)
+    assert len(second) == len(bodies)
+    assert await producer.queue_depth(QUEUE) == 0
+
+
+async def test_cancelled_consumer_gives_unacked_back_to_the_head(new_bus: BusFactory) -> None:
+    producer, consumer = await new_bus(), await new_bus()
+    await producer.enqueue_many(QUEUE, [b"a", b"b", b"c"])
+    held: list[Delivery] = []
+
+    async def hold(delivery: Delivery) -> None:
+        held.append(delivery)
+
+    subscription = await consumer.consume(QUEUE, hold, prefetch=2)
+    await wait_until(lambda: len(held) == 2)
+    await subscription.cancel()
+    await subscription.cancel()  # idempotent
+
+    again: list[tuple[bytes, bool]] = []
+
+    async def take(delivery: Delivery) -> None:
+        again.append((delivery.body, delivery.redelivered))
+        await delivery.ack()
+
+    await consumer.consume(QUEUE, take)
+    await wait_until(lambda: len(again) == 3)
+    assert again == [(b"a", True), (b"b", True), (b"c", False)]
+
+
+async def test_acked_messages_are_gone(new_bus: BusFactory) -> None:
+    producer, consumer, latecomer = await new_bus(), await new_bus(), await new_bus()
+    await producer.enqueue_many(QUEUE, [b"a", b"b", b"c"])
+    acked: list[bytes] = []
+
+    async def ack(delivery: Delivery) -> None:
+        await delivery.ack()
+        acked.append(delivery.body)
+
+    subscription = await consumer.consume(QUEUE, ack)
+    await wait_until(lambda: len(acked) == 3)
+    await subscription.cancel()
+    assert await producer.queue_depth(QUEUE) == 0
+
+    # Queues are FIFO, so if anything acked had come back it would arrive before this.
+    await producer.enqueue(QUEUE, b"sentinel")
+    later: list[bytes] = []
+
+    async def record(delivery: Delivery) -> None:
+        later.append(delivery.body)
+        await delivery.ack()
+
+    await latecomer.consume(QUEUE, record)
+    await wait_until(lambda: len(later) >= 1)
+    await asyncio.sleep(QUIET_S)
+    assert later == [b"sentinel"]
+
+
+async def test_a_failing_handler_gets_the_message_again_and_keeps_consuming(
+    new_bus: BusFactory,
+) -> None:
+    bus = await new_bus()
+    seen: list[tuple[bytes, bool]] = []
+    done: list[bytes] = []
+
+    async def flaky(delivery: Delivery) -> None:
+        seen.append((delivery.body, delivery.redelivered))
+        if delivery.body == b"a" and not delivery.redelivered:
+            raise ConnectionError("LM unreachable")
+        await delivery.ack()
+        done.append(delivery.body)
+
+    await bus.consume(QUEUE, flaky, prefetch=1)
+    await bus.enqueue(QUEUE, b"a")
+    await wait_until(lambda: done == [b"a"])
+    assert seen == [(b"a", False), (b"a", True)]
+
+    await bus.enqueue(QUEUE, b"b")
+    await wait_until(lambda: done == [b"a", b"b"])
+    assert await bus.queue_depth(QUEUE) == 0
+
+
+async def test_delete_queue_drops_its_messages_and_tolerates_missing(
+    new_bus: BusFactory,
+) -> None:
+    bus = await new_bus()
+    await bus.delete_queue(QUEUE)  # never existed
+    await bus.enqueue_many(QUEUE, [b"a", b"b"])
+    await bus.delete_queue(QUEUE)
+    assert await bus.queue_depth(QUEUE) == 0
+    await bus.enqueue(QUEUE, b"c")  # a deleted queue is declared again on use
+    assert await bus.queue_depth(QUEUE) == 1

@@ -1,0 +1,78 @@
+"""The agent on its own: what it does while no LM answers. Its conversation with a real
+LM is covered by the agent ↔ LM integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import socket
+import time
+
+import grpc
+import numpy as np
+import pytest
+
+from services.core.resources import ResourceError, resources
+from services.worker.agent import BACKOFF_MAX_S, Backoff, WorkerAgent
+
+CAPACITY = resources(cpu_milli=4000, memory_mb=8192)
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_backoff_doubles_to_the_cap_with_jitter() -> None:
+    backoff = Backoff(rng=random.Random(7))
+    delays = [backoff.next() for _ in range(8)]
+    nominal = [0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0]
+    for delay, cap in zip(delays, nominal, strict=True):
+        assert cap / 2 <= delay <= cap
+    assert len(set(delays)) == len(delays)  # jittered, so agents do not retry in lockstep
+    backoff.reset()
+    assert backoff.next() <= 0.1
+
+
+def test_agent_refuses_an_unknown_default_executor() -> None:
+    with pytest.raises(ValueError, match="unknown default executor 'k8s'"):
+        WorkerAgent("w0", CAPACITY, [], channel=None, default_executor="k8s")  # type: ignore[arg-type]
+
+
+def test_agent_refuses_a_capacity_without_cpu() -> None:
+    with pytest.raises(ResourceError):
+        WorkerAgent("w0", np.zeros(4, dtype=np.int64), [], channel=None)  # type: ignore[arg-type]
+
+
+async def test_agent_keeps_retrying_an_unreachable_lm_and_shuts_down_promptly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="megha.worker")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{closed_port()}") as channel:
+        agent = WorkerAgent("w0", CAPACITY, [1], channel)
+        runner = asyncio.create_task(agent.run())
+        await asyncio.sleep(1.0)
+        assert not runner.done()  # an absent LM is not fatal: the agent waits for it
+        assert not agent.connected
+        attempts = [r for r in caplog.records if r.getMessage() == "cannot reach the LM"]
+        assert len(attempts) >= 3  # retried with short backoff, not once and given up
+        # One warning per outage; the retries after it log at debug level.
+        assert [r.levelno for r in attempts].count(logging.WARNING) == 1
+
+        began = time.monotonic()
+        await asyncio.wait_for(agent.shutdown(), 5)
+        await asyncio.wait_for(agent.shutdown(), 5)  # idempotent
+        await asyncio.wait_for(runner, 1)
+        assert time.monotonic() - began < BACKOFF_MAX_S
+
+
+async def test_agent_context_manager_runs_in_the_background() -> None:
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{closed_port()}")
+    async with channel, WorkerAgent("w0", CAPACITY, [], channel) as agent:
+        await asyncio.sleep(0.2)
+        assert agent.running_task_ids == []
+        with pytest.raises(RuntimeError, match="already running"):
+            await agent.run()

@@ -1,0 +1,228 @@
+"""The executors run real work: real sleeps, real processes, a real Docker client."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from services._proto.megha.v1 import common_pb2
+from services.worker.executors import (
+    DockerExecutor,
+    ExecutionResult,
+    ProcessExecutor,
+    SimExecutor,
+    executor_for,
+)
+
+SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
+FAILED = common_pb2.TASK_STATE_FAILED
+
+
+def process_task(*args: str, timeout_s: float = 0, **env: str) -> common_pb2.Task:
+    return common_pb2.Task(
+        task_id="p1", process=common_pb2.ProcessExecutor(args=args, timeout_s=timeout_s, env=env)
+    )
+
+
+def alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie (PID 1 here may never reap)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+async def read_pid(path: Path) -> int:
+    async def poll() -> int:
+        while not (path.exists() and path.read_text().strip()):
+            await asyncio.sleep(0.01)
+        return int(path.read_text())
+
+    return await asyncio.wait_for(poll(), 5)
+
+
+async def gone(pid: int) -> bool:
+    for _ in range(200):
+        if not alive(pid):
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+# --------------------------------------------------------------------------- sim
+async def test_sim_holds_the_task_for_its_duration() -> None:
+    task = common_pb2.Task(task_id="s1", sim=common_pb2.SimExecutor(duration_s=0.05))
+    began = time.monotonic()
+    result = await asyncio.wait_for(SimExecutor().run(task), 2)
+    elapsed = time.monotonic() - began
+    assert result == ExecutionResult(exit_code=0, message="", state=SUCCEEDED)
+    assert 0.05 <= elapsed < 0.5
+
+
+async def test_sim_without_settings_uses_the_expected_duration() -> None:
+    task = common_pb2.Task(task_id="s2", expected_duration_s=0.05)
+    began = time.monotonic()
+    await asyncio.wait_for(SimExecutor().run(task), 2)
+    assert time.monotonic() - began >= 0.05
+
+
+# ----------------------------------------------------------------------- process
+async def test_process_success() -> None:
+    result = await asyncio.wait_for(ProcessExecutor().run(process_task("true")), 5)
+    assert result.state == SUCCEEDED
+    assert result.exit_code == 0
+
+
+async def test_process_gets_the_task_env_on_top_of_the_worker_env(tmp_path: Path) -> None:
+    out = tmp_path / "env"
+    task = process_task("sh", "-c", f'echo "$MEGHA_X:$PATH" > {out}', MEGHA_X="hello")
+    result = await asyncio.wait_for(ProcessExecutor().run(task), 5)
+    assert result.state == SUCCEEDED
+    value, path = out.read_text().strip().split(":", 1)
+    assert value == "hello"
+    assert path == os.environ["PATH"]
+
+
+async def test_process_failure_carries_exit_code_and_stderr_tail() -> None:
+    # 10 KB of noise, then the line that explains the failure: only the tail is kept.
+    script = (
+        "head -c 10000 /dev/zero | tr '\\0' x >&2; echo >&2; echo 'boom: disk full' >&2; exit 3"
+    )
+    result = await asyncio.wait_for(ProcessExecutor().run(process_task("sh", "-c", script)), 5)
+    assert result.state == FAILED
+    assert result.exit_code == 3
+    assert result.message.startswith("exit code 3: ")
+    assert result.message.endswith("boom: disk full")
+    assert 2000 <= len(result.message) <= 2100
+
+
+async def test_process_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    # The sleep runs in the background, so killing only the shell would leave it behind.
+    task = process_task("sh", "-c", f"sleep 30 & echo $! > {pid_file}; wait", timeout_s=0.3)
+    began = time.monotonic()
+    result = await asyncio.wait_for(ProcessExecutor(kill_grace_s=1).run(task), 10)
+    assert time.monotonic() - began < 3
+    assert result.state == FAILED
+    assert result.message == "timed out after 0.3 s"
+    assert await gone(await read_pid(pid_file))
+
+
+async def test_process_that_ignores_sigterm_is_killed_after_the_grace_period(
+    tmp_path: Path,
+) -> None:
+    pid_file = tmp_path / "pid"
+    script = f"trap '' TERM; echo $$ > {pid_file}; while :; do sleep 0.05; done"
+    task = process_task("sh", "-c", script, timeout_s=0.2)
+    began = time.monotonic()
+    result = await asyncio.wait_for(ProcessExecutor(kill_grace_s=0.3).run(task), 10)
+    assert 0.5 <= time.monotonic() - began < 3
+    assert result.state == FAILED
+    assert result.exit_code == 137  # 128 + SIGKILL
+    assert await gone(await read_pid(pid_file))
+
+
+async def test_leftovers_of_a_finished_process_are_killed(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    task = process_task("sh", "-c", f"sleep 30 > /dev/null 2>&1 & echo $! > {pid_file}")
+    result = await asyncio.wait_for(ProcessExecutor().run(task), 5)
+    assert result.state == SUCCEEDED
+    assert await gone(await read_pid(pid_file))
+
+
+async def test_missing_binary_fails_cleanly() -> None:
+    result = await asyncio.wait_for(
+        ProcessExecutor().run(process_task("/no/such/megha-binary", "x")), 5
+    )
+    assert result.state == FAILED
+    assert result.exit_code == 127
+    assert "/no/such/megha-binary" in result.message
+    assert "not found" in result.message
+
+
+async def test_process_task_without_args_fails_cleanly() -> None:
+    result = await ProcessExecutor().run(process_task())
+    assert result.state == FAILED
+    assert "no args" in result.message
+
+
+async def test_cancelling_kills_the_process(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    task = process_task("sh", "-c", f"sleep 30 & echo $! > {pid_file}; wait")
+    runner = asyncio.create_task(ProcessExecutor(kill_grace_s=1).run(task))
+    pid = await read_pid(pid_file)
+    assert alive(pid)
+    runner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(runner, 5)
+    # The cancellation completes only once the work has stopped.
+    assert not alive(pid)
+
+
+async def test_python_process_exit_code_is_reported() -> None:
+    task = process_task(sys.executable, "-c", "import sys; sys.exit(7)")
+    result = await asyncio.wait_for(ProcessExecutor().run(task), 10)
+    assert (result.state, result.exit_code, result.message) == (FAILED, 7, "exit code 7")
+
+
+# ------------------------------------------------------------------------ docker
+async def test_docker_engine_unavailable_fails_the_task_cleanly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:1")
+    task = common_pb2.Task(
+        task_id="d1",
+        resources=common_pb2.Resources(cpu_milli=500, memory_mb=64),
+        docker=common_pb2.DockerExecutor(image="alpine:3.20", args=["true"]),
+    )
+    result = await asyncio.wait_for(DockerExecutor().run(task), 30)
+    assert result.state == FAILED
+    assert result.message.startswith("docker engine unavailable: ")
+
+
+def _docker_works() -> bool:
+    try:
+        import docker
+
+        return bool(docker.from_env().ping())
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _docker_works(), reason="no reachable Docker engine")
+async def test_docker_runs_a_container_and_removes_it() -> None:
+    import docker
+
+    task = common_pb2.Task(
+        task_id="d-real",
+        resources=common_pb2.Resources(cpu_milli=500, memory_mb=64),
+        docker=common_pb2.DockerExecutor(
+            image="alpine:3.20", args=["sh", "-c", "echo no >&2; exit 4"]
+        ),
+    )
+    result = await asyncio.wait_for(DockerExecutor().run(task), 300)
+    assert (result.state, result.exit_code) == (FAILED, 4)
+    assert result.message.endswith("no")
+    left = docker.from_env().containers.list(all=True, filters={"label": "megha.task_id=d-real"})
+    assert left == []
+
+
+# ---------------------------------------------------------------------- choosing
+def test_executor_for_follows_the_task_then_the_default() -> None:
+    executors = {"sim": SimExecutor(), "process": ProcessExecutor()}
+    assert executor_for(process_task("true"), "sim", executors) is executors["process"]
+    assert executor_for(common_pb2.Task(task_id="x"), "sim", executors) is executors["sim"]
+    docker_task = common_pb2.Task(task_id="d", docker=common_pb2.DockerExecutor(image="a"))
+    with pytest.raises(ValueError, match="unknown executor 'docker'"):
+        executor_for(docker_task, "sim", executors)
+    assert executor_for(docker_task, "sim").name == "docker"

@@ -1,0 +1,54 @@
+"""The worker host: many agents, one process, one channel."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+from services.common.config import parse_config
+from services.core.resources import resources
+from services.worker.host import WorkerHost, node_ids
+
+
+def config(port: int, **group: object):
+    return parse_config(
+        {
+            "gms": [{"id": "gm-1", "port": 1}],
+            "lms": [{"id": "lm-1", "port": port}],
+            "workers": [{"lm": "lm-1", **group}],
+        },
+        env={},
+    )
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_node_ids_follow_the_prefix_and_offset() -> None:
+    cfg = config(1, count=3)
+    assert node_ids(cfg.workers[0]) == ["lm-1-w0", "lm-1-w1", "lm-1-w2"]
+    assert node_ids(cfg.workers[0], 10) == ["lm-1-w10", "lm-1-w11", "lm-1-w12"]
+    named = config(1, count=2, name_prefix="rack7-")
+    assert node_ids(named.workers[0], 5) == ["rack7-5", "rack7-6"]
+
+
+async def test_host_runs_its_agents_over_one_channel_and_stops_cleanly() -> None:
+    port = closed_port()
+    cfg = config(port, count=4, capacity="cpu=2,mem=4Gi", constraints=[3], executor="process")
+    host = WorkerHost(cfg, cfg.workers[0], index_offset=4)
+    assert host.target == f"127.0.0.1:{port}"
+    async with host:
+        await asyncio.sleep(0.3)
+        assert [a.node_id for a in host.agents] == ["lm-1-w4", "lm-1-w5", "lm-1-w6", "lm-1-w7"]
+        assert len({id(a.channel) for a in host.agents}) == 1
+        for agent in host.agents:
+            assert (agent.capacity == resources(cpu_milli=2000, memory_mb=4096)).all()
+            assert agent.constraints == [3]
+            assert agent.default_executor == "process"
+        began = time.monotonic()
+    assert time.monotonic() - began < 2
+    await asyncio.wait_for(host.shutdown(), 2)  # idempotent
