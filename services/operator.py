@@ -106,24 +106,8 @@ async def _up_processes(config: FederationConfig, args: argparse.Namespace) -> i
     config_path = log_dir / "federation.yaml"
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     children = Children(log_dir)
-    base = [sys.executable, "-m", "services.cli"]
     try:
-        for lm in config.lms:
-            children.start(
-                f"lm-{lm.id}", [*base, "lm", "--id", lm.id, "--config", str(config_path)]
-            )
-        if config.predictor is not None:
-            children.start("predictor", [*base, "predictor", "--config", str(config_path)])
-        for gm in config.gms:
-            children.start(
-                f"gm-{gm.id}", [*base, "gm", "--id", gm.id, "--config", str(config_path)]
-            )
-        for lm in config.lms:
-            if any(g.lm == lm.id for g in config.workers):
-                children.start(
-                    f"workers-{lm.id}",
-                    [*base, "worker", "--lm", lm.id, "--config", str(config_path)],
-                )
+        start_federation(config, config_path, children)
         await children.guard(wait_all_healthy(config, timeout_s=60))
         await children.guard(wait_until_ready(config))
         _print_endpoints(config, f"processes, logs in {log_dir}")
@@ -142,6 +126,22 @@ async def _up_processes(config: FederationConfig, args: argparse.Namespace) -> i
         children.stop()
 
 
+def start_federation(config: FederationConfig, config_path: Path, children: Children) -> None:
+    """Start every role of ``config`` as a child process. Names: ``lm-<id>``,
+    ``gm-<id>``, ``workers-<lm id>``, ``predictor``; logs in the children's log dir."""
+    base = [sys.executable, "-m", "services.cli"]
+    conf = ["--config", str(config_path)]
+    for lm in config.lms:
+        children.start(f"lm-{lm.id}", [*base, "lm", "--id", lm.id, *conf])
+    if config.predictor is not None:
+        children.start("predictor", [*base, "predictor", *conf])
+    for gm in config.gms:
+        children.start(f"gm-{gm.id}", [*base, "gm", "--id", gm.id, *conf])
+    for lm in config.lms:
+        if any(g.lm == lm.id for g in config.workers):
+            children.start(f"workers-{lm.id}", [*base, "worker", "--lm", lm.id, *conf])
+
+
 class ChildDied(RuntimeError):
     pass
 
@@ -152,12 +152,23 @@ class Children:
     def __init__(self, log_dir: Path):
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen] = {}
+        self.argv: dict[str, list[str]] = {}
 
     def start(self, name: str, argv: list[str]) -> None:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (lives with the child)
+        self.argv[name] = argv
         self.procs[name] = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()
         )
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Stop one child abruptly (``kill -9`` by default), as a crash would."""
+        proc = self.procs.pop(name)
+        proc.send_signal(sig)
+        proc.wait(10)
+
+    def restart(self, name: str) -> None:
+        self.start(name, self.argv[name])
 
     async def guard(self, coro):
         task = asyncio.ensure_future(coro)

@@ -174,6 +174,15 @@ class ClusterState:
         self._release(allocation)
         return allocation
 
+    def known_attempt(self, task_id: str) -> tuple[int, bool] | None:
+        """The latest attempt of ``task_id`` launched here and whether it still runs;
+        None if this LM never launched it."""
+        current = self.allocations.get(task_id)
+        if current is not None:
+            return current.attempt, True
+        ended = self._ended_attempt.get(task_id)
+        return None if ended is None else (ended, False)
+
     # ----------------------------------------------------------- snapshots
     def snapshot(self, since_version: int | None = None) -> Snapshot:
         """Everything (``since_version`` None or too old), or what changed after it."""

@@ -260,10 +260,14 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
     async def _on_delivery(self, delivery: Delivery) -> None:
         batch_msg = common_pb2.TaskBatch.FromString(delivery.body)
         batch = Batch(delivery, remaining=len(batch_msg.tasks))
-        if batch.remaining == 0:
+        launched = await self._already_launched(batch_msg) if delivery.redelivered else set()
+        if batch.remaining == len(launched):
             await delivery.ack()
             return
+        batch.remaining -= len(launched)
         for task in batch_msg.tasks:
+            if task.task_id in launched:
+                continue
             try:
                 spec = task_to_spec(task, self.config.num_constraints)
             except (ResourceError, ConstraintError, ValueError) as err:
@@ -275,6 +279,28 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self.queues.push(batch_msg.queue or task.queue, Pending(task, spec, batch))
         metrics.QUEUE_PENDING.labels(batch_msg.queue).set(self.queues.pending(batch_msg.queue))
         self._wake.set()
+
+    async def _already_launched(self, batch: common_pb2.TaskBatch) -> set[str]:
+        """Tasks of a redelivered message that some LM already launched: a GM died after
+        launching them but before acking the message. Launches are idempotent per LM,
+        so without this check a retry on another LM would run them twice."""
+        attempts = {t.task_id: t.attempt for t in batch.tasks}
+        request = local_master_pb2.LookupTasksRequest(task_ids=list(attempts))
+
+        async def ask(lm_id: str):
+            try:
+                return await self._stubs[lm_id].LookupTasks(request, timeout=5)
+            except grpc.aio.AioRpcError as err:
+                log.warning("LookupTasks failed", extra={"lm": lm_id, "code": err.code().name})
+                return local_master_pb2.LookupTasksResponse()
+
+        replies = await asyncio.gather(*(ask(lm_id) for lm_id in self._stubs))
+        return {
+            known.task_id
+            for reply in replies
+            for known in reply.tasks
+            if known.attempt >= attempts[known.task_id]
+        }
 
     async def _on_heartbeat(self, body: bytes) -> None:
         msg = common_pb2.LocalMasterState.FromString(body)

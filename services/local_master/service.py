@@ -226,6 +226,14 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         accepted = sum([self._on_report(node, r) for r in request.reports])
         return local_master_pb2.ReportTaskResponse(accepted=accepted)
 
+    async def LookupTasks(self, request, context):
+        reply = local_master_pb2.LookupTasksResponse()
+        for task_id in request.task_ids:
+            known = self.state.known_attempt(task_id)
+            if known is not None:
+                reply.tasks.add(task_id=task_id, attempt=known[0], running=known[1])
+        return reply
+
     async def _on_heartbeat(self, session: WorkerSession, beat) -> None:
         session.last_seen = time.monotonic()
         if not self.state.table.is_alive(session.node):  # back from the dead
@@ -296,6 +304,13 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             return
         self._event(task, state, allocation.node, reason)
         task.attempt = allocation.attempt + 1
+        # The new attempt keeps when the user submitted it; everything after is its own.
+        task.timestamps.CopyFrom(
+            common_pb2.TaskTimestamps(
+                submitted_unix_nanos=task.timestamps.submitted_unix_nanos,
+                queued_unix_nanos=time.time_ns(),
+            )
+        )
         batch = common_pb2.TaskBatch(job_id=task.job_id, queue=task.queue, tasks=[task])
         await self.bus.enqueue(user_queue(task.queue), batch.SerializeToString())
 

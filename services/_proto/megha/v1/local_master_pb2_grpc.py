@@ -69,6 +69,11 @@ class LocalMasterStub:
                 request_serializer=megha_dot_v1_dot_local__master__pb2.ReportTaskRequest.SerializeToString,
                 response_deserializer=megha_dot_v1_dot_local__master__pb2.ReportTaskResponse.FromString,
                 _registered_method=True)
+        self.LookupTasks = channel.unary_unary(
+                '/megha.v1.LocalMaster/LookupTasks',
+                request_serializer=megha_dot_v1_dot_local__master__pb2.LookupTasksRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_local__master__pb2.LookupTasksResponse.FromString,
+                _registered_method=True)
 
 
 class LocalMasterServicer:
@@ -127,6 +132,15 @@ class LocalMasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LookupTasks(self, request, context):
+        """Which of these tasks this LM has launched (running, or an attempt that ended). A GM
+        that restarted gets its unacked queue messages back; tasks any LM already launched
+        must not run again, even on another LM.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LocalMasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -164,6 +178,11 @@ def add_LocalMasterServicer_to_server(servicer, server):
                     servicer.ReportTask,
                     request_deserializer=megha_dot_v1_dot_local__master__pb2.ReportTaskRequest.FromString,
                     response_serializer=megha_dot_v1_dot_local__master__pb2.ReportTaskResponse.SerializeToString,
+            ),
+            'LookupTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupTasks,
+                    request_deserializer=megha_dot_v1_dot_local__master__pb2.LookupTasksRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_local__master__pb2.LookupTasksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -355,6 +374,33 @@ class LocalMaster:
             '/megha.v1.LocalMaster/ReportTask',
             megha_dot_v1_dot_local__master__pb2.ReportTaskRequest.SerializeToString,
             megha_dot_v1_dot_local__master__pb2.ReportTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/megha.v1.LocalMaster/LookupTasks',
+            megha_dot_v1_dot_local__master__pb2.LookupTasksRequest.SerializeToString,
+            megha_dot_v1_dot_local__master__pb2.LookupTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -54,6 +54,11 @@ class LocalMasterStub:
     """Called by a worker to report task changes at once instead of waiting
     for the next heartbeat.
     """
+    LookupTasks: _grpc.UnaryUnaryMultiCallable[_local_master_pb2.LookupTasksRequest, _local_master_pb2.LookupTasksResponse]
+    """Which of these tasks this LM has launched (running, or an attempt that ended). A GM
+    that restarted gets its unacked queue messages back; tasks any LM already launched
+    must not run again, even on another LM.
+    """
 
 @_typing.type_check_only
 class LocalMasterAsyncStub(LocalMasterStub):
@@ -78,6 +83,11 @@ class LocalMasterAsyncStub(LocalMasterStub):
     ReportTask: _aio.UnaryUnaryMultiCallable[_local_master_pb2.ReportTaskRequest, _local_master_pb2.ReportTaskResponse]  # type: ignore[assignment]
     """Called by a worker to report task changes at once instead of waiting
     for the next heartbeat.
+    """
+    LookupTasks: _aio.UnaryUnaryMultiCallable[_local_master_pb2.LookupTasksRequest, _local_master_pb2.LookupTasksResponse]  # type: ignore[assignment]
+    """Which of these tasks this LM has launched (running, or an attempt that ended). A GM
+    that restarted gets its unacked queue messages back; tasks any LM already launched
+    must not run again, even on another LM.
     """
 
 class LocalMasterServicer(metaclass=_abc_1.ABCMeta):
@@ -142,6 +152,17 @@ class LocalMasterServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_local_master_pb2.ReportTaskResponse, _abc.Awaitable[_local_master_pb2.ReportTaskResponse]]:
         """Called by a worker to report task changes at once instead of waiting
         for the next heartbeat.
+        """
+
+    @_abc_1.abstractmethod
+    def LookupTasks(
+        self,
+        request: _local_master_pb2.LookupTasksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_local_master_pb2.LookupTasksResponse, _abc.Awaitable[_local_master_pb2.LookupTasksResponse]]:
+        """Which of these tasks this LM has launched (running, or an attempt that ended). A GM
+        that restarted gets its unacked queue messages back; tasks any LM already launched
+        must not run again, even on another LM.
         """
 
 def add_LocalMasterServicer_to_server(servicer: LocalMasterServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

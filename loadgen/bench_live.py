@@ -1,0 +1,664 @@
+"""``megha-loadgen bench-live``: start a private federation, offer short tasks at a fixed
+rate, and measure allocation time (paper eq. 1-2) and placement throughput.
+
+    free ports + a unique exchange prefix ──▶ federation.yaml ──▶ child processes (as megha up)
+    events topic "task.#" ──▶ EventLog                 (subscribed before any load is offered)
+    one job every tasks_per_job/rate s, round-robin over the GMs, never waiting for a reply
+    wait until every accepted task has ended (bounded) ──▶ report.py: summary, tasks.csv, CDF
+    stop the children; delete the prefix's durable queues and exchanges
+
+Every process runs on this host, so stamps taken by different processes share one clock and
+their differences are the components of eq. 2. The offer schedule uses absolute deadlines:
+a slow reply never delays the next submission, and a load generator that falls behind shows
+up as ``offer_lag_s`` instead of silently offering less.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import aio_pika
+import grpc
+import yaml
+
+from loadgen import report
+from services._proto.megha.v1 import common_pb2
+from services.client import GlobalMasterClient
+from services.common.bus import RabbitBus
+from services.common.config import ConfigError, FederationConfig, default_config, parse_config
+from services.common.convert import resources_to_proto
+from services.common.runner import wait_all_healthy
+from services.core.resources import resources
+from services.local_master.service import EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, user_queue
+from services.operator import ChildDied, Children, broker_reachable, wait_until_ready
+
+RUNNING = common_pb2.TASK_STATE_RUNNING
+SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
+# Ends a task for good; LOST and PREEMPTED tasks come back as a new attempt.
+ENDED = {SUCCEEDED, common_pb2.TASK_STATE_FAILED, common_pb2.TASK_STATE_REJECTED}
+DRAIN_EXTRA_S = 30.0  # the wait after the offer is bounded by seconds + this
+STARTUP_TIMEOUT_S = 90.0
+PORT_RANGE = (20_000, 60_000)
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot run; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    rate: float = 200.0
+    """Tasks offered per second."""
+    seconds: float = 10.0
+    """How long load is offered."""
+    gms: int = 2
+    lms: int = 3
+    workers_per_lm: int = 100
+    task_duration_s: float = 0.05
+    """How long each ``sim`` task holds its resources."""
+    tasks_per_job: int = 1
+    warmup_s: float = 2.0
+    """Tasks that start within this long of the first offer are left out of the stats."""
+    out: Path | None = None
+    """Where summary.json, tasks.csv and the CDF go; None = print only."""
+    log_dir: Path | None = None
+    """Where the config and the children's logs go; None = a new temp dir."""
+    rabbitmq_url: str = ""
+    """Empty = the config default (or MEGHA_RABBITMQ_URL)."""
+    queues: str = "per-gm"
+    """``per-gm``: one user queue per GM, each GM schedules what is submitted to it;
+    ``default``: the one ``default`` queue, scheduled by the first GM alone."""
+    cpu_milli: int = 1000
+    memory_mb: int = 64
+    service_log_level: str = "INFO"
+
+    def check(self) -> None:
+        problems = []
+        if not self.rate > 0:
+            problems.append("--rate must be positive")
+        if not self.seconds > 0:
+            problems.append("--seconds must be positive")
+        for name, value in (("--gms", self.gms), ("--lms", self.lms)):
+            if value < 1:
+                problems.append(f"{name} must be at least 1")
+        if not 1 <= self.workers_per_lm <= 10_000:
+            problems.append("--workers-per-lm must be in 1..10000")
+        if self.tasks_per_job < 1:
+            problems.append("--tasks-per-job must be at least 1")
+        if self.task_duration_s < 0:
+            problems.append("--task-duration must not be negative")
+        if not 0 <= self.warmup_s < self.seconds:
+            problems.append("--warmup must be at least 0 and shorter than --seconds")
+        if self.queues not in ("per-gm", "default"):
+            problems.append("--queues must be 'per-gm' or 'default'")
+        if self.cpu_milli < 1 or self.memory_mb < 0:
+            problems.append("task resources must be positive")
+        if problems:
+            raise BenchError("; ".join(problems))
+
+    @property
+    def jobs(self) -> int:
+        return max(1, round(self.rate * self.seconds / self.tasks_per_job))
+
+
+# ----------------------------------------------------------------------- federation
+def free_base_port(count: int, attempts: int = 200) -> int:
+    """The first of ``count`` consecutive TCP ports that are free now (probed by binding)."""
+    rng = uuid.uuid4().int
+    low, high = PORT_RANGE
+    for i in range(attempts):
+        base = low + (rng + i * 7919) % (high - low - count)
+        if all(_port_free(port) for port in range(base, base + count)):
+            return base
+    raise BenchError(f"found no {count} consecutive free TCP ports in {low}..{high}")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            # 0.0.0.0 also covers the metrics servers, which listen on every address.
+            sock.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def bench_config(options: BenchOptions, base_port: int, prefix: str) -> FederationConfig:
+    """``default_config`` plus the prefix, metrics ports and the benchmark's queues."""
+    data = default_config(options.gms, options.lms, options.workers_per_lm, base_port)
+    metrics = iter(range(base_port + options.gms + options.lms + 1, base_port + 1000))
+    for endpoint in (*data["gms"], *data["lms"]):
+        endpoint["metrics_port"] = next(metrics)
+    data["exchange_prefix"] = prefix
+    if options.rabbitmq_url:
+        data["rabbitmq_url"] = options.rabbitmq_url
+    if options.queues == "per-gm":
+        share = 1.0 / options.gms
+        data["queues"] = [
+            {"name": f"q-{gm['id']}", "share": share, "gm": gm["id"]} for gm in data["gms"]
+        ]
+    try:
+        config = parse_config(data)
+    except ConfigError as err:
+        raise BenchError(str(err)) from None
+    if config.exchange_prefix != prefix:
+        # The children read the same environment: they would share a prefix with other runs.
+        raise BenchError(
+            "MEGHA_EXCHANGE_PREFIX is set; bench-live needs a prefix of its own: unset it"
+        )
+    return config
+
+
+def ports_needed(options: BenchOptions) -> int:
+    # gRPC: GMs, LMs, predictor; metrics: GMs and LMs.
+    return 2 * (options.gms + options.lms) + 1
+
+
+@contextlib.asynccontextmanager
+async def running_federation(
+    config: FederationConfig, log_dir: Path, log_level: str = "INFO"
+) -> AsyncIterator[Children]:
+    """The federation of ``config`` as child processes, started in ``megha up``'s order.
+
+    On exit (Ctrl-C and errors included) the children are stopped, and the durable queues
+    and exchanges of the config's prefix are deleted from the broker.
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    config_path = log_dir / "federation.yaml"
+    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    children = Children(log_dir)
+    base = [sys.executable, "-m", "services.cli"]
+    tail = ["--config", str(config_path), "--log-level", log_level]
+    try:
+        for lm in config.lms:
+            children.start(f"lm-{lm.id}", [*base, "lm", "--id", lm.id, *tail])
+        if config.predictor is not None:
+            children.start("predictor", [*base, "predictor", *tail])
+        for gm in config.gms:
+            children.start(f"gm-{gm.id}", [*base, "gm", "--id", gm.id, *tail])
+        for lm in config.lms:
+            if any(g.lm == lm.id for g in config.workers):
+                children.start(f"workers-{lm.id}", [*base, "worker", "--lm", lm.id, *tail])
+        await children.guard(wait_all_healthy(config, timeout_s=STARTUP_TIMEOUT_S))
+        await children.guard(wait_until_ready(config, timeout_s=STARTUP_TIMEOUT_S))
+        yield children
+    finally:
+        children.stop()
+        with contextlib.suppress(Exception):
+            await delete_broker_objects(config)
+
+
+async def delete_broker_objects(config: FederationConfig, timeout_s: float = 10.0) -> None:
+    """Delete the durable user queues and the exchanges of the config's prefix."""
+    async with asyncio.timeout(timeout_s):
+        bus = RabbitBus(config.rabbitmq_url, prefix=config.exchange_prefix)
+        async with bus:
+            for queue in config.effective_queues():
+                await bus.delete_queue(user_queue(queue.name))
+        connection = await aio_pika.connect(config.rabbitmq_url)
+        async with connection:
+            channel = await connection.channel()
+            for exchange in (EVENT_EXCHANGE, HEARTBEAT_EXCHANGE):
+                await channel.exchange_delete(bus.exchange_name(exchange))
+
+
+async def scrape_counters(config: FederationConfig) -> dict[str, int] | None:
+    """Totals of the GM/LM counters the summary reports, from their Prometheus endpoints.
+
+    None when an endpoint cannot be read (the summary then says the counts are unknown).
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {
+        "megha_inconsistencies_total": "inconsistencies",
+        "megha_repartitions_total": "repartitions",
+        "megha_preemption_attempts_total": "preemption_attempts",
+        "megha_preemptions_total": "preemptions",
+    }
+    totals = dict.fromkeys(wanted.values(), 0)
+    endpoints = [e for e in (*config.gms, *config.lms) if e.metrics_port]
+
+    def fetch(port: int) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3) as reply:
+            return reply.read().decode()
+
+    try:
+        texts = await asyncio.gather(*(asyncio.to_thread(fetch, e.metrics_port) for e in endpoints))
+    except OSError:
+        return None
+    for text in texts:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in wanted:
+                    totals[wanted[sample.name]] += int(sample.value)
+    return totals
+
+
+# --------------------------------------------------------------------------- events
+class EventLog:
+    """What the LMs' task events say about each task, recorded as they arrive."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, common_pb2.TaskEvent] = {}  # the latest attempt's RUNNING
+        self.ended: dict[str, common_pb2.TaskEvent] = {}  # SUCCEEDED / FAILED / REJECTED
+        self.successes: Counter[str] = Counter()  # > 1 for a task id = exactly-once broken
+        self.events = 0
+        self.batches = 0
+
+    async def on_batch(self, _routing_key: str, body: bytes) -> None:
+        self.add(common_pb2.TaskEventBatch.FromString(body))
+
+    def add(self, batch: common_pb2.TaskEventBatch) -> None:
+        self.batches += 1
+        for event in batch.events:
+            self.events += 1
+            state = event.state
+            if state == RUNNING:
+                known = self.running.get(event.task_id)
+                if known is None or event.attempt >= known.attempt:
+                    self.running[event.task_id] = event
+            elif state in ENDED:
+                self.ended[event.task_id] = event
+                if state == SUCCEEDED:
+                    self.successes[event.task_id] += 1
+
+    @property
+    def succeeded(self) -> int:
+        return len(self.successes)
+
+    @property
+    def duplicates(self) -> int:
+        return sum(1 for count in self.successes.values() if count > 1)
+
+
+def stamps_of(event: common_pb2.TaskEvent | None) -> dict[str, int]:
+    if event is None:
+        return dict.fromkeys(report.STAMPS, 0)
+    ts = event.timestamps
+    return {name: getattr(ts, f"{name}_unix_nanos") for name in report.STAMPS}
+
+
+# ---------------------------------------------------------------------------- offer
+@dataclass(eq=False)
+class Target:
+    """One GM the load generator submits to, and the queue it submits there."""
+
+    gm_id: str
+    client: GlobalMasterClient
+    queue: str
+    scheduler_gm: str
+    """The GM that serves ``queue``, hence matches its tasks."""
+
+
+@dataclass
+class Offer:
+    """What the load generator sent and what the GMs acknowledged."""
+
+    jobs: int = 0
+    tasks: int = 0
+    accepted: dict[str, tuple[str, str]] = field(default_factory=dict)  # task -> (job, gm)
+    errors: Counter[str] = field(default_factory=Counter)  # gRPC code -> failed jobs
+    lags_s: list[float] = field(default_factory=list)  # send time - deadline, per job
+    rpc_s: list[float] = field(default_factory=list)  # SubmitJob round trips
+    inflight: set[asyncio.Task[None]] = field(default_factory=set)
+    started_ns: int = 0
+    ended_ns: int = 0
+
+
+class LoadOffer:
+    """Submits ``options.jobs`` jobs, one per deadline, round-robin over ``targets``."""
+
+    def __init__(self, options: BenchOptions, targets: list[Target]) -> None:
+        self.options = options
+        self.targets = targets
+        self.offer = Offer()
+        template = common_pb2.Task(
+            resources=resources_to_proto(resources(options.cpu_milli, options.memory_mb)),
+            expected_duration_s=options.task_duration_s,
+        )
+        template.sim.duration_s = options.task_duration_s
+        self._tasks = [template] * options.tasks_per_job  # the client stamps a copy of each
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        interval = self.options.tasks_per_job / self.options.rate
+        start = loop.time()
+        self.offer.started_ns = time.time_ns()
+        k, jobs = 0, self.options.jobs
+        while k < jobs:
+            now = loop.time()
+            due = start + k * interval
+            if due > now:
+                await asyncio.sleep(due - now)
+                continue
+            while k < jobs and start + k * interval <= now:  # catch up on every due job
+                self._send(k, now - (start + k * interval))
+                k += 1
+        self.offer.ended_ns = time.time_ns()
+
+    def _send(self, k: int, lag_s: float) -> None:
+        target = self.targets[k % len(self.targets)]
+        self.offer.jobs += 1
+        self.offer.tasks += len(self._tasks)
+        self.offer.lags_s.append(lag_s)
+        task = asyncio.create_task(self._submit(f"j{k:07d}", target))
+        self.offer.inflight.add(task)
+        task.add_done_callback(self.offer.inflight.discard)
+
+    async def _submit(self, job_id: str, target: Target) -> None:
+        began = time.perf_counter()
+        try:
+            reply = await target.client.submit(self._tasks, queue=target.queue, job_id=job_id)
+        except grpc.aio.AioRpcError as err:
+            self.offer.errors[err.code().name] += 1
+            return
+        self.offer.rpc_s.append(time.perf_counter() - began)
+        for task_id in reply.task_ids:
+            self.offer.accepted[task_id] = (reply.job_id, target.scheduler_gm)
+
+
+# ------------------------------------------------------------------------ progress
+class Progress:
+    """One line, rewritten ~2x per second on a terminal; a plain line per second otherwise."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._dirty = False
+
+    async def run(self, line: Callable[[], str]) -> None:
+        period = 0.5 if self.tty else 1.0
+        try:
+            while True:
+                await asyncio.sleep(period)
+                self.show(line())
+        finally:
+            self.done()
+
+    def show(self, text: str) -> None:
+        if self.tty:
+            self.stream.write(f"\r{text}\x1b[K")
+            self._dirty = True
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self._dirty:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._dirty = False
+
+
+# --------------------------------------------------------------------------- the run
+@dataclass
+class BenchResult:
+    summary: dict[str, Any]
+    rows: list[dict[str, Any]]
+    alloc_values_s: list[float]
+    files: list[Path] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        s = self.summary
+        return s["completed"] == s["tasks"] and s["duplicates"] == 0
+
+
+async def run_bench(
+    options: BenchOptions, progress: Progress | None = None, say: Callable[[str], None] = print
+) -> BenchResult:
+    """Start the federation, offer the load, measure, write the report, stop everything."""
+    options.check()
+    prefix = f"bench-{uuid.uuid4().hex[:10]}"
+    config = bench_config(options, free_base_port(ports_needed(options)), prefix)
+    if not broker_reachable(config.rabbitmq_url):
+        raise BenchError(
+            f"RabbitMQ is not reachable at {config.rabbitmq_url}; start it "
+            "(e.g. 'rabbitmq-server -detached') or pass --rabbitmq-url"
+        )
+    log_dir = options.log_dir or Path(tempfile.mkdtemp(prefix="megha-bench-"))
+    progress = progress or Progress()
+    workers = sum(group.count for group in config.workers)
+    say(
+        f"bench-live: starting {len(config.gms)} GMs, {len(config.lms)} LMs, {workers} workers "
+        f"(prefix {prefix}, logs in {log_dir})"
+    )
+    setup_began = time.monotonic()
+    try:
+        async with running_federation(config, log_dir, options.service_log_level) as children:
+            setup_s = time.monotonic() - setup_began
+            say(f"bench-live: federation ready in {setup_s:.1f} s; offering load")
+            result = await children.guard(_measure(options, config, progress))
+            result.summary["setup_s"] = round(setup_s, 3)
+            result.summary["log_dir"] = str(log_dir)
+    except ChildDied as err:
+        head, _, tail = str(err).partition("\n")
+        last = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), "")
+        raise BenchError(f"{head} (last log line: {last[:300]}; logs in {log_dir})") from None
+    except TimeoutError as err:
+        raise BenchError(f"the federation did not get ready: {err} (logs in {log_dir})") from None
+    if options.out is not None:
+        result.files = write_report(options.out, result)
+    return result
+
+
+async def _measure(
+    options: BenchOptions, config: FederationConfig, progress: Progress
+) -> BenchResult:
+    events = EventLog()
+    bus = RabbitBus(config.rabbitmq_url, prefix=config.exchange_prefix)
+    targets = [
+        Target(
+            gm.id,
+            GlobalMasterClient(gm.target),
+            queue=_queue_for(config, gm.id),
+            scheduler_gm=config.queue(_queue_for(config, gm.id)).gm,  # type: ignore[union-attr]
+        )
+        for gm in config.gms
+    ]
+    offer = LoadOffer(options, targets)
+    phase = ["offering"]
+
+    def line() -> str:
+        o = offer.offer
+        errors = sum(o.errors.values())
+        return (
+            f"[{phase[0]}] offered {o.tasks}  accepted {len(o.accepted)}  "
+            f"running {len(events.running)}  done {events.succeeded}"
+            + (f"  submit errors {errors}" if errors else "")
+        )
+
+    async with bus:
+        await bus.subscribe_topic(EVENT_EXCHANGE, "task.#", events.on_batch)
+        reporter = asyncio.create_task(progress.run(line))
+        began = time.monotonic()
+        try:
+            await offer.run()
+            phase[0] = "draining"
+            await _drain(offer.offer, events, options.seconds + DRAIN_EXTRA_S)
+        finally:
+            wall_s = time.monotonic() - began
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporter
+            for task in list(offer.offer.inflight):
+                task.cancel()
+            await asyncio.gather(*offer.offer.inflight, return_exceptions=True)
+            for target in targets:
+                await target.client.close()
+        counters = await scrape_counters(config)
+    return summarise(options, config, offer.offer, events, wall_s, counters)
+
+
+def _queue_for(config: FederationConfig, gm_id: str) -> str:
+    own = config.queues_of(gm_id)
+    return own[0].name if own else config.effective_queues()[0].name
+
+
+async def _drain(offer: Offer, events: EventLog, bound_s: float) -> None:
+    """Until every accepted task has ended and no submission is in flight, or the bound."""
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        if not offer.inflight and all(t in events.ended for t in offer.accepted):
+            return
+        await asyncio.sleep(0.05)
+
+
+def summarise(
+    options: BenchOptions,
+    config: FederationConfig,
+    offer: Offer,
+    events: EventLog,
+    wall_s: float,
+    counters: dict[str, int] | None,
+) -> BenchResult:
+    warmup_end = offer.started_ns + int(options.warmup_s * 1e9)
+    rows: list[dict[str, Any]] = []
+    measured: list[dict[str, int]] = []
+    starts: list[int] = []
+    for task_id, (job_id, gm) in offer.accepted.items():
+        running = events.running.get(task_id)
+        ended = events.ended.get(task_id)
+        # RUNNING carries the stamps up to the start; the end event has them too, plus
+        # finished, so it stands in if RUNNING was never seen.
+        stamps = stamps_of(running or ended)
+        if ended is not None:
+            stamps["finished"] = ended.timestamps.finished_unix_nanos
+        source = running or ended
+        alloc = report.allocation_s(stamps)
+        rows.append(
+            {
+                "task_id": task_id,
+                "job_id": job_id,
+                "gm": gm,
+                "lm_id": source.lm_id if source else "",
+                "node_id": source.node_id if source else "",
+                **{f"{name}_unix_nanos": stamps[name] for name in report.STAMPS},
+                "alloc_s": alloc,
+                "attempt": source.attempt if source else "",
+                "state": common_pb2.TaskState.Name(
+                    ended.state if ended else running.state if running else 0
+                )
+                .removeprefix("TASK_STATE_")
+                .lower(),
+            }
+        )
+        if alloc is not None and stamps["started"] >= warmup_end:
+            measured.append(stamps)
+            starts.append(stamps["started"])
+    rows.sort(key=lambda r: r["task_id"])
+    alloc_values = [report.allocation_s(s) for s in measured]
+    throughput = 0.0
+    if len(starts) > 1 and max(starts) > min(starts):
+        throughput = len(starts) / ((max(starts) - min(starts)) / 1e9)
+    offer_s = max(1e-9, (offer.ended_ns - offer.started_ns) / 1e9)
+    failed = sum(1 for t in offer.accepted if t in events.ended and t not in events.successes)
+    summary = report.make_summary(
+        target="live",
+        scheduler="megha",
+        workers=sum(group.count for group in config.workers),
+        gms=len(config.gms),
+        lms=len(config.lms),
+        jobs=offer.jobs,
+        tasks=offer.tasks,
+        completed=sum(1 for t in offer.accepted if t in events.successes),
+        alloc_s=report.percentiles(alloc_values),
+        components_s=report.component_medians(measured),
+        **(counters or {}),
+        throughput_tasks_per_s=round(throughput, 3),
+        wall_s=round(wall_s, 3),
+        offered_rate=options.rate,
+        achieved_offer_rate=round(offer.tasks / offer_s, 3),
+        seconds=options.seconds,
+        warmup_s=options.warmup_s,
+        tasks_per_job=options.tasks_per_job,
+        task_duration_s=options.task_duration_s,
+        queues=options.queues,
+        accepted=len(offer.accepted),
+        submit_errors=dict(offer.errors),
+        failed=failed,
+        duplicates=events.duplicates,
+        measured_tasks=len(measured),
+        excluded_warmup=sum(1 for r in rows if r["alloc_s"] is not None) - len(measured),
+        counters_source="prometheus" if counters is not None else "unavailable (left 0)",
+        detail_s=report.detail_percentiles(measured),
+        offer_lag_s=report.percentiles(offer.lags_s),
+        submit_rpc_s=report.percentiles(offer.rpc_s),
+        events_seen=events.events,
+        exchange_prefix=config.exchange_prefix,
+    )
+    return BenchResult(summary, rows, alloc_values)  # type: ignore[arg-type]
+
+
+def write_report(out_dir: Path, result: BenchResult) -> list[Path]:
+    files = [
+        report.write_summary(out_dir, result.summary),
+        report.write_tasks_csv(out_dir, result.rows),
+    ]
+    s = result.summary
+    cdf = report.write_cdf_png(
+        out_dir,
+        result.alloc_values_s,
+        title=f"megha live: {s['offered_rate']:g} tasks/s offered, {s['gms']} GMs, "
+        f"{s['lms']} LMs, {s['workers']} workers",
+    )
+    if cdf is not None:
+        files.append(cdf)
+    return files
+
+
+def render(result: BenchResult) -> str:
+    s = result.summary
+    lag = s["offer_lag_s"]
+    lines = [
+        report.render_summary(s),
+        f"load generator         offered {s['achieved_offer_rate']:.0f} tasks/s "
+        f"(lag p99 {report._ms(lag['p99'])} ms, max {report._ms(lag['max'])} ms), "
+        f"SubmitJob p50 {report._ms(s['submit_rpc_s']['p50'])} ms",
+        f"percentiles over {s['measured_tasks']} tasks that started after the "
+        f"{s['warmup_s']:g} s warm-up ({s['excluded_warmup']} warm-up tasks excluded)",
+    ]
+    if s["submit_errors"]:
+        lines.append(f"submit errors          {s['submit_errors']}")
+    if s["failed"]:
+        lines.append(f"failed tasks           {s['failed']}")
+    if s["counters_source"] != "prometheus":
+        lines.append("inconsistency/repartition/preemption counts unavailable (left 0)")
+    for path in result.files:
+        lines.append(f"wrote {path}")
+    return "\n".join(lines)
+
+
+def run(options: BenchOptions) -> int:
+    """The CLI entry: 0 = every task completed exactly once, 1 = not, 2 = could not run."""
+
+    async def main() -> BenchResult:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)  # SIGINT: asyncio.run cancels
+        try:
+            return await run_bench(options)
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    try:
+        result = asyncio.run(main())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("megha-loadgen: interrupted; the federation was stopped", file=sys.stderr)
+        return 130
+    print(render(result), flush=True)
+    return 0 if result.ok else 1

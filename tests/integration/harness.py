@@ -1,0 +1,204 @@
+"""A real federation for integration tests: every role a child process, real RabbitMQ.
+
+Each federation gets its own free ports and its own broker namespace (exchange prefix),
+so tests never see each other's messages, and its durable queues are deleted at the end.
+Heartbeats are fast (0.25 s) so tests about staleness and crashes stay short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import yaml
+
+from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
+from services.client import GlobalMasterClient
+from services.common.bus import RabbitBus
+from services.common.config import FederationConfig, parse_config
+from services.common.runner import wait_all_healthy
+from services.common.server import channel
+from services.operator import Children, start_federation, wait_until_ready
+
+RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
+HEARTBEAT_S = 0.25
+
+
+def free_ports(count: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(count):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+class Events:
+    """Every lifecycle event of the federation, as the load generator would see them."""
+
+    def __init__(self) -> None:
+        self.events: list[common_pb2.TaskEvent] = []
+        self.changed = asyncio.Event()
+
+    async def on_batch(self, _key: str, body: bytes) -> None:
+        self.events.extend(common_pb2.TaskEventBatch.FromString(body).events)
+        self.changed.set()
+
+    def states(self, state: int) -> Counter:
+        return Counter(e.task_id for e in self.events if e.state == state)
+
+    def succeeded(self) -> Counter:
+        return self.states(common_pb2.TASK_STATE_SUCCEEDED)
+
+    def nodes_of(self, state: int = common_pb2.TASK_STATE_RUNNING) -> dict[str, str]:
+        return {e.task_id: e.node_id for e in self.events if e.state == state}
+
+    async def wait_succeeded(self, task_ids: set[str], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not task_ids <= set(self.succeeded()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = sorted(task_ids - set(self.succeeded()))
+                raise AssertionError(f"{len(missing)} tasks never succeeded, e.g. {missing[:5]}")
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), min(left, 1.0))
+
+
+class Federation:
+    def __init__(
+        self,
+        tmp_path: Path,
+        gms: int = 2,
+        lms: int = 3,
+        workers_per_lm: int = 8,
+        capacity: str = "cpu=4,mem=8Gi",
+        queues: list[dict] | None = None,
+        worker_groups: list[dict] | None = None,
+        metrics: bool = False,
+        **overrides,
+    ):
+        ports = free_ports(2 * (gms + lms))
+        self.prefix = f"it-{uuid.uuid4().hex[:8]}"
+        data = {
+            "rabbitmq_url": RABBITMQ_URL,
+            "exchange_prefix": self.prefix,
+            "heartbeat_interval_s": HEARTBEAT_S,
+            "full_state_every": 4,
+            "worker_heartbeat_interval_s": 0.25,
+            "worker_timeout_s": 1.5,
+            "gms": [
+                {
+                    "id": f"gm-{i + 1}",
+                    "port": ports[i],
+                    "metrics_port": ports[gms + lms + i] * metrics,
+                }
+                for i in range(gms)
+            ],
+            "lms": [{"id": f"lm-{i + 1}", "port": ports[gms + i]} for i in range(lms)],
+            "workers": worker_groups
+            if worker_groups is not None
+            else [
+                {"lm": f"lm-{i + 1}", "count": workers_per_lm, "capacity": capacity}
+                for i in range(lms)
+            ],
+            **({"queues": queues} if queues else {}),
+            **overrides,
+        }
+        self.config: FederationConfig = parse_config(data, env={})
+        self.dir = tmp_path
+        self.config_path = tmp_path / "federation.yaml"
+        self.config_path.write_text(yaml.safe_dump(self.config.model_dump(mode="json")))
+        self.children = Children(tmp_path)
+        self.bus = RabbitBus(RABBITMQ_URL, prefix=self.prefix)
+        self.events = Events()
+        self.clients: dict[str, GlobalMasterClient] = {}
+
+    # ---------------------------------------------------------------- control
+    async def __aenter__(self) -> Federation:
+        await self.bus.connect()
+        await self.bus.subscribe_topic("events", "task.#", self.events.on_batch)
+        start_federation(self.config, self.config_path, self.children)
+        try:
+            await self.children.guard(wait_all_healthy(self.config, timeout_s=60))
+            await self.children.guard(wait_until_ready(self.config, timeout_s=60))
+        except BaseException:
+            await self.__aexit__()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for client in self.clients.values():
+            await client.close()
+        self.children.stop()
+        with contextlib.suppress(Exception):
+            for q in self.config.effective_queues():
+                await self.bus.delete_queue(f"user.{q.name}")
+        await self.bus.close()
+
+    def gm(self, gm_id: str = "gm-1") -> GlobalMasterClient:
+        if gm_id not in self.clients:
+            self.clients[gm_id] = GlobalMasterClient(self.config.gm(gm_id).target)
+        return self.clients[gm_id]
+
+    def log(self, name: str) -> str:
+        return (self.dir / f"{name}.log").read_text(errors="replace")
+
+    async def lm_state(self, lm_id: str) -> common_pb2.LocalMasterState:
+        async with channel(self.config.lm(lm_id).target) as ch:
+            stub = local_master_pb2_grpc.LocalMasterStub(ch)
+            reply = await stub.GetState(local_master_pb2.GetStateRequest(), timeout=5)
+            return reply.state
+
+    async def books(self) -> dict[str, common_pb2.LocalMasterState]:
+        return {lm.id: await self.lm_state(lm.id) for lm in self.config.lms}
+
+    async def assert_books_balanced(self) -> None:
+        """Nothing over-committed; once idle, free == capacity and nothing allocated."""
+        for lm_id, state in (await self.books()).items():
+            free = state.free
+            for i, node in enumerate(state.nodes):
+                got = (free.cpu_milli[i], free.memory_mb[i])
+                cap = (node.capacity.cpu_milli, node.capacity.memory_mb)
+                assert got == cap, f"{lm_id}/{node.node_id}: free {got} != capacity {cap}"
+            assert not state.allocations, f"{lm_id} still books {len(state.allocations)} tasks"
+
+    async def metric(self, gm_id: str, name: str) -> float:
+        """Sum of a Prometheus metric on a GM's metrics endpoint (needs ``metrics=True``)."""
+        port = self.config.gm(gm_id).metrics_port
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        body = (await reader.read()).decode()
+        writer.close()
+        total = 0.0
+        for line in body.splitlines():
+            if line.startswith(name) and not line.startswith("#"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+def sim_tasks(count: int, duration_s: float, cpu_milli: int = 1000, constraints=()):
+    tasks = []
+    for _ in range(count):
+        task = common_pb2.Task(constraints=list(constraints), expected_duration_s=duration_s)
+        task.resources.cpu_milli = cpu_milli
+        task.resources.memory_mb = 256
+        task.sim.duration_s = duration_s
+        tasks.append(task)
+    return tasks
+
+
+def by_node(events: list[common_pb2.TaskEvent]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = defaultdict(list)
+    for e in events:
+        if e.state == common_pb2.TASK_STATE_RUNNING:
+            out[e.node_id].append(e.task_id)
+    return out
