@@ -52,7 +52,7 @@ async def test_full_partitions_place_through_repartition(tmp_path):
         assert set(running) == set(reply.task_ids)
         assert sum(a.logical for a in running.values()) == 2  # carved from gm-2's nodes
         assert len({a.node_index for a in running.values()}) == 4
-        gm2_partition = [p for p in state.partitions if p.gm_id == "gm-2"][0]
+        gm2_partition = next(p for p in state.partitions if p.gm_id == "gm-2")
         assert gm2_partition.borrowed.cpu_milli == 2000
         await fed.events.wait_succeeded(set(reply.task_ids), timeout_s=20)
         await asyncio.sleep(3 * HEARTBEAT_S)
