@@ -80,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--resources", default="cpu=1,mem=512Mi", help="per task")
     submit.add_argument("--count", type=int, default=1, help="tasks in the job")
     submit.add_argument("--duration", type=float, default=1.0, help="sim executor seconds")
-    submit.add_argument("--command", nargs=argparse.REMAINDER, default=[], help="run a process")
+    submit.add_argument(
+        "--command", dest="argv", nargs=argparse.REMAINDER, default=[], help="run a process"
+    )
     submit.add_argument("--image", default="", help="run a docker image")
     submit.add_argument("--timeout", type=float, default=0.0)
     submit.add_argument("--constraints", default="", help="e.g. 1,4,7")

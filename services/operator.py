@@ -254,7 +254,7 @@ async def _submit(client: GlobalMasterClient, args, config: FederationConfig) ->
         print("megha: --count must be at least 1", file=sys.stderr)
         return 2
     template = TaskTemplate(
-        request, args.duration, args.command, args.image, args.timeout, constraints
+        request, args.duration, args.argv, args.image, args.timeout, constraints
     )
     reply = await client.submit([template.build() for _ in range(args.count)], queue=args.queue)
     print(

@@ -62,6 +62,7 @@ class WorkerGroup(_Model):
     constraints: list[int] = Field(default_factory=list, description="Constraints each has.")
     executor: Literal["sim", "process", "docker"] = Field("sim", description="Default executor.")
     name_prefix: str = Field("", description="Node id prefix; default '<lm>-w'.")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port; 0 = none.")
 
     @field_validator("capacity")
     @classmethod
@@ -154,11 +155,21 @@ def default_config(
 ) -> dict:
     """The federation ``megha up`` starts without a file: loopback ports from base_port."""
     port = iter(range(base_port, base_port + 1000))
+    metrics = iter(range(base_port + 100, base_port + 1000))  # Prometheus, one per process
     return {
-        "gms": [{"id": f"gm-{i + 1}", "port": next(port)} for i in range(gms)],
-        "lms": [{"id": f"lm-{i + 1}", "port": next(port)} for i in range(lms)],
-        "workers": [{"lm": f"lm-{i + 1}", "count": workers_per_lm} for i in range(lms)],
-        "predictor": {"port": next(port)},
+        "gms": [
+            {"id": f"gm-{i + 1}", "port": next(port), "metrics_port": next(metrics)}
+            for i in range(gms)
+        ],
+        "lms": [
+            {"id": f"lm-{i + 1}", "port": next(port), "metrics_port": next(metrics)}
+            for i in range(lms)
+        ],
+        "workers": [
+            {"lm": f"lm-{i + 1}", "count": workers_per_lm, "metrics_port": next(metrics)}
+            for i in range(lms)
+        ],
+        "predictor": {"port": next(port), "metrics_port": next(metrics)},
     }
 
 

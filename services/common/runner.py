@@ -21,7 +21,7 @@ from services._proto.megha.v1 import (
 )
 from services.common.bus import Bus, InMemoryBroker, make_bus
 from services.common.config import FederationConfig, WorkerGroup
-from services.common.server import Service, wait_healthy
+from services.common.server import Service, start_metrics, wait_healthy
 
 log = logging.getLogger("megha.runner")
 
@@ -114,6 +114,9 @@ async def running_workers(config: FederationConfig, lm_id: str | None, count: in
         groups = [WorkerGroup(lm=lm_id)]
     if count is not None:
         groups = [g.model_copy(update={"count": count}) for g in groups]
+    for group in groups:
+        if group.metrics_port:
+            start_metrics(group.metrics_port)
     hosts = [WorkerHost(config, g) for g in groups]
     tasks = [asyncio.create_task(h.run()) for h in hosts]
     try:

@@ -80,9 +80,7 @@ class Service:
         await self.health.set("", serving)
         for _, _, full_name in self.servicers:
             await self.health.set(full_name, serving)
-        if self.metrics_port and self.metrics_port not in _metrics_ports:
-            start_http_server(self.metrics_port, addr="0.0.0.0")
-            _metrics_ports.add(self.metrics_port)
+        start_metrics(self.metrics_port)
         log.info("serving", extra={"listen": self.listen, "services": names[2:]})
         return self
 
@@ -102,6 +100,14 @@ class Service:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+
+def start_metrics(port: int) -> None:
+    """Serve Prometheus metrics on ``port`` (0 = none). Several services in one process
+    (``megha up --embedded``) share one registry, so each port is opened once."""
+    if port and port not in _metrics_ports:
+        start_http_server(port, addr="0.0.0.0")
+        _metrics_ports.add(port)
 
 
 def channel(target: str) -> grpc.aio.Channel:

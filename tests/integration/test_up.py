@@ -1,0 +1,108 @@
+"""``megha up`` and the client commands, run the way a newcomer runs them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.integration.harness import Federation, free_ports
+
+pytestmark = pytest.mark.integration
+
+MEGHA = [sys.executable, "-m", "services.cli"]
+
+
+def small_trace(tmp_path):
+    path = tmp_path / "tiny.tr"
+    # arrival num_tasks mean durations...; one malformed line is reported, not fatal
+    path.write_text("0.0 3 10 10 10 10\n5.0 2 20 20 20\nthis line is broken\n9.0 4 5 5 5 5 5\n")
+    return path
+
+
+def test_embedded_up_replays_a_trace_and_prints_allocation_times(tmp_path):
+    base = free_ports(1)[0]
+    out = subprocess.run(
+        [*MEGHA, "up", "--embedded", "--base-port", str(base), "--gms", "1", "--lms", "2",
+         "--workers", "2", "--replay", str(small_trace(tmp_path)), "--speedup", "100"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "federation up (embedded): 1 GMs, 2 LMs, 4 workers" in out.stdout
+    assert "replayed 3 jobs, 9 tasks" in out.stdout and "9 completed, 0 failed" in out.stdout
+    assert "1 malformed trace lines skipped" in out.stdout
+    assert "allocation time: p50" in out.stdout
+
+
+def test_up_runs_processes_and_stops_them_all_on_sigterm(tmp_path):
+    base = free_ports(1)[0]
+    proc = subprocess.Popen(
+        [*MEGHA, "up", "--base-port", str(base), "--gms", "1", "--lms", "1", "--workers", "2",
+         "--log-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        lines = []
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            lines.append(line)
+            if "predictor" in line:
+                break
+        assert any("federation up (processes" in line for line in lines), proc.stderr.read()
+        children = subprocess.run(
+            ["pgrep", "-f", "--", f"--config {tmp_path}/federation.yaml"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert len(children) == 4  # lm, predictor, gm, workers
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        for pid in children:
+            with pytest.raises(ProcessLookupError):
+                os.kill(int(pid), 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+async def test_cli_submit_job_and_status(tmp_path):
+    async with Federation(tmp_path, gms=1, lms=2, workers_per_lm=2) as fed:
+        env = {**os.environ, "MEGHA_GM": fed.config.gm("gm-1").target}
+        submit = subprocess.run(
+            [*MEGHA, "submit", "--count", "3", "--resources", "cpu=500m,mem=256Mi",
+             "--duration", "0.1", "--wait"],
+            capture_output=True, text=True, timeout=60, env=env,
+        )  # fmt: skip
+        assert submit.returncode == 0, submit.stderr
+        first = submit.stdout.splitlines()[0]
+        assert "3 tasks queued (cpu=500m mem=256Mi" in first
+        job_id = first.split()[1].rstrip(":")
+        assert submit.stdout.count("succeeded") == 3
+
+        shown = subprocess.run(
+            [*MEGHA, "job", job_id], capture_output=True, text=True, timeout=30, env=env
+        )
+        assert shown.returncode == 0 and shown.stdout.count("succeeded") == 3
+
+        status = subprocess.run(
+            [*MEGHA, "status"], capture_output=True, text=True, timeout=30, env=env
+        )
+        assert status.returncode == 0
+        assert "lm-1" in status.stdout and "lm-2" in status.stdout
+        assert "allocation time (last 3 tasks of this GM)" in status.stdout
+
+        bad = subprocess.run(
+            [*MEGHA, "submit", "--resources", "gpu=1"], capture_output=True, text=True,
+            timeout=30, env=env,
+        )  # fmt: skip
+        assert bad.returncode == 2 and "unknown resource 'gpu'" in bad.stderr
+        never = subprocess.run(
+            [*MEGHA, "submit", "--resources", "cpu=64"], capture_output=True, text=True,
+            timeout=30, env=env,
+        )  # fmt: skip
+        assert never.returncode == 1 and "FAILED_PRECONDITION" in never.stderr
