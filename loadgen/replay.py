@@ -86,9 +86,11 @@ async def replay_trace(
             if delay > 0:
                 await asyncio.sleep(delay)
             tasks = []
-            for d in job.durations_s:
-                task = common_pb2.Task(resources=request, expected_duration_s=d / speedup)
-                task.sim.duration_s = d / speedup
+            for t in job.tasks:
+                d = t.duration_s / speedup
+                task = common_pb2.Task(resources=request, expected_duration_s=d)
+                task.constraints.extend(t.constraints)
+                task.sim.duration_s = d
                 tasks.append(task)
             client = next(client_cycle)
             reply = await client.submit(tasks, queue=next(queue_cycle))

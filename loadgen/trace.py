@@ -16,14 +16,30 @@ class TraceError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class TraceTask:
+    """One task of the canonical model. ``.tr`` traces carry only durations: a task then
+    takes one CPU (the public Megha and Sparrow simulators' convention)."""
+
+    duration_s: float
+    cpu_milli: int = 1000
+    memory_mb: int = 0
+    disk_mb: int = 0
+    net_mbps: int = 0
+    constraints: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class TraceJob:
+    """One job of the canonical model every reader produces."""
+
     job_id: str
     arrival_s: float
-    durations_s: tuple[float, ...]
+    tasks: tuple[TraceTask, ...]
+    user: str = ""  # the user/queue when the trace names one
 
     @property
-    def tasks(self) -> int:
-        return len(self.durations_s)
+    def durations_s(self) -> tuple[float, ...]:
+        return tuple(t.duration_s for t in self.tasks)
 
 
 @dataclass
@@ -82,5 +98,7 @@ def _parse_tr_line(text: str, where: str) -> TraceJob:
     if min(durations) < 0:
         raise TraceError(f"{where}: negative task duration")
     return TraceJob(
-        job_id=f"job{where.rsplit(':', 1)[1]}", arrival_s=arrival, durations_s=durations
+        job_id=f"job{where.rsplit(':', 1)[1]}",
+        arrival_s=arrival,
+        tasks=tuple(TraceTask(duration_s=d) for d in durations),
     )
