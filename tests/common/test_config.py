@@ -1,0 +1,75 @@
+from pathlib import Path
+
+import pytest
+
+from services.common.config import ConfigError, default_config, load_config, parse_config
+
+EXAMPLE = Path(__file__).parents[2] / "docs" / "federation.example.yaml"
+
+
+def test_the_documented_example_is_valid():
+    config = load_config(EXAMPLE, env={})
+    assert config.gm_ids == ["gm-1", "gm-2"]
+    assert [q.name for q in config.queues_of("gm-1")] == ["research"]
+    assert config.lm("lm-2").target == "127.0.0.1:50053"
+
+
+def test_default_federation_and_default_queue():
+    config = load_config(None, env={})
+    assert (len(config.gms), len(config.lms), sum(g.count for g in config.workers)) == (2, 3, 24)
+    assert [(q.name, q.gm) for q in config.effective_queues()] == [("default", "gm-1")]
+    ports = [g.port for g in config.gms] + [m.port for m in config.lms]
+    assert len(set(ports)) == len(ports)
+
+
+def test_toml_and_environment_overrides(tmp_path):
+    path = tmp_path / "fed.toml"
+    path.write_text(
+        'heartbeat_interval_s = 2.0\n[[gms]]\nid = "g"\nport = 1\n[[lms]]\nid = "l"\nport = 2\n'
+    )
+    env = {"MEGHA_HEARTBEAT_INTERVAL_S": "0.5", "MEGHA_RABBITMQ_URL": "amqp://x/"}
+    config = load_config(path, env=env)
+    assert config.heartbeat_interval_s == 0.5 and config.rabbitmq_url == "amqp://x/"
+    env = {"MEGHA_QUEUES": "[{name: a, share: 0.3, gm: g}]"}
+    assert load_config(path, env=env).queue("a").share == 0.3
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"gms": []}, "gms: List should have at least 1 item"),
+        ({"workers": [{"lm": "lm-9"}]}, "unknown LM 'lm-9'"),
+        ({"workers": [{"lm": "lm-1", "capacity": "cpu=lots"}]}, "cannot read cpu quantity"),
+        ({"workers": [{"lm": "lm-1", "constraints": [30]}]}, "outside 0..20"),
+        ({"queues": [{"name": "q", "gm": "gm-7"}]}, "unknown GM 'gm-7'"),
+        (
+            {
+                "queues": [
+                    {"name": "a", "share": 0.7, "gm": "gm-1"},
+                    {"name": "b", "share": 0.7, "gm": "gm-1"},
+                ]
+            },
+            "add up to more than 1",
+        ),
+        ({"heartbeat_interval_s": 0}, "heartbeat_interval_s: Input should be greater than 0"),
+        ({"surprise": 1}, "surprise: Extra inputs are not permitted"),
+    ],
+)
+def test_invalid_configs_say_what_is_wrong(change, words):
+    data = {**default_config(), **change}
+    with pytest.raises(ConfigError, match="invalid config") as err:
+        parse_config(data, env={})
+    assert words in str(err.value)
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read config"):
+        load_config(tmp_path / "missing.yaml", env={})
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("gms: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid yaml"):
+        load_config(broken, env={})
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("42\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(scalar, env={})
