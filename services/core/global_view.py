@@ -12,7 +12,7 @@ state overwrites the deduction with the truth either way.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -63,6 +63,11 @@ class LMView:
     allocations: dict[str, Allocation] = field(default_factory=dict)
     internal: bitarray | None = None
     external: bitarray | None = None
+    # What this GM knows that a snapshot may predate (see GlobalView._reconcile), with
+    # when it learnt it: launches it sent that no snapshot showed yet, and tasks that
+    # ended (lifecycle event) before a snapshot confirmed it.
+    inflight: dict[str, tuple[Allocation, float | None]] = field(default_factory=dict)
+    ended: dict[str, tuple[int, float | None]] = field(default_factory=dict)  # id -> attempt
 
     def refresh_masks(self) -> None:
         if self.partition is None:
@@ -70,6 +75,15 @@ class LMView:
         else:
             self.internal = self.table.members[self.partition]
             self.external = ~self.internal
+
+
+# How long a GM trusts its own news (a launch sent, an end heard) that no LM snapshot has
+# confirmed yet; past it the LM's books win. Far longer than any reply or heartbeat.
+KNOWLEDGE_TTL_S = 30.0
+
+
+def _expired(since: float | None, now: float) -> bool:
+    return since is not None and now - since > KNOWLEDGE_TTL_S
 
 
 class GlobalView:
@@ -112,7 +126,47 @@ class GlobalView:
             view.allocations[allocation.task_id] = allocation
         view.version = snapshot.version
         view.updated_at = now
+        self._reconcile(view, snapshot, now)
         return ApplyResult.APPLIED
+
+    def _reconcile(self, view: LMView, snapshot: Snapshot, now: float) -> None:
+        """Re-apply what this GM learnt after the LM took ``snapshot``.
+
+        A snapshot's free columns are absolute values as of its version. If it predates a
+        launch this GM sent, it undoes the optimistic deduction: book the launch again on
+        the nodes it overwrote. If it predates the end of a task this GM already heard of,
+        it resurrects the task: drop it again and credit its node. Each entry leaves when
+        a snapshot confirms it (or after ``KNOWLEDGE_TTL_S``, for an answer that never
+        came), so the view converges to the LM's books.
+        """
+        if not view.inflight and not view.ended:
+            return
+        touched = np.zeros(view.table.size, dtype=bool)
+        touched[snapshot.free_indices.astype(np.int64)] = True
+        shown = {a.task_id: a for a in snapshot.allocations}
+        gone = set(snapshot.ended_task_ids)
+        free = view.table.free
+        for task_id, (allocation, since) in list(view.inflight.items()):
+            seen = shown.get(task_id)
+            confirmed = seen is not None and seen.attempt >= allocation.attempt
+            if confirmed or task_id in gone or _expired(since, now):
+                del view.inflight[task_id]
+                if not confirmed and task_id not in gone:
+                    view.allocations.pop(task_id, None)
+                continue
+            view.allocations[task_id] = allocation
+            if touched[allocation.node]:
+                free[:, allocation.node] -= allocation.resources
+        for task_id, (attempt, since) in list(view.ended.items()):
+            confirmed = task_id in gone or (snapshot.full and task_id not in shown)
+            if confirmed or _expired(since, now):
+                del view.ended[task_id]  # the snapshot's books stand
+                continue
+            seen = view.allocations.get(task_id)
+            if seen is not None and seen.attempt <= attempt:
+                del view.allocations[task_id]
+                if touched[seen.node]:
+                    free[:, seen.node] += seen.resources
 
     def _apply_full(self, snapshot: Snapshot, now: float) -> None:
         table = NodeTable(len(snapshot.gm_ids), snapshot.num_constraints)
@@ -129,20 +183,25 @@ class GlobalView:
             allocations={a.task_id: a for a in snapshot.allocations},
         )
         view.refresh_masks()
-        if snapshot.lm_id not in self.lms:
+        old = self.lms.get(snapshot.lm_id)
+        if old is None:
             self._order = sorted([*self._order, snapshot.lm_id])
+        else:
+            view.inflight, view.ended = old.inflight, old.ended
         self.lms[snapshot.lm_id] = view
+        self._reconcile(view, snapshot, now)
 
     def forget(self, lm_id: str) -> None:
         """Drop an LM (gone silent for too long); its nodes take no more placements."""
         if self.lms.pop(lm_id, None) is not None:
             self._order.remove(lm_id)
 
-    def reserve(self, placement: Placement, task: TaskSpec) -> None:
-        """Optimistic deduction after deciding (or launching) a placement."""
+    def reserve(self, placement: Placement, task: TaskSpec, now: float | None = None) -> None:
+        """Optimistic deduction after deciding a placement; kept until a snapshot shows
+        the launch (``now`` dates it, so an answer that never came expires)."""
         view = self.lms[placement.lm_id]
         view.table.free[:, placement.node] -= task.resources
-        view.allocations[task.task_id] = Allocation(
+        allocation = view.allocations[task.task_id] = Allocation(
             task_id=task.task_id,
             queue=task.queue,
             node=placement.node,
@@ -153,13 +212,28 @@ class GlobalView:
             attempt=task.attempt,
             version=view.version,
         )
+        view.inflight[task.task_id] = (allocation, now)
 
-    def release(self, lm_id: str, task_id: str) -> bool:
-        """A task ended (lifecycle event): credit its resources back before the next
-        heartbeat confirms it. Heartbeats carry absolute values, so nothing is counted
-        twice. Returns whether the view knew the allocation."""
+    def release(
+        self,
+        lm_id: str,
+        task_id: str,
+        ended: bool = False,
+        attempt: int = 0,
+        now: float | None = None,
+    ) -> bool:
+        """Give a task's resources back in the view: a launch the LM rejected (or that
+        never left), or, with ``ended``, attempt ``attempt`` of a task whose end a
+        lifecycle event reported, remembered until a snapshot confirms it (even if the
+        view never saw the task run). Returns whether the view knew the allocation."""
         view = self.lms.get(lm_id)
-        allocation = view.allocations.pop(task_id, None) if view is not None else None
+        if view is None:
+            return False
+        view.inflight.pop(task_id, None)
+        allocation = view.allocations.pop(task_id, None)
+        if ended:
+            known = allocation.attempt if allocation is not None else attempt
+            view.ended[task_id] = (max(known, attempt), now)
         if allocation is None:
             return False
         view.table.free[:, allocation.node] += allocation.resources
@@ -210,11 +284,14 @@ class GlobalView:
         return usage_by_queue(self.allocations())
 
     # ----------------------------------------------------------- fairness
-    def preemption_plan(self, task: TaskSpec, fair: FairShare) -> PreemptionPlan | str:
+    def preemption_plan(
+        self, task: TaskSpec, fair: FairShare, pledged: Collection[str] = ()
+    ) -> PreemptionPlan | str:
         """Paper Alg. 2 for a task that found no node: whom to preempt, or why not.
 
         Only a queue under its share may preempt, and only the queue with the largest
         share violation loses tasks; among LMs, the node needing fewest victims wins.
+        ``pledged`` are victims of preemptions already under way: never chosen twice.
         """
         usage, total = self.queue_usage(), self.total_capacity()
         if not fair.is_under_share(task.queue, usage, total):
@@ -225,7 +302,11 @@ class GlobalView:
         best: PreemptionPlan | None = None
         for lm_id in self._order:
             view = self.lms[lm_id]
-            running = [a for a in view.allocations.values() if a.queue == victim_queue]
+            running = [
+                a
+                for a in view.allocations.values()
+                if a.queue == victim_queue and a.task_id not in pledged
+            ]
             victims = pick_victims(view.table, task, running)
             if victims is None:
                 continue

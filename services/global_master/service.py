@@ -101,6 +101,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self._wake = asyncio.Event()
         self._loops: list[asyncio.Task] = []
         self._inflight: set[asyncio.Task] = set()
+        self._pledged: set[str] = set()  # victims of preemptions under way
         self._subscriptions: list = []
         self._closed = False
         self.counters: dict[str, int] = defaultdict(int)
@@ -120,6 +121,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 await self.bus.consume(user_queue(queue), self._on_delivery, prefetch=1000)
             )
         self._loops.append(asyncio.create_task(self._schedule_loop(), name="gm-schedule"))
+        self._loops.append(asyncio.create_task(self._gauge_loop(), name="gm-gauges"))
 
     async def shutdown(self) -> None:
         if self._closed:
@@ -277,7 +279,6 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 continue
             self.jobs.queued(task)
             self.queues.push(batch_msg.queue or task.queue, Pending(task, spec, batch))
-        metrics.QUEUE_PENDING.labels(batch_msg.queue).set(self.queues.pending(batch_msg.queue))
         self._wake.set()
 
     async def _already_launched(self, batch: common_pb2.TaskBatch) -> set[str]:
@@ -337,7 +338,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 common_pb2.TASK_STATE_PREEMPTED,
                 common_pb2.TASK_STATE_LOST,
             ):
-                freed |= self.view.release(event.lm_id, event.task_id)
+                freed |= self.view.release(
+                    event.lm_id,
+                    event.task_id,
+                    ended=True,
+                    attempt=event.attempt,
+                    now=time.monotonic(),
+                )
             elif event.state == common_pb2.TASK_STATE_RUNNING and event.queue in self.my_queues:
                 stamps = event.timestamps
                 if stamps.started_unix_nanos and stamps.submitted_unix_nanos:
@@ -346,6 +353,17 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     metrics.ALLOCATION_SECONDS.labels(self.gm_id).observe(seconds)
         if freed and self.queues.unpark():
             self._wake.set()
+
+    async def _gauge_loop(self) -> None:
+        """Queue gauges for Prometheus: this GM's queues' pending tasks and usage share."""
+        while True:
+            usage, total = self.view.queue_usage(), self.view.total_capacity()
+            for queue in self.my_queues:
+                held = usage.get(queue)
+                share = dominant_share(held, total) if held is not None else 0.0
+                metrics.QUEUE_USAGE_SHARE.labels(queue).set(share)
+                metrics.QUEUE_PENDING.labels(queue).set(self.queues.pending(queue))
+            await asyncio.sleep(1.0)
 
     # ------------------------------------------------------------ scheduling
     async def _schedule_loop(self) -> None:
@@ -361,14 +379,15 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
     def _schedule_round(self, round_: list[tuple[str, Pending]]) -> None:
         groups: dict[tuple[str, bool], list[tuple[Pending, Placement]]] = defaultdict(list)
-        # Within one round the view only shrinks, so a shape (constraints + request) that
-        # found no node finds none for any later task either: a backlog of identical
-        # tasks costs one match per round, not one per task.
-        failed: dict[tuple[int, bytes], str] = {}
+        # Within one round the view only shrinks, so a shape (queue, constraints, request)
+        # that found no node finds none for any later task either: a backlog of identical
+        # tasks costs one match per round, not one per task. The queue is part of the
+        # shape because what fairness decides depends on it.
+        failed: dict[tuple[str, int, bytes], str] = {}
         now = time.time_ns()
         for queue, item in round_:
             item.task.timestamps.dequeued_unix_nanos = now
-            shape = (item.spec.constraint_mask, item.spec.resources.tobytes())
+            shape = (queue, item.spec.constraint_mask, item.spec.resources.tobytes())
             if shape in failed:
                 self._wait(queue, item, failed[shape])
                 continue
@@ -378,7 +397,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 if reason is not None:
                     failed[shape] = reason
                 continue
-            self.view.reserve(placement, item.spec)
+            self.view.reserve(placement, item.spec, now=time.monotonic())
             item.task.timestamps.decided_unix_nanos = now
             groups[(placement.lm_id, placement.repartition)].append((item, placement))
             metrics.SCHEDULE_ATTEMPTS.labels(self.gm_id, "placed").inc()
@@ -390,8 +409,14 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
         Returns why the task waits, or None when a preemption was started for it."""
         if len(self.fair.queues) > 1:
-            plan = self.view.preemption_plan(item.spec, self.fair)
+            plan = self.view.preemption_plan(item.spec, self.fair, self._pledged)
             if isinstance(plan, PreemptionPlan):
+                # Pledge the victims so no other task picks them while the request is
+                # out, and book the task on the node so nothing else is placed there.
+                # The victims stay in the view: if the LM refuses, they still run.
+                self._pledged.update(plan.victims.task_ids)
+                node = Placement(plan.lm_id, plan.victims.node, plan.node_id, False)
+                self.view.reserve(node, item.spec, now=time.monotonic())
                 self._spawn(self._preempt(queue, item, plan))
                 return None
             reason = plan
@@ -478,7 +503,29 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self.jobs.set_reason(item.task.job_id, item.task.task_id, "waiting for preemption")
         lmv = self.view.lms.get(plan.lm_id)
         try:
-            reply = await self._stubs[plan.lm_id].Preempt(
+            reply = await self._preempt_call(plan, item, lmv)
+        finally:
+            self._pledged.difference_update(plan.victims.task_ids)
+        if reply is None:
+            self.view.release(plan.lm_id, item.task.task_id)
+            self.queues.park(queue, item)
+            return
+        result = reply.results[0]
+        status = placement_status_from_proto(result.status)
+        if not status.ok:
+            self.view.release(plan.lm_id, item.task.task_id)
+        if reply.HasField("state"):
+            await self._apply_state(reply.state)
+        if status.ok:
+            self.counters["preemptions"] += len(reply.preempted_task_ids)
+            await self._launched(item.batch)
+        else:
+            self._rejected(item, status, result.reason)
+            self._wake.set()
+
+    async def _preempt_call(self, plan: PreemptionPlan, item: Pending, lmv):
+        try:
+            return await self._stubs[plan.lm_id].Preempt(
                 local_master_pb2.PreemptRequest(
                     gm_id=self.gm_id,
                     task=item.task,
@@ -488,24 +535,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 ),
                 timeout=10,
             )
-        except grpc.aio.AioRpcError:
-            self.queues.park(queue, item)
-            return
-        if reply.HasField("state"):
-            await self._apply_state(reply.state)
-        result = reply.results[0]
-        status = placement_status_from_proto(result.status)
-        if status.ok:
-            self.counters["preemptions"] += len(reply.preempted_task_ids)
-            for victim in reply.preempted_task_ids:
-                self.view.release(plan.lm_id, victim)
-            self.view.reserve(
-                Placement(plan.lm_id, plan.victims.node, plan.node_id, False), item.spec
-            )
-            await self._launched(item.batch)
-        else:
-            self._rejected(item, status, result.reason)
-            self._wake.set()
+        except grpc.aio.AioRpcError as err:
+            log.warning("Preempt failed", extra={"lm": plan.lm_id, "code": err.code().name})
+            return None
 
     async def _launched(self, batch: Batch) -> None:
         batch.remaining -= 1

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import grpc
+import numpy as np
 
 from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
 from services.common import metrics
@@ -28,12 +30,14 @@ from services.common.convert import (
     partition_totals,
     placement_status_to_proto,
     resources_from_proto,
+    snapshot_from_proto,
     snapshot_to_proto,
     task_to_spec,
 )
 from services.core.cluster_state import ClusterState, Decision
 from services.core.constraints import ConstraintError, to_mask
-from services.core.fairness import FairShare, QueueShare
+from services.core.fairness import FairShare, QueueShare, usage_by_queue
+from services.core.global_view import GlobalView
 from services.core.match import make_policy
 from services.core.resources import ResourceError
 from services.core.snapshot import Allocation
@@ -83,10 +87,19 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         self._published_version = -1
         self._beats = 0
         self._loops: list[asyncio.Task] = []
+        self._subscriptions: list = []
+        # Other LMs' heartbeats: the usage of every queue federation-wide, so a preemption
+        # is verified against global shares, not this LM's slice of them.
+        self.peers = GlobalView("", num_constraints=config.num_constraints)
         self._closed = False
 
     # ----------------------------------------------------------- lifecycle
     async def start(self) -> None:
+        self._subscriptions.append(
+            await self.bus.subscribe_fanout(
+                HEARTBEAT_EXCHANGE, self._on_peer_heartbeat, ttl_s=self.config.heartbeat_interval_s
+            )
+        )
         self._loops = [
             asyncio.create_task(self._heartbeat_loop(), name="lm-heartbeats"),
             asyncio.create_task(self._event_loop(), name="lm-events"),
@@ -97,6 +110,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         if self._closed:
             return
         self._closed = True
+        for sub in self._subscriptions:
+            with contextlib.suppress(Exception):
+                await sub.cancel()
         for loop in self._loops:
             loop.cancel()
         for loop in self._loops:
@@ -133,7 +149,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
     async def Preempt(self, request, context):
         received = time.time_ns()
         spec = await self._spec(request.task, context)
-        usage, total = self.state.queue_usage(), self.state.table.capacity.sum(axis=1)
+        usage, total = self.global_usage()
         decision = self.state.preempt(
             request.gm_id,
             spec,
@@ -154,6 +170,26 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         if not decision.ok:
             reply.state.CopyFrom(self._state_proto(request.known_version or None))
         return reply
+
+    def global_usage(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Per-queue usage and total capacity of the federation: this LM's own books
+        (exact) plus every other LM's last heartbeat (eventually consistent)."""
+        peers = [v for lm_id, v in self.peers.lms.items() if lm_id != self.lm_id]
+        allocations = itertools.chain(
+            self.state.allocations.values(), *(v.allocations.values() for v in peers)
+        )
+        total = self.state.table.capacity.sum(axis=1)
+        for view in peers:
+            total = total + view.table.capacity.sum(axis=1)
+        return usage_by_queue(allocations), total
+
+    async def _on_peer_heartbeat(self, body: bytes) -> None:
+        msg = common_pb2.LocalMasterState.FromString(body)
+        # A delta whose base this LM missed is dropped; the next full state catches up.
+        if msg.lm_id != self.lm_id:
+            self.peers.apply(
+                snapshot_from_proto(msg, self.config.num_constraints), time.monotonic()
+            )
 
     async def GetState(self, request, context):
         since = request.since_version or None

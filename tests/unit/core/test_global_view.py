@@ -141,3 +141,48 @@ def test_a_finished_task_is_credited_back_once():
     assert view.release("lm-9", "t1") is False
     assert not view.match(task("t2", cpu=4000)).repartition
     assert view.lms["lm-0"].table.free[0, placement.node] == 4000
+
+
+def test_a_heartbeat_older_than_a_finish_event_does_not_resurrect_the_task():
+    (state,) = federation(1, 2)
+    view = view_of([state])
+    base = state.version
+    state.launch("gm-a", task("t1", cpu=4000), 0)
+    during = state.snapshot(since_version=base)  # taken while t1 runs...
+    state.release("t1")
+    # ...but the finish event came first (the view never saw t1 run: nothing to credit)
+    assert view.release("lm-0", "t1", ended=True) is False
+    assert view.apply(during, 1.0) is ApplyResult.APPLIED
+    assert "t1" not in view.lms["lm-0"].allocations
+    assert view.lms["lm-0"].table.free[0, 0] == 4000  # the node is free, as it truly is
+    assert view.apply(state.snapshot(since_version=during.version), 2.0) is ApplyResult.APPLIED
+    assert not view.lms["lm-0"].ended  # confirmed by the LM: nothing left to remember
+    np.testing.assert_array_equal(view.lms["lm-0"].table.free, state.table.free)
+
+
+def test_a_heartbeat_older_than_a_launch_keeps_the_launch_booked():
+    (state,) = federation(1, 2)
+    view = view_of([state])
+    base = state.version
+    state.launch("gm-b", task("other", cpu=100), 1)
+    before = state.snapshot(since_version=base)  # predates gm-a's launch below
+    placement = view.match(task("t1", cpu=4000))
+    view.reserve(placement, task("t1", cpu=4000))
+    assert view.apply(before, 1.0) is ApplyResult.APPLIED
+    assert view.lms["lm-0"].table.free[0, placement.node] == 0  # still booked
+    assert view.match(task("t2", cpu=3000)).node != placement.node
+    state.launch("gm-a", task("t1", cpu=4000), placement.node)
+    assert view.apply(state.snapshot(since_version=before.version), 2.0) is ApplyResult.APPLIED
+    assert not view.lms["lm-0"].inflight  # the LM showed it: no longer ours to remember
+    np.testing.assert_array_equal(view.lms["lm-0"].table.free, state.table.free)
+
+
+def test_a_launch_never_answered_expires():
+    (state,) = federation(1, 2)
+    view = view_of([state])
+    placement = view.match(task("t1", cpu=4000))
+    view.reserve(placement, task("t1", cpu=4000), now=0.0)
+    assert state.repartition("gm-b", task("other", cpu=100), placement.node).ok  # touch it
+    assert view.apply(state.snapshot(), now=60.0) is ApplyResult.APPLIED
+    assert "t1" not in view.lms["lm-0"].allocations and not view.lms["lm-0"].inflight
+    np.testing.assert_array_equal(view.lms["lm-0"].table.free, state.table.free)

@@ -1,0 +1,66 @@
+"""Global fairness (paper Alg. 2) on a live federation, as in the paper's Sec. VI-E."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+
+import pytest
+
+from services._proto.megha.v1 import common_pb2
+from tests.integration.harness import Federation, sim_tasks
+
+pytestmark = pytest.mark.integration
+
+# Queue 1 -> GM 1, queues 2 and 3 -> GM 2, queue 4 -> GM 3 (paper Sec. VI-E).
+SHARES = {"q1": 0.10, "q2": 0.25, "q3": 0.15, "q4": 0.50}
+QUEUES = [
+    {"name": "q1", "share": 0.10, "gm": "gm-1"},
+    {"name": "q2", "share": 0.25, "gm": "gm-2"},
+    {"name": "q3", "share": 0.15, "gm": "gm-2"},
+    {"name": "q4", "share": 0.50, "gm": "gm-3"},
+]
+
+
+async def measure_shares(fed: Federation, seconds: float, warmup: float) -> dict[str, float]:
+    """Time-averaged share of the federation's CPU each queue holds, from the LMs' books."""
+    total_cpu = sum(g.count for g in fed.config.workers) * 1000
+    held: dict[str, float] = defaultdict(float)
+    samples = 0
+    start = time.monotonic()
+    while time.monotonic() - start < warmup + seconds:
+        books = await fed.books()
+        if time.monotonic() - start >= warmup:
+            samples += 1
+            for state in books.values():
+                for allocation in state.allocations:
+                    held[allocation.queue] += allocation.resources.cpu_milli / total_cpu
+        await asyncio.sleep(0.1)
+    return {q: held[q] / samples for q in SHARES}
+
+
+async def test_backlogged_queues_converge_to_their_shares(tmp_path):
+    groups = [{"lm": f"lm-{i}", "count": 10, "capacity": "cpu=1,mem=1Gi"} for i in (1, 2)]
+    async with Federation(tmp_path, gms=3, lms=2, worker_groups=groups, queues=QUEUES) as fed:
+        for q in QUEUES:
+            await fed.gm(q["gm"]).submit(sim_tasks(400, 0.5), queue=q["name"])
+        shares = await measure_shares(fed, seconds=12, warmup=4)
+        print({q: round(s, 3) for q, s in shares.items()})
+        for queue, share in SHARES.items():
+            assert abs(shares[queue] - share) <= 0.05, f"{queue}: {shares[queue]:.3f} vs {share}"
+
+
+async def test_no_contention_means_no_preemption(tmp_path):
+    groups = [{"lm": f"lm-{i}", "count": 10, "capacity": "cpu=1,mem=1Gi"} for i in (1, 2)]
+    async with Federation(
+        tmp_path, gms=3, lms=2, worker_groups=groups, queues=QUEUES, metrics=True
+    ) as fed:
+        ids: set[str] = set()
+        for q in QUEUES:  # 16 one-core tasks on 20 cores: room for everyone
+            reply = await fed.gm(q["gm"]).submit(sim_tasks(4, 0.5), queue=q["name"])
+            ids.update(reply.task_ids)
+        await fed.events.wait_succeeded(ids, timeout_s=30)
+        for gm in ("gm-1", "gm-2", "gm-3"):
+            assert await fed.metric(gm, "megha_preemption_attempts_total") == 0
+        assert not fed.events.states(common_pb2.TASK_STATE_PREEMPTED)
