@@ -1,14 +1,18 @@
 """Trace readers into one canonical job model.
 
 Sparrow / Megha simulator traces (``*.tr``): one job per line,
-``arrival_s num_tasks mean_duration_s dur_1 ... dur_n``.
+``arrival_s num_tasks mean_duration_s dur_1 ... dur_n``. The readers of the published
+Google 2019, Alibaba 2018 and Azure tables live in ``loadgen/readers`` and produce the same
+``TraceJob``; ``loadgen.readers.read_trace`` picks one by format or file name.
 """
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 
 class TraceError(ValueError):
@@ -42,12 +46,28 @@ class TraceJob:
         return tuple(t.duration_s for t in self.tasks)
 
 
+MAX_PROBLEMS = 10  # malformed lines quoted in full; the rest are only counted
+
+
 @dataclass
 class ReadStats:
     lines: int = 0
     jobs: int = 0
-    skipped: int = 0
+    skipped: int = 0  # malformed lines, skipped (``strict`` raises instead)
     problems: list[str] = field(default_factory=list)  # the first few, for the report
+    # Well-formed records that describe no finished task (never scheduled, still running
+    # at the end of the trace): not errors, but the user should know they were left out.
+    incomplete: int = 0
+    # What augmentation did to the jobs (Gridiron settings, constraint repairs), one line each.
+    notes: list[str] = field(default_factory=list)
+
+    def malformed(self, err: TraceError, strict: bool) -> None:
+        """Raise ``err`` when ``strict``; else count the line and keep its message."""
+        if strict:
+            raise err
+        self.skipped += 1
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(str(err))
 
 
 def read_tr(
@@ -60,7 +80,7 @@ def read_tr(
     counted in ``stats`` with their file and line number."""
     path = Path(path)
     stats = stats if stats is not None else ReadStats()
-    with path.open() as lines:
+    with open_text(path) as lines:
         for number, line in enumerate(lines, start=1):
             if max_jobs is not None and stats.jobs >= max_jobs:
                 return
@@ -71,14 +91,18 @@ def read_tr(
             try:
                 job = _parse_tr_line(text, f"{path.name}:{number}")
             except TraceError as err:
-                if strict:
-                    raise
-                stats.skipped += 1
-                if len(stats.problems) < 10:
-                    stats.problems.append(str(err))
+                stats.malformed(err, strict)
                 continue
             stats.jobs += 1
             yield job
+
+
+def open_text(path: Path) -> TextIO:
+    """Open a trace for reading; ``*.gz`` files (how the public traces ship) are unpacked
+    on the fly."""
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", newline="")
+    return path.open(newline="")
 
 
 def _parse_tr_line(text: str, where: str) -> TraceJob:
