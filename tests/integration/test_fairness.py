@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections import defaultdict
 
+import grpc
 import pytest
 
 from services._proto.megha.v1 import common_pb2
@@ -64,3 +65,24 @@ async def test_no_contention_means_no_preemption(tmp_path):
         for gm in ("gm-1", "gm-2", "gm-3"):
             assert await fed.metric(gm, "megha_preemption_attempts_total") == 0
         assert not fed.events.states(common_pb2.TASK_STATE_PREEMPTED)
+
+
+async def test_pending_tasks_say_why(tmp_path):
+    groups = [{"lm": "lm-1", "count": 2, "capacity": "cpu=1,mem=1Gi"}]
+    queues = [
+        {"name": "big", "share": 0.5, "gm": "gm-1"},
+        {"name": "small", "share": 0.5, "gm": "gm-1"},
+    ]
+    async with Federation(tmp_path, gms=1, lms=1, worker_groups=groups, queues=queues) as fed:
+        hog = await fed.gm().submit(sim_tasks(4, 5.0), queue="big")
+        await asyncio.sleep(1.0)
+        job = await fed.gm().job(hog.job_id)
+        waiting = [t for t in job.tasks if t.state == common_pb2.TASK_STATE_QUEUED]
+        assert len(waiting) == 2
+        for t in waiting:
+            assert t.pending_reason == "queue big is over share (100% of 50%)", t.pending_reason
+        # a task that needs more than any node has is refused at submit, never queued
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await fed.gm().submit(sim_tasks(1, 1.0, cpu_milli=2000), queue="small")
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "no node is large enough" in err.value.details()
