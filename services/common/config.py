@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from services.core.constraints import DEFAULT_NUM_CONSTRAINTS, MAX_CONSTRAINTS
+from services.core.match import PlacementPolicy, make_policy
 from services.core.resources import ResourceError, parse_resources
 
 ENV_PREFIX = "MEGHA_"
@@ -87,7 +88,18 @@ class FederationConfig(_Model):
     worker_heartbeat_interval_s: float = Field(1.0, gt=0, le=60)
     worker_timeout_s: float = Field(5.0, gt=0, description="Silence before a worker is dead.")
     num_constraints: int = Field(DEFAULT_NUM_CONSTRAINTS, ge=1, le=MAX_CONSTRAINTS)
-    policy: Literal["first-fit", "best-fit"] = Field("first-fit", description="Placement.")
+    policy: Literal["first-fit", "best-fit", "gpa"] = Field(
+        "first-fit",
+        description="Placement policy, the same in every GM and LM. gpa: CPU by the "
+        "probabilistic GPA test (may oversubscribe CPU requests), the rest strict.",
+    )
+    gpa_rho: float = Field(
+        0.01,
+        gt=0,
+        le=0.5,
+        description="GPA's SLO: the largest accepted probability that a node's CPU usage "
+        "exceeds its capacity (only read when policy is gpa).",
+    )
     exchange_prefix: str = Field("megha", description="Namespace for exchanges and queues.")
     gms: list[GlobalMasterConfig] = Field(..., min_length=1)
     lms: list[LocalMasterConfig] = Field(..., min_length=1)
@@ -117,6 +129,10 @@ class FederationConfig(_Model):
         if sum(q.share for q in self.queues) > 1 + 1e-9:
             raise ValueError("queue shares add up to more than 1")
         return self
+
+    def placement_policy(self) -> PlacementPolicy:
+        """A fresh instance of the configured policy (GM and LM each hold their own)."""
+        return make_policy(self.policy, rho=self.gpa_rho)
 
     # ------------------------------------------------------------ lookups
     @property

@@ -6,8 +6,9 @@
     Snapshot ──snapshot_to_proto──> LocalMasterState ──snapshot_from_proto──> Snapshot
                  (LM heartbeat / reply)                     (GM, then GlobalView.apply)
 
-Free resources travel as packed columns (``FreeColumns``) so a heartbeat is encoded and
-decoded with a few list/array copies, not a loop over nodes. Node facts and allocations
+Free resources travel as packed columns (``FreeColumns``), and GPA's per-node usage sums
+beside them (``UsageColumns``), so a heartbeat is encoded and decoded with a few
+list/array copies, not a loop over nodes. Node facts and allocations
 are messages per item; they change rarely, so deltas carry few of them.
 
 Not on the wire, and so not restored by ``snapshot_from_proto``: ``Allocation.version``
@@ -125,6 +126,10 @@ def snapshot_to_proto(
     msg.free.indices.extend(snap.free_indices.tolist())
     for name, column in zip(RESOURCE_NAMES, snap.free.tolist(), strict=True):
         getattr(msg.free, name).extend(column)
+    if snap.usage_mean is not None and snap.usage_var is not None:
+        msg.usage.SetInParent()  # present even with no nodes: "reported, nothing changed"
+        msg.usage.cpu_usage_means.extend(snap.usage_mean.tolist())
+        msg.usage.cpu_usage_variances.extend(snap.usage_var.tolist())
     add_allocation = msg.allocations.add
     for a in snap.allocations:
         add_allocation(
@@ -136,6 +141,8 @@ def snapshot_to_proto(
             logical=a.logical,
             sequence=a.sequence,
             attempt=a.attempt,
+            cpu_usage_mean_milli=a.usage_mean,
+            cpu_usage_var_milli2=a.usage_var,
         )
     if partitions is not None:
         if len(partitions) != len(snap.gm_ids):
@@ -166,6 +173,16 @@ def snapshot_from_proto(msg: common_pb2.LocalMasterState, num_constraints: int) 
                 f"{len(column)} {name} values; every column must have one value per index"
             )
         free[d] = np.array(column, dtype=np.int64)
+    usage_mean = usage_var = None
+    if msg.HasField("usage"):
+        usage_mean = np.array(msg.usage.cpu_usage_means, dtype=np.float64)
+        usage_var = np.array(msg.usage.cpu_usage_variances, dtype=np.float64)
+        if len(usage_mean) != len(free_indices) or len(usage_var) != len(free_indices):
+            raise ValueError(
+                f"LM {msg.lm_id!r} sent UsageColumns with {len(usage_mean)} means and "
+                f"{len(usage_var)} variances for {len(free_indices)} FreeColumns indices; "
+                "each needs one value per index"
+            )
     allocations = [
         Allocation(
             task_id=a.task_id,
@@ -176,6 +193,8 @@ def snapshot_from_proto(msg: common_pb2.LocalMasterState, num_constraints: int) 
             logical=a.logical,
             sequence=a.sequence,
             attempt=a.attempt,
+            usage_mean=a.cpu_usage_mean_milli,
+            usage_var=a.cpu_usage_var_milli2,
         )
         for a in msg.allocations
     ]
@@ -191,6 +210,8 @@ def snapshot_from_proto(msg: common_pb2.LocalMasterState, num_constraints: int) 
         free=free,
         allocations=allocations,
         ended_task_ids=list(msg.ended_task_ids),
+        usage_mean=usage_mean,
+        usage_var=usage_var,
     )
 
 

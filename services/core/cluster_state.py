@@ -11,6 +11,14 @@ requests follow the paper:
   they are released (to be re-queued by their GM) and the task takes their place.
 
 Requests are idempotent by ``(task_id, attempt)``: a repeated launch changes nothing.
+
+Books per node: ``free`` (capacity minus the running tasks' requests) and, for GPA, the
+sums of their CPU usage means and variances (``gpa.task_usage``; a task without a usage
+estimate books its CPU request as mean, variance 0). Memory, disk and network are never
+over-committed (free >= 0). CPU ``free`` is >= 0 under a strict policy; under GPA it may
+go negative (oversubscription) but only through launches that passed the GPA test, so
+every node's P(cpu usage > capacity) was <= rho when its last task arrived, and releases
+only lower it.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import numpy as np
 
 from services.core.constraints import DEFAULT_NUM_CONSTRAINTS, from_mask
 from services.core.fairness import usage_by_queue
+from services.core.gpa import task_usage
 from services.core.match import FirstFit, PlacementPolicy
 from services.core.node_table import NodeTable
 from services.core.resources import NUM_RESOURCES, format_resources, validate_capacity
@@ -150,12 +159,20 @@ class ClusterState:
                     f"victim {vid}'s queue {victim.queue} is no longer over its share",
                 )
             victims.append(victim)
-        freed = np.sum([v.resources for v in victims], axis=0)
-        if not self.policy.fits(self.table, node, task, extra_free=freed):
-            return Decision(
-                PlacementStatus.REJECTED_RESOURCES,
-                self._resource_reason(task, node, extra=freed),
-            )
+        # "Would it fit once the victims are gone?" is asked of the books with them gone,
+        # so every policy answers with its usual test (GPA needs their usage sums, not
+        # just their requests). Undone at once: the books are exact (integer-valued).
+        table = self.table
+        for v in victims:
+            table.give_back(v.node, v.resources, v.usage_mean, v.usage_var)
+        try:
+            fits = self.policy.fits(table, node, task)
+            reason = "" if fits else self._resource_reason(task, node)
+        finally:
+            for v in victims:
+                table.take(v.node, v.resources, v.usage_mean, v.usage_var)
+        if not fits:
+            return Decision(PlacementStatus.REJECTED_RESOURCES, reason)
         for victim in victims:
             self._release(victim)
         partition = self._partition_of[gm_id]
@@ -217,6 +234,8 @@ class ClusterState:
             free=self.table.free[:, free_idx.astype(np.int64)].copy(),
             allocations=allocations,
             ended_task_ids=ended,
+            usage_mean=self.table.usage_mean[free_idx.astype(np.int64)].copy(),
+            usage_var=self.table.usage_var[free_idx.astype(np.int64)].copy(),
         )
 
     # ----------------------------------------------------------- accounting
@@ -287,6 +306,7 @@ class ClusterState:
         previous = self.allocations.get(task.task_id)
         if previous is not None:  # an older attempt still on the books: replaced
             self._release(previous)
+        usage_mean, usage_var = task_usage(task)
         allocation = Allocation(
             task_id=task.task_id,
             queue=task.queue,
@@ -297,8 +317,10 @@ class ClusterState:
             sequence=self._sequence,
             attempt=task.attempt,
             version=self.version,
+            usage_mean=usage_mean,
+            usage_var=usage_var,
         )
-        self.table.free[:, node] -= allocation.resources
+        self.table.take(node, allocation.resources, usage_mean, usage_var)
         self._free_version[node] = self.version
         self.allocations[task.task_id] = allocation
         self._by_node[node].add(task.task_id)
@@ -311,7 +333,9 @@ class ClusterState:
         del self.allocations[allocation.task_id]
         self._by_node[allocation.node].discard(allocation.task_id)
         self.version += 1
-        self.table.free[:, allocation.node] += allocation.resources
+        self.table.give_back(
+            allocation.node, allocation.resources, allocation.usage_mean, allocation.usage_var
+        )
         self._free_version[allocation.node] = self.version
         self._ended_attempt[allocation.task_id] = allocation.attempt
         self._ended.append((self.version, allocation.task_id))
@@ -319,9 +343,11 @@ class ClusterState:
             version, _ = self._ended.popleft()
             self._delta_floor = version
 
-    def _resource_reason(self, task: TaskSpec, node: int, extra: np.ndarray | None = None) -> str:
-        free = self.table.free[:, node] + (0 if extra is None else extra)
+    def _resource_reason(self, task: TaskSpec, node: int) -> str:
+        explain = getattr(self.policy, "explain", None)  # policies may say it better
+        if explain is not None:
+            return explain(self.table, node, task)
         return (
-            f"node {self.table.node_ids[node]} has {format_resources(free)} free, "
-            f"task needs {format_resources(task.resources)}"
+            f"node {self.table.node_ids[node]} has {format_resources(self.table.free[:, node])} "
+            f"free, task needs {format_resources(task.resources)}"
         )

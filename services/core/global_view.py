@@ -21,6 +21,7 @@ from bitarray.util import ones
 
 from services.core.constraints import DEFAULT_NUM_CONSTRAINTS
 from services.core.fairness import FairShare, Victims, pick_victims, usage_by_queue
+from services.core.gpa import task_usage
 from services.core.match import NO_NODE, FirstFit, PlacementPolicy, assess, match
 from services.core.node_table import NodeTable
 from services.core.resources import NUM_RESOURCES
@@ -119,7 +120,9 @@ class GlobalView:
         if len(snapshot.nodes):
             view.table.set_columns(snapshot.nodes)
             view.refresh_masks()
-        view.table.set_free(snapshot.free_indices, snapshot.free)
+        view.table.set_free(
+            snapshot.free_indices, snapshot.free, snapshot.usage_mean, snapshot.usage_var
+        )
         for task_id in snapshot.ended_task_ids:
             view.allocations.pop(task_id, None)
         for allocation in snapshot.allocations:
@@ -145,7 +148,7 @@ class GlobalView:
         touched[snapshot.free_indices.astype(np.int64)] = True
         shown = {a.task_id: a for a in snapshot.allocations}
         gone = set(snapshot.ended_task_ids)
-        free = view.table.free
+        table = view.table
         for task_id, (allocation, since) in list(view.inflight.items()):
             seen = shown.get(task_id)
             confirmed = seen is not None and seen.attempt >= allocation.attempt
@@ -156,7 +159,12 @@ class GlobalView:
                 continue
             view.allocations[task_id] = allocation
             if touched[allocation.node]:
-                free[:, allocation.node] -= allocation.resources
+                table.take(
+                    allocation.node,
+                    allocation.resources,
+                    allocation.usage_mean,
+                    allocation.usage_var,
+                )
         for task_id, (attempt, since) in list(view.ended.items()):
             confirmed = task_id in gone or (snapshot.full and task_id not in shown)
             if confirmed or _expired(since, now):
@@ -166,12 +174,14 @@ class GlobalView:
             if seen is not None and seen.attempt <= attempt:
                 del view.allocations[task_id]
                 if touched[seen.node]:
-                    free[:, seen.node] += seen.resources
+                    table.give_back(seen.node, seen.resources, seen.usage_mean, seen.usage_var)
 
     def _apply_full(self, snapshot: Snapshot, now: float) -> None:
         table = NodeTable(len(snapshot.gm_ids), snapshot.num_constraints)
         table.set_columns(snapshot.nodes)
-        table.set_free(snapshot.free_indices, snapshot.free)
+        table.set_free(
+            snapshot.free_indices, snapshot.free, snapshot.usage_mean, snapshot.usage_var
+        )
         gm_ids = tuple(snapshot.gm_ids)
         view = LMView(
             lm_id=snapshot.lm_id,
@@ -200,7 +210,8 @@ class GlobalView:
         """Optimistic deduction after deciding a placement; kept until a snapshot shows
         the launch (``now`` dates it, so an answer that never came expires)."""
         view = self.lms[placement.lm_id]
-        view.table.free[:, placement.node] -= task.resources
+        usage_mean, usage_var = task_usage(task)
+        view.table.take(placement.node, task.resources, usage_mean, usage_var)
         allocation = view.allocations[task.task_id] = Allocation(
             task_id=task.task_id,
             queue=task.queue,
@@ -211,6 +222,8 @@ class GlobalView:
             sequence=0,
             attempt=task.attempt,
             version=view.version,
+            usage_mean=usage_mean,
+            usage_var=usage_var,
         )
         view.inflight[task.task_id] = (allocation, now)
 
@@ -236,7 +249,9 @@ class GlobalView:
             view.ended[task_id] = (max(known, attempt), now)
         if allocation is None:
             return False
-        view.table.free[:, allocation.node] += allocation.resources
+        view.table.give_back(
+            allocation.node, allocation.resources, allocation.usage_mean, allocation.usage_var
+        )
         return True
 
     # ------------------------------------------------------------- matching
@@ -267,7 +282,7 @@ class GlobalView:
 
     def assess(self, task: TaskSpec) -> Verdict:
         """Placeable now, later (with why), or never, judged on this view."""
-        return assess((v.table for v in self.lms.values()), task)
+        return assess((v.table for v in self.lms.values()), task, self.policy)
 
     # ----------------------------------------------------------- accounting
     def allocations(self) -> Iterator[Allocation]:

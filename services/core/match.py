@@ -19,6 +19,7 @@ from bitarray import bitarray
 from bitarray.util import ones, zeros
 
 from services.core.constraints import from_mask
+from services.core.gpa import DEFAULT_RHO, GpaPolicy
 from services.core.node_table import NodeTable, bools_from_bits
 from services.core.resources import RESOURCE_NAMES, format_resources
 from services.core.status import Schedulability, Verdict
@@ -135,10 +136,13 @@ class BestFit(StrictFit):
         return int(rows[int(leftover.argmin())])
 
 
-POLICIES: dict[str, type] = {"first-fit": FirstFit, "best-fit": BestFit}
+POLICIES: dict[str, type] = {"first-fit": FirstFit, "best-fit": BestFit, "gpa": GpaPolicy}
 
 
-def make_policy(name: str) -> PlacementPolicy:
+def make_policy(name: str, *, rho: float | None = None) -> PlacementPolicy:
+    """The policy called ``name``; ``rho`` is GPA's SLO (default ``gpa.DEFAULT_RHO``)."""
+    if name == "gpa":
+        return GpaPolicy(DEFAULT_RHO if rho is None else rho)
     try:
         return POLICIES[name]()
     except KeyError:
@@ -153,11 +157,15 @@ def match(
 
 
 # --------------------------------------------------------------------------- explaining
-def assess(tables: Iterable[NodeTable], task: TaskSpec) -> Verdict:
+def assess(
+    tables: Iterable[NodeTable], task: TaskSpec, policy: PlacementPolicy | None = None
+) -> Verdict:
     """Can ``task`` be placed now, later, or never? With the reason a user can act on.
 
     Never (INFEASIBLE): no registered node, alive or not, has the constraints and the
     capacity. Later (UNSCHEDULABLE): some node could hold it but none has room now.
+    "Now" is strict (free >= request) unless ``policy`` is given, which then decides
+    (GPA may place where free cpu is short, or refuse where it is not).
     """
     tables = list(tables)
     request = task.resources
@@ -201,12 +209,28 @@ def assess(tables: Iterable[NodeTable], task: TaskSpec) -> Verdict:
         )
     if best_free is None:
         return Verdict(Schedulability.UNSCHEDULABLE, "every node that could hold it is dead")
-    if best_free[0] >= 1.0:
+    if policy is not None:
+        now = any(
+            policy.select(t, candidates(t, task.constraint_mask), task) != NO_NODE
+            for t in tables
+            if t.size
+        )
+    else:
+        now = best_free[0] >= 1.0
+    if now:
         return Verdict(Schedulability.SCHEDULABLE, "")
+    if isinstance(policy, GpaPolicy):
+        return Verdict(
+            Schedulability.UNSCHEDULABLE,
+            f"waiting for resources: needs {format_resources(request)}; no matching node has "
+            f"the memory, disk and network free and passes the GPA cpu test "
+            f"(P(cpu usage > capacity) <= {policy.rho:g})",
+        )
     return Verdict(
         Schedulability.UNSCHEDULABLE,
         f"waiting for resources: needs {format_resources(request)}; largest free on a "
-        f"matching node: {format_resources(best_free[1])} ({_shortfall(best_free[1], request)})",
+        f"matching node: {format_resources(np.maximum(best_free[1], 0))} "
+        f"({_shortfall(best_free[1], request)})",
     )
 
 

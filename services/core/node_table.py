@@ -5,6 +5,10 @@ stable node address on the wire. Numbers live in numpy arrays laid out resource-
 (``free[d, i]``), so "free cpu of every node" is one contiguous slice. Sets of nodes
 (alive, each constraint, each partition) are bitarrays, so a candidate set is a few ANDs.
 The numpy arrays are the truth; the bitarrays are kept in step by every mutator.
+
+For GPA each node also carries running sums over its running tasks' CPU usage: means
+(``usage_mean``, millicores) and variances (``usage_var``, millicores^2), float64. They are
+books like ``free``: whoever changes ``free`` for a task changes them too.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import numpy as np
 from bitarray import bitarray
 
 from services.core.constraints import DEFAULT_NUM_CONSTRAINTS, MAX_CONSTRAINTS
-from services.core.resources import NUM_RESOURCES
+from services.core.resources import CPU, NUM_RESOURCES
 
 
 @dataclass(slots=True)
@@ -67,6 +71,8 @@ class NodeTable:
         cap = 16
         self._capacity = np.zeros((NUM_RESOURCES, cap), dtype=np.int64)
         self._free = np.zeros((NUM_RESOURCES, cap), dtype=np.int64)
+        self._usage_mean = np.zeros(cap, dtype=np.float64)
+        self._usage_var = np.zeros(cap, dtype=np.float64)
         self._masks = np.zeros(cap, dtype=np.uint64)
         self._owner = np.zeros(cap, dtype=np.int32)
         self.alive = bitarray(endian="big")
@@ -81,6 +87,16 @@ class NodeTable:
     @property
     def free(self) -> np.ndarray:
         return self._free[:, : self.size]
+
+    @property
+    def usage_mean(self) -> np.ndarray:
+        """Sum of the running tasks' CPU usage means per node (millicores)."""
+        return self._usage_mean[: self.size]
+
+    @property
+    def usage_var(self) -> np.ndarray:
+        """Sum of the running tasks' CPU usage variances per node (millicores^2)."""
+        return self._usage_var[: self.size]
 
     @property
     def constraint_masks(self) -> np.ndarray:
@@ -122,6 +138,8 @@ class NodeTable:
         self._index_of[node_id] = i
         self._capacity[:, i] = capacity
         self._free[:, i] = capacity
+        self._usage_mean[i] = 0.0
+        self._usage_var[i] = 0.0
         self._masks[i] = constraint_mask
         self._owner[i] = partition
         self.alive.append(alive)
@@ -147,6 +165,8 @@ class NodeTable:
             self.addresses.extend([""] * grow_by)
             self._capacity[:, self.size : new_size] = 0
             self._free[:, self.size : new_size] = 0
+            self._usage_mean[self.size : new_size] = 0.0
+            self._usage_var[self.size : new_size] = 0.0
             self._masks[self.size : new_size] = 0
             self._owner[self.size : new_size] = 0
             self.size = new_size
@@ -166,9 +186,42 @@ class NodeTable:
         alive_all[idx] = columns.alive
         self._rebuild_bits(alive_all)
 
-    def set_free(self, indices: np.ndarray, free: np.ndarray) -> None:
-        """Overwrite free resources of ``indices`` with ``free`` (NUM_RESOURCES, k)."""
-        self._free[:, indices.astype(np.int64)] = free
+    def set_free(
+        self,
+        indices: np.ndarray,
+        free: np.ndarray,
+        usage_mean: np.ndarray | None = None,
+        usage_var: np.ndarray | None = None,
+    ) -> None:
+        """Overwrite free resources of ``indices`` with ``free`` (NUM_RESOURCES, k) and
+        their usage sums with ``usage_mean`` / ``usage_var`` (k,).
+
+        Without usage sums (a sender that does not report them) they are derived as if
+        no task had a usage estimate: mean = capacity - free cpu, variance 0. Capacity
+        must be set first (``set_columns``).
+        """
+        idx = indices.astype(np.int64)
+        self._free[:, idx] = free
+        if usage_mean is None:
+            usage_mean = (self._capacity[CPU, idx] - self._free[CPU, idx]).astype(np.float64)
+        if usage_var is None:
+            usage_var = np.zeros(len(idx), dtype=np.float64)
+        self._usage_mean[idx] = usage_mean
+        self._usage_var[idx] = usage_var
+
+    def take(self, node: int, resources: np.ndarray, usage_mean: float, usage_var: float) -> None:
+        """A task starts on ``node``: its resources leave ``free``, its usage joins the sums."""
+        self._free[:, node] -= resources
+        self._usage_mean[node] += usage_mean
+        self._usage_var[node] += usage_var
+
+    def give_back(
+        self, node: int, resources: np.ndarray, usage_mean: float, usage_var: float
+    ) -> None:
+        """The inverse of ``take``: a task on ``node`` ended."""
+        self._free[:, node] += resources
+        self._usage_mean[node] -= usage_mean
+        self._usage_var[node] -= usage_var
 
     # ------------------------------------------------------------- helpers
     def partition_free(self) -> np.ndarray:
@@ -201,7 +254,7 @@ class NodeTable:
             new = np.zeros((NUM_RESOURCES, cap), dtype=np.int64)
             new[:, : old.shape[1]] = old
             setattr(self, name, new)
-        for name in ("_masks", "_owner"):
+        for name in ("_usage_mean", "_usage_var", "_masks", "_owner"):
             old = getattr(self, name)
             new = np.zeros(cap, dtype=old.dtype)
             new[: old.shape[0]] = old

@@ -23,6 +23,8 @@ class Allocation:
     ``partition`` is the GM partition that scheduled it; ``logical`` marks a repartition:
     the resources were carved from a node another GM owns and go back to it on release.
     ``sequence`` orders launches LM-wide (larger = younger), for youngest-first victims.
+    ``usage_mean`` / ``usage_var`` are the CPU usage the task added to its node's GPA
+    sums (``gpa.task_usage``), so a release takes back exactly what the launch booked.
     """
 
     task_id: str
@@ -34,6 +36,8 @@ class Allocation:
     sequence: int
     attempt: int = 0
     version: int = 0  # LM version at which it started (for deltas)
+    usage_mean: float = 0.0  # millicores
+    usage_var: float = 0.0  # millicores^2
 
 
 @dataclass(slots=True, eq=False)
@@ -49,6 +53,11 @@ class Snapshot:
     free: np.ndarray  # int64 (NUM_RESOURCES, k)
     allocations: list[Allocation] = field(default_factory=list)
     ended_task_ids: list[str] = field(default_factory=list)
+    # GPA usage sums of the ``free_indices`` nodes, float64 (k,) each: mean (millicores)
+    # and variance (millicores^2). None = not reported; a view then derives them from
+    # free (see ``NodeTable.set_free``).
+    usage_mean: np.ndarray | None = None
+    usage_var: np.ndarray | None = None
 
     @staticmethod
     def empty_free() -> tuple[np.ndarray, np.ndarray]:

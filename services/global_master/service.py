@@ -44,7 +44,6 @@ from services.common.server import channel
 from services.core.constraints import ConstraintError
 from services.core.fairness import FairShare, QueueShare, dominant_share
 from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
-from services.core.match import make_policy
 from services.core.resources import ResourceError
 from services.core.status import PlacementStatus, Schedulability
 from services.core.task import TaskSpec
@@ -87,7 +86,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self.config = config
         self.gm_id = gm_id
         self.bus = bus
-        self.view = GlobalView(gm_id, make_policy(config.policy), config.num_constraints)
+        self.view = GlobalView(gm_id, config.placement_policy(), config.num_constraints)
         self.fair = FairShare(
             [QueueShare(q.name, q.share, q.gm) for q in config.effective_queues()]
         )

@@ -38,7 +38,6 @@ from services.core.cluster_state import ClusterState, Decision
 from services.core.constraints import ConstraintError, to_mask
 from services.core.fairness import FairShare, QueueShare, usage_by_queue
 from services.core.global_view import GlobalView
-from services.core.match import make_policy
 from services.core.resources import ResourceError
 from services.core.snapshot import Allocation
 
@@ -75,7 +74,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         self.lm_id = lm_id
         self.bus = bus
         self.state = ClusterState(
-            lm_id, config.gm_ids, config.num_constraints, make_policy(config.policy)
+            lm_id, config.gm_ids, config.num_constraints, config.placement_policy()
         )
         self.fair = FairShare(
             [QueueShare(q.name, q.share, q.gm) for q in config.effective_queues()]

@@ -498,6 +498,36 @@ class FreeColumns(_message.Message):
 Global___FreeColumns: _TypeAlias = FreeColumns  # noqa: Y015
 
 @_typing.final
+class UsageColumns(_message.Message):
+    """GPA's running sums per node, columnar like FreeColumns and aligned with it: value i
+    belongs to node free.indices[i]. Sums over the node's running tasks of their CPU usage
+    means (millicores) and variances (millicores squared); a task without a usage estimate
+    counts its CPU request as mean, variance 0.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CPU_USAGE_MEANS_FIELD_NUMBER: _builtins.int
+    CPU_USAGE_VARIANCES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def cpu_usage_means(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def cpu_usage_variances(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    def __init__(
+        self,
+        *,
+        cpu_usage_means: _abc.Iterable[_builtins.float] | None = ...,
+        cpu_usage_variances: _abc.Iterable[_builtins.float] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cpu_usage_means", b"cpu_usage_means", "cpu_usage_variances", b"cpu_usage_variances"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UsageColumns: _TypeAlias = UsageColumns  # noqa: Y015
+
+@_typing.final
 class Allocation(_message.Message):
     """A task running on a node: what a GM needs to compute queue usage for
     fairness and to choose preemption victims.
@@ -513,6 +543,8 @@ class Allocation(_message.Message):
     LOGICAL_FIELD_NUMBER: _builtins.int
     SEQUENCE_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
+    CPU_USAGE_MEAN_MILLI_FIELD_NUMBER: _builtins.int
+    CPU_USAGE_VAR_MILLI2_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     queue: _builtins.str
     node_index: _builtins.int
@@ -530,6 +562,11 @@ class Allocation(_message.Message):
     """Which (re)queued attempt of the task holds the resources; a request for an attempt
     that has ended is a duplicate.
     """
+    cpu_usage_mean_milli: _builtins.float
+    """The CPU usage the task added to its node's GPA sums (see UsageColumns), so a GM
+    that hears the task ended takes back exactly that.
+    """
+    cpu_usage_var_milli2: _builtins.float
     @_builtins.property
     def resources(self) -> Global___Resources: ...
     def __init__(
@@ -543,10 +580,12 @@ class Allocation(_message.Message):
         logical: _builtins.bool = ...,
         sequence: _builtins.int = ...,
         attempt: _builtins.int = ...,
+        cpu_usage_mean_milli: _builtins.float = ...,
+        cpu_usage_var_milli2: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "logical", b"logical", "node_index", b"node_index", "partition", b"partition", "queue", b"queue", "resources", b"resources", "sequence", b"sequence", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cpu_usage_mean_milli", b"cpu_usage_mean_milli", "cpu_usage_var_milli2", b"cpu_usage_var_milli2", "logical", b"logical", "node_index", b"node_index", "partition", b"partition", "queue", b"queue", "resources", b"resources", "sequence", b"sequence", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -609,6 +648,7 @@ class LocalMasterState(_message.Message):
     PARTITIONS_FIELD_NUMBER: _builtins.int
     GM_IDS_FIELD_NUMBER: _builtins.int
     SENT_UNIX_NANOS_FIELD_NUMBER: _builtins.int
+    USAGE_FIELD_NUMBER: _builtins.int
     lm_id: _builtins.str
     version: _builtins.int
     """Increases with every change; a GM ignores states older than its view."""
@@ -642,6 +682,12 @@ class LocalMasterState(_message.Message):
     def gm_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Partition i belongs to gm_ids[i]; the LM rejects requests from other GMs."""
 
+    @_builtins.property
+    def usage(self) -> Global___UsageColumns:
+        """GPA usage sums of the nodes in free, same order. Unset (an LM that does not report
+        them): a GM derives them as if no task had an estimate (mean = capacity - free cpu).
+        """
+
     def __init__(
         self,
         *,
@@ -656,10 +702,11 @@ class LocalMasterState(_message.Message):
         partitions: _abc.Iterable[Global___PartitionState] | None = ...,
         gm_ids: _abc.Iterable[_builtins.str] | None = ...,
         sent_unix_nanos: _builtins.int = ...,
+        usage: Global___UsageColumns | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["free", b"free"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["free", b"free", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "base_version", b"base_version", "ended_task_ids", b"ended_task_ids", "free", b"free", "full", b"full", "gm_ids", b"gm_ids", "lm_id", b"lm_id", "nodes", b"nodes", "partitions", b"partitions", "sent_unix_nanos", b"sent_unix_nanos", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "base_version", b"base_version", "ended_task_ids", b"ended_task_ids", "free", b"free", "full", b"full", "gm_ids", b"gm_ids", "lm_id", b"lm_id", "nodes", b"nodes", "partitions", b"partitions", "sent_unix_nanos", b"sent_unix_nanos", "usage", b"usage", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
