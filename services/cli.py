@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         if role == "worker":
             p.add_argument("--lm", help="attach to this LM (default: every worker group)")
             p.add_argument("--count", type=int, help="agents in this process")
+        if role == "predictor":
+            _add_predictor_train(p)
         p.add_argument("--log-level", default="INFO")
 
     up = commands.add_parser("up", help="start a whole local federation")
@@ -108,13 +110,36 @@ def build_parser() -> argparse.ArgumentParser:
     bm.add_argument("--policy", default="first-fit", help="first-fit or best-fit")
     bm.add_argument("--seed", type=int, default=7)
     bm.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    bp = bench_kinds.add_parser(
+        "predict", help="lifetime prediction: in-process us/VM and sidecar p99 on loopback"
+    )
+    bp.add_argument("--model", help="lifetime model file (default: train one first)")
+    bp.add_argument("--batch", type=int, default=10_000, help="in-process batch size")
+    bp.add_argument("--rpcs", type=int, default=2_000, help="sidecar round trips timed")
+    bp.add_argument("--json", action="store_true", help="print JSON instead of text")
     return parser
+
+
+def _add_predictor_train(p: argparse.ArgumentParser) -> None:
+    """``megha predictor`` serves; ``megha predictor train`` builds a lifetime model."""
+    p.add_argument(
+        "action", nargs="?", choices=("train",), help="train: build a lifetime model and exit"
+    )
+    p.add_argument("--trace", help="train: VM trace CSV (format: loadgen/vm_trace.py)")
+    p.add_argument(
+        "--synthetic", type=int, default=0, help="train: on N VMs of the synthetic trace instead"
+    )
+    p.add_argument("--out", help="train: model file to write")
+    p.add_argument("--max-iter", type=int, default=100, help="train: boosting rounds per model")
+    p.add_argument("--seed", type=int, default=0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench":
-        return _bench(args)
+        return _bench_predict(args) if args.bench == "predict" else _bench(args)
+    if args.command == "predictor" and args.action == "train":
+        return _predictor_train(args)
 
     from services.common.config import ConfigError, load_config
 
@@ -152,6 +177,55 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     results = bench_match(args.nodes, args.constraints, args.samples, args.policy, args.seed)
     print(render_match(results, args.json))
+    return 0
+
+
+def _bench_predict(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from services.predictor.bench import bench_predict, render_predict
+    from services.predictor.lifetime_model import ModelError
+
+    if args.batch < 1 or args.rpcs < 1:
+        print("megha: --batch and --rpcs must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        result = bench_predict(Path(args.model) if args.model else None, args.batch, args.rpcs)
+    except ModelError as err:
+        print(f"megha: {err}", file=sys.stderr)
+        return 2
+    print(render_predict(result, args.json))
+    return 0
+
+
+def _predictor_train(args: argparse.Namespace) -> int:
+    from loadgen.vm_trace import TraceError, read_vm_csv, synthetic_vm_trace
+    from services.predictor.lifetime_model import train_lifetime_model
+
+    if not args.out or bool(args.trace) == bool(args.synthetic):
+        print(
+            "megha: predictor train needs --out MODEL and one of --trace FILE or --synthetic N",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        trace = (
+            read_vm_csv(args.trace)
+            if args.trace
+            else synthetic_vm_trace(args.synthetic, prehistory_days=0)
+        )
+        model = train_lifetime_model(
+            trace.features, trace.lifetime_s, max_iter=args.max_iter, seed=args.seed
+        )
+        path = model.save(args.out)
+    except (TraceError, ValueError, OSError) as err:
+        print(f"megha: {err}", file=sys.stderr)
+        return 2
+    print(
+        f"wrote {path}: lifetime model on {len(trace)} VMs "
+        f"({int(model.trained_on['rows'])} uptime-augmented rows), "
+        f"features {', '.join(model.schema.names)}"
+    )
     return 0
 
 

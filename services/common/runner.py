@@ -30,11 +30,6 @@ def _full_name(module, service: str) -> str:
     return module.DESCRIPTOR.services_by_name[service].full_name
 
 
-class PlaceholderPredictor(predictor_pb2_grpc.PredictorServicer):
-    """Answers health checks; every prediction RPC is UNIMPLEMENTED until the
-    predictor issue lands (gRPC's default servicer behaviour)."""
-
-
 @contextlib.asynccontextmanager
 async def running_lm(config: FederationConfig, lm_id: str, bus: Bus) -> AsyncIterator:
     from services.local_master.service import LocalMaster
@@ -89,13 +84,15 @@ async def running_gm(config: FederationConfig, gm_id: str, bus: Bus) -> AsyncIte
 
 @contextlib.asynccontextmanager
 async def running_predictor(config: FederationConfig) -> AsyncIterator:
+    from services.predictor.service import PredictorService
+
     assert config.predictor is not None
     service = Service(
         config.predictor.listen,
         [
             (
                 predictor_pb2_grpc.add_PredictorServicer_to_server,
-                PlaceholderPredictor(),
+                PredictorService(),  # model from MEGHA_PREDICTOR_MODEL, else the prior
                 _full_name(predictor_pb2, "Predictor"),
             )
         ],

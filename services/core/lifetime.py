@@ -338,8 +338,9 @@ class BestFit:
 class LaBinary:
     """One-shot prediction at creation, split at a 2 h cutoff (short = 1, long = 2).
 
-    Algorithm: a host takes the label of the first VM it gets. Best-fit among the hosts
-    with the VM's label; else the first empty host; else best-fit among any host. The
+    Algorithm: a host takes the label of the first VM it gets. Best-fit among the occupied
+    hosts with the VM's label; a short VM may then take any occupied host (it does not
+    extend a long one); else the first empty host; else best-fit among any host. The
     prediction is never revised: a mispredicted VM keeps its host's label wrong.
     """
 
@@ -356,7 +357,10 @@ class LaBinary:
     def choose_host(self, hosts: HostPool, vm: VmRequest, estimate: LifetimeEstimate) -> int:
         fits = hosts.fits(vm.shape)
         label = self.tag(estimate)
-        host = best_fit_among(hosts, fits & ~hosts.empty() & (hosts.host_class == label), vm.shape)
+        occupied = fits & ~hosts.empty()
+        host = best_fit_among(hosts, occupied & (hosts.host_class == label), vm.shape)
+        if host == NO_HOST and label == 1:  # a short VM does not extend a long host
+            host = best_fit_among(hosts, occupied, vm.shape)
         if host == NO_HOST:
             host = first_among(fits & hosts.empty())
         if host == NO_HOST:
@@ -404,8 +408,10 @@ class Lava:
       1. best-fit among RECYCLING hosts of a longer class (fills holes, no extension);
       2. best-fit among OPEN hosts of class c;
       3. best-fit among OPEN hosts of a longer class (no extension either);
-      4. the first EMPTY host (it opens with class c);
-      5. best-fit among any host (a shorter class's: the host's class goes up).
+      4. among the other occupied hosts, LAS (smallest quantised extension of the host's
+         re-predicted exit, best-fit on ties); the host's class goes up to c if lower;
+      5. the first EMPTY host (it opens with class c).
+    Opening an empty host comes last: an empty host kept is the metric LAVA serves.
     """
 
     name = "lava"

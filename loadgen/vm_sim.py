@@ -1,0 +1,484 @@
+"""``megha-loadgen vm-sim``: an event-driven VM allocation simulator for the lifetime-aware
+policies of ``services/core/lifetime.py`` (best-fit, LA-Binary, LAS, LAVA) with LARS
+migrations, each run with the learned lifetime model and with an oracle.
+
+Model of the world:
+- a fixed pool of identical hosts (default 64 cores, 256 GiB; the count is sized from
+  the trace: peak concurrent demand of the busier dimension / ``target_utilisation``);
+- VMs arrive at their trace time and are placed at once by the policy (the same core
+  classes the GM runs), or rejected when no host fits; they leave after their lifetime;
+- the predictor is asked once per VM at arrival (uptime 0) and, every ``repredict_s``
+  (default 1 h), again for every resident VM with its current uptime: LAS refreshes the
+  hosts' exit times from these re-predictions, LAVA also uses them when a host's class
+  deadline passes;
+- rolling maintenance: every ``maintenance_interval_s`` the next host in index order
+  starts draining (takes no new VMs); every ``migration_interval_s`` one VM is migrated
+  off each draining host, chosen by LARS (longest predicted remaining lifetime first;
+  ``--drain-order random`` for comparison) and placed by the same policy; the host is
+  maintained the moment it is empty. Short VMs leave by themselves meanwhile, which is
+  how the order saves migrations;
+- metrics are sampled every ``sample_s`` (15 min) after ``warmup_s`` (2 days):
+  empty hosts % (hosts without a VM), and CPU / memory stranding by the inflation
+  method: on each non-empty host the summed shape of its VMs is scaled up until one
+  dimension is full; what is left free of the other dimension is stranded. Reported as a
+  share of the pool's total capacity, averaged over the samples. Migrations are counted
+  after the warm-up too.
+
+Predictors: ``oracle`` knows each VM's true remaining lifetime; ``model`` is the trained
+``LifetimeModel`` (given with ``--model``, or trained first on a separate sample of the
+same synthetic population, or on the first 30 % of a CSV trace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from loadgen.vm_trace import DAY_S, HOUR_S, VmTrace, read_vm_csv, synthetic_vm_trace
+from services.core.lifetime import (
+    NO_HOST,
+    HostPool,
+    LifetimeEstimate,
+    VmRequest,
+    lars_order,
+    make_lifetime_policy,
+)
+
+POLICY_NAMES = ("best_fit", "la_binary", "las", "lava")
+PREDICTOR_NAMES = ("model", "oracle")
+
+
+class SimPredictor(Protocol):
+    """Expected remaining lifetime (s) of VMs (trace rows) at the given uptimes."""
+
+    name: str
+
+    def __call__(self, vms: np.ndarray, uptime_s: np.ndarray) -> np.ndarray: ...
+
+
+class OraclePredictor:
+    name = "oracle"
+
+    def __init__(self, trace: VmTrace):
+        self.lifetime_s = trace.lifetime_s
+
+    def __call__(self, vms: np.ndarray, uptime_s: np.ndarray) -> np.ndarray:
+        return np.maximum(self.lifetime_s[vms] - uptime_s, 0.0)
+
+
+class ModelPredictor:
+    """The learned model; features are encoded once, re-predictions only change uptime."""
+
+    name = "model"
+
+    def __init__(self, model, trace: VmTrace):
+        self.model = model
+        self.X = model.schema.encode_columns(trace.features, len(trace))
+
+    def __call__(self, vms: np.ndarray, uptime_s: np.ndarray) -> np.ndarray:
+        if len(vms) == 0:
+            return np.empty(0)
+        return self.model.predict_expected(self.X[vms], uptime_s)
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    host_cpu_milli: int = 64_000
+    host_memory_mb: int = 256 * 1024
+    hosts: int = 0  # 0: sized from the trace
+    target_utilisation: float = 0.85
+    warmup_s: float = DAY_S
+    sample_s: float = 900.0
+    repredict_s: float = HOUR_S
+    maintenance_interval_s: float = 6 * HOUR_S  # 0: no maintenance
+    migration_interval_s: float = 900.0
+    drain_order: str = "lars"  # or "random"
+    seed: int = 0
+
+
+@dataclass
+class SimResult:
+    policy: str
+    predictor: str
+    empty_hosts_pct: float
+    cpu_stranded_pct: float
+    mem_stranded_pct: float
+    migrations: int
+    rejected: int = 0
+    hosts: int = 0
+    vms: int = 0
+    wall_s: float = 0.0
+
+    def row(self) -> dict[str, Any]:
+        out = asdict(self)
+        for key in ("empty_hosts_pct", "cpu_stranded_pct", "mem_stranded_pct", "wall_s"):
+            out[key] = round(out[key], 2)
+        return out
+
+
+def size_pool(trace: VmTrace, options: SimOptions) -> int:
+    """Hosts for the peak concurrent demand of the busier dimension at the target
+    utilisation (the VMs' whole lifetimes, clipped to the trace's span)."""
+    if options.hosts:
+        return options.hosts
+    end = trace.arrival_s.max()
+    times = np.concatenate([trace.arrival_s, np.minimum(trace.arrival_s + trace.lifetime_s, end)])
+    order = np.argsort(times, kind="stable")
+    peak = []
+    for demand in (trace.cpu_milli, trace.memory_mb):
+        delta = np.concatenate([demand, -demand]).astype(np.float64)[order]
+        peak.append(np.cumsum(delta).max())
+    need = max(peak[0] / options.host_cpu_milli, peak[1] / options.host_memory_mb)
+    return max(1, int(np.ceil(need / options.target_utilisation)))
+
+
+def stranding(pool: HostPool) -> tuple[float, float]:
+    """Inflation method: stranded CPU and memory as shares of the pool's capacity."""
+    used = pool.used
+    busy = np.any(used > 0, axis=1)
+    if not busy.any():
+        return 0.0, 0.0
+    cap = pool.capacity[busy]
+    u = used[busy]
+    with np.errstate(divide="ignore"):
+        factor = np.min(np.where(u > 0, cap / u, np.inf), axis=1)
+    stranded = np.maximum(cap - u * factor[:, None], 0.0).sum(axis=0)
+    total = pool.capacity.sum(axis=0)
+    return float(stranded[0] / total[0]), float(stranded[1] / total[1])
+
+
+def simulate(
+    trace: VmTrace,
+    policy_name: str,
+    predictor: SimPredictor,
+    options: SimOptions = SimOptions(),
+    progress: Callable[[float], None] | None = None,
+) -> SimResult:
+    """One policy with one predictor over the whole trace."""
+    started = time.perf_counter()
+    policy = make_lifetime_policy(policy_name)
+    hosts = size_pool(trace, options)
+    capacity = np.tile([options.host_cpu_milli, options.host_memory_mb], (hosts, 1))
+    pool = HostPool(capacity, adaptive=policy.adaptive)
+    shapes = trace.shapes
+    n = len(trace)
+    expected0 = predictor(np.arange(n), np.zeros(n))  # one batch: uptime 0 for every VM
+    end_s = float(trace.arrival_s.max())
+    rng = np.random.default_rng(options.seed)
+    start_s = np.zeros(n)  # when each VM started (for uptimes)
+
+    departures: list[tuple[float, int]] = []
+    remaining_now: dict[int, float] = {}
+    samples: list[tuple[float, float, float]] = []
+    draining: set[int] = set()
+    next_drain_host = 0
+    migrations = rejected = 0
+    next_sample = options.sample_s
+    next_repredict = options.repredict_s
+    next_maintenance = options.maintenance_interval_s or np.inf
+    next_migration = options.migration_interval_s
+    report_every = max(1, n // 100)
+
+    def place(vm: int, now: float, estimate_s: float) -> int:
+        request = VmRequest(shapes[vm], now)
+        estimate = LifetimeEstimate(estimate_s)
+        host = policy.choose_host(pool, request, estimate)
+        if host != NO_HOST:
+            pool.place(vm, host, shapes[vm], policy.tag(estimate), now + estimate_s, now)
+        return host
+
+    def repredict(now: float) -> None:
+        nonlocal remaining_now
+        residents = np.fromiter(pool.vm_host, dtype=np.int64, count=len(pool.vm_host))
+        remaining = predictor(residents, now - start_s[residents])
+        remaining_now = dict(zip(residents.tolist(), remaining.tolist(), strict=True))
+        if policy.uses_exits:
+            pool.update_exits({v: now + r for v, r in remaining_now.items()})
+
+    def migrate_one(host: int, now: float) -> bool:
+        vms = np.fromiter(pool.members[host], dtype=np.int64)
+        if options.drain_order == "lars":
+            order = lars_order(predictor(vms, now - start_s[vms]))
+        else:
+            order = rng.permutation(len(vms))
+        vm = int(vms[order[0]])
+        pool.release(vm, now)
+        estimate_s = float(predictor(np.array([vm]), np.array([now - start_s[vm]]))[0])
+        if place(vm, now, estimate_s) == NO_HOST:  # nowhere to go: stays, try later
+            pool.available[host] = True
+            pool.place(vm, host, shapes[vm], policy.tag(LifetimeEstimate(estimate_s)), now, now)
+            pool.available[host] = False
+            return False
+        return True
+
+    i = 0
+    while i < n or departures:
+        t_arrival = trace.arrival_s[i] if i < n else np.inf
+        t_departure = departures[0][0] if departures else np.inf
+        t_tick = min(next_sample, next_repredict, next_maintenance, next_migration)
+        now = min(t_arrival, t_departure, t_tick)
+        if now > end_s:
+            break
+        if t_departure <= now:
+            _, vm = heapq.heappop(departures)
+            if vm in pool.vm_host:
+                host = pool.release(vm, now)
+                if host in draining and pool.vm_count[host] == 0:
+                    draining.discard(host)
+                    pool.available[host] = True
+            continue
+        if t_tick <= now:
+            if next_repredict <= now:
+                repredict(now)
+                next_repredict += options.repredict_s
+            if next_sample <= now:
+                pool.advance(now, remaining_now)
+                if now >= options.warmup_s:
+                    cpu, mem = stranding(pool)
+                    samples.append((float(pool.empty().mean()), cpu, mem))
+                next_sample += options.sample_s
+            if next_maintenance <= now:
+                host = next_drain_host % hosts
+                next_drain_host += 1
+                if host not in draining and pool.vm_count[host] > 0:
+                    draining.add(host)
+                    pool.available[host] = False
+                next_maintenance += options.maintenance_interval_s
+            if next_migration <= now:
+                for host in sorted(draining):
+                    if pool.vm_count[host] and migrate_one(host, now) and now >= options.warmup_s:
+                        migrations += 1
+                    if pool.vm_count[host] == 0:
+                        draining.discard(host)
+                        pool.available[host] = True
+                next_migration += options.migration_interval_s
+            continue
+        vm = i
+        i += 1
+        start_s[vm] = now
+        if place(vm, now, float(expected0[vm])) == NO_HOST:
+            rejected += 1
+        else:
+            heapq.heappush(departures, (now + trace.lifetime_s[vm], vm))
+        if progress is not None and i % report_every == 0:
+            progress(i / n)
+    if not samples:  # a trace shorter than the warm-up: measure at the end
+        cpu, mem = stranding(pool)
+        samples.append((float(pool.empty().mean()), cpu, mem))
+    empty, cpu, mem = (100.0 * x for x in np.mean(samples, axis=0))
+    return SimResult(
+        policy=policy_name,
+        predictor=predictor.name,
+        empty_hosts_pct=float(empty),
+        cpu_stranded_pct=float(cpu),
+        mem_stranded_pct=float(mem),
+        migrations=migrations,
+        rejected=rejected,
+        hosts=hosts,
+        vms=n,
+        wall_s=time.perf_counter() - started,
+    )
+
+
+def run_all(
+    trace: VmTrace,
+    model,
+    options: SimOptions = SimOptions(),
+    policies: Sequence[str] = POLICY_NAMES,
+    predictors: Sequence[str] = PREDICTOR_NAMES,
+    progress: bool = False,
+) -> list[SimResult]:
+    """Every policy x predictor; ``model`` may be None when only the oracle runs."""
+    made: dict[str, SimPredictor] = {"oracle": OraclePredictor(trace)}
+    if "model" in predictors:
+        made["model"] = ModelPredictor(model, trace)
+    results = []
+    for policy in policies:
+        for name in predictors:
+            show = _progress_line(f"{policy}/{name}") if progress else None
+            results.append(simulate(trace, policy, made[name], options, show))
+            if show is not None:
+                sys.stderr.write("\n")
+    return results
+
+
+def _progress_line(label: str) -> Callable[[float], None]:
+    def show(fraction: float) -> None:
+        sys.stderr.write(f"\rvm-sim {label:<18} {100 * fraction:5.1f} %")
+        sys.stderr.flush()
+
+    return show
+
+
+# --- outputs -----------------------------------------------------------------------------
+
+
+def write_outputs(results: Sequence[SimResult], out: Path) -> list[Path]:
+    """``vm.json`` (one row per policy x predictor) and, with matplotlib, ``vm.png``."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "vm.json"
+    path.write_text(json.dumps([r.row() for r in results], indent=2) + "\n")
+    written = [path]
+    png = _bar_plot(results, out / "vm.png")
+    if png is not None:
+        written.append(png)
+    return written
+
+
+def _bar_plot(results: Sequence[SimResult], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    policies = list(dict.fromkeys(r.policy for r in results))
+    predictors = list(dict.fromkeys(r.predictor for r in results))
+    metrics = (
+        ("empty_hosts_pct", "empty hosts %"),
+        ("cpu_stranded_pct", "CPU stranded %"),
+        ("mem_stranded_pct", "memory stranded %"),
+        ("migrations", "migrations"),
+    )
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.6))
+    width = 0.8 / len(predictors)
+    x = np.arange(len(policies))
+    for ax, (key, title) in zip(axes, metrics, strict=True):
+        for k, pred in enumerate(predictors):
+            values = [
+                next((getattr(r, key) for r in results if r.policy == p and r.predictor == pred), 0)
+                for p in policies
+            ]
+            ax.bar(x + k * width - 0.4 + width / 2, values, width, label=pred)
+        ax.set_xticks(x, policies, rotation=20)
+        ax.set_title(title)
+    axes[-1].legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def render_table(results: Sequence[SimResult]) -> str:
+    lines = [
+        f"{'policy':<10} {'predictor':<9} {'empty %':>8} {'cpu str %':>9} {'mem str %':>9} "
+        f"{'migr':>5} {'rejected':>8} {'wall s':>7}"
+    ]
+    for r in results:
+        lines.append(
+            f"{r.policy:<10} {r.predictor:<9} {r.empty_hosts_pct:8.2f} {r.cpu_stranded_pct:9.2f} "
+            f"{r.mem_stranded_pct:9.2f} {r.migrations:5d} {r.rejected:8d} {r.wall_s:7.1f}"
+        )
+    return "\n".join(lines)
+
+
+# --- CLI ---------------------------------------------------------------------------------
+
+
+def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Register ``vm-sim`` on ``megha-loadgen``'s subcommands."""
+    p = subparsers.add_parser(
+        "vm-sim",
+        help="lifetime-aware VM allocation simulator (best-fit, LA-Binary, LAS, LAVA)",
+        description=(
+            "Simulate VM allocation for each policy with the learned lifetime model and "
+            "with an oracle; report empty hosts, CPU/memory stranding and LARS migrations. "
+            "Without --trace it runs on the synthetic trace (loadgen/vm_trace.py)."
+        ),
+    )
+    p.add_argument("--trace", type=Path, help="VM trace CSV (format: loadgen/vm_trace.py)")
+    p.add_argument("--vms", type=int, default=40_000, help="synthetic trace: VMs")
+    p.add_argument("--days", type=float, default=10.0, help="synthetic trace: days")
+    p.add_argument("--seed", type=int, default=0, help="synthetic trace and drain RNG seed")
+    p.add_argument("--model", type=Path, help="lifetime model (megha predictor train)")
+    p.add_argument("--train-vms", type=int, default=10_000, help="without --model: VMs to train on")
+    p.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated")
+    p.add_argument("--predictors", default=",".join(PREDICTOR_NAMES), help="model,oracle")
+    p.add_argument("--hosts", type=int, default=0, help="pool size (default: from the trace)")
+    p.add_argument("--warmup-hours", type=float, default=48.0)
+    p.add_argument("--repredict-minutes", type=float, default=60.0)
+    p.add_argument(
+        "--maintenance-hours",
+        type=float,
+        default=6.0,
+        help="a host starts draining this often (0: no maintenance)",
+    )
+    p.add_argument("--drain-order", choices=("lars", "random"), default="lars")
+    p.add_argument("--out", type=Path, help="write vm.json and vm.png here")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``vm-sim`` from parsed arguments; 0 on success, 2 on bad input."""
+    policies = [p for p in args.policies.split(",") if p]
+    predictors = [p for p in args.predictors.split(",") if p]
+    bad = [p for p in policies if p not in POLICY_NAMES] + [
+        p for p in predictors if p not in PREDICTOR_NAMES
+    ]
+    if bad:
+        print(f"megha-loadgen: unknown policy or predictor {', '.join(bad)}", file=sys.stderr)
+        return 2
+    try:
+        trace, model = _inputs(args, need_model="model" in predictors)
+    except (OSError, ValueError) as err:
+        print(f"megha-loadgen: {err}", file=sys.stderr)
+        return 2
+    options = SimOptions(
+        hosts=args.hosts,
+        warmup_s=args.warmup_hours * HOUR_S,
+        repredict_s=args.repredict_minutes * 60.0,
+        maintenance_interval_s=args.maintenance_hours * HOUR_S,
+        drain_order=args.drain_order,
+        seed=args.seed,
+    )
+    results = run_all(trace, model, options, policies, predictors, progress=sys.stderr.isatty())
+    if args.json:
+        print(json.dumps([r.row() for r in results], indent=2))
+    else:
+        print(render_table(results))
+    if args.out:
+        for path in write_outputs(results, args.out):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def _inputs(args: argparse.Namespace, need_model: bool) -> tuple[VmTrace, Any]:
+    from services.predictor.lifetime_model import load_model, train_lifetime_model
+
+    if args.trace:
+        trace = read_vm_csv(args.trace)
+        train = None
+        if need_model and not args.model:
+            # Train on the first 30 % of the span, simulate the rest.
+            cut = trace.arrival_s.min() + 0.3 * np.ptp(trace.arrival_s)
+            train = trace.subset(np.flatnonzero(trace.arrival_s < cut))
+            trace = trace.subset(np.flatnonzero(trace.arrival_s >= cut))
+            trace.arrival_s = trace.arrival_s - cut
+    else:
+        trace = synthetic_vm_trace(vms=args.vms, days=args.days, seed=args.seed)
+        train = None
+        if need_model and not args.model:
+            # Another sample (seed) of the same user population.
+            train = synthetic_vm_trace(
+                vms=args.train_vms, days=args.days, seed=args.seed + 1_000, prehistory_days=0
+            )
+    if not need_model:
+        return trace, None
+    if args.model:
+        return trace, load_model(args.model)
+    assert train is not None
+    if sys.stderr.isatty():
+        sys.stderr.write(f"vm-sim: training the lifetime model on {len(train)} VMs...\n")
+    # The policies use only E[remaining]: the quantile models would cost 3x the time.
+    return trace, train_lifetime_model(train.features, train.lifetime_s, quantile_levels=())

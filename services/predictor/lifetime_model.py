@@ -1,0 +1,408 @@
+"""The learned VM lifetime model behind LAVA: E[T_remaining | uptime, features] plus
+remaining-lifetime quantiles.
+
+Training (``train_lifetime_model``): every VM of a trace is repeated at uptimes of 0, 1/8,
+..., 7/8 of its lifetime with label = remaining lifetime (uptime augmentation), so one
+model answers both the placement-time question (uptime 0) and re-predictions of running
+VMs. Four gradient-boosted tree ensembles (scikit-learn ``HistGradientBoostingRegressor``):
+- the mean: Poisson loss on remaining hours; its log link makes the prediction a
+  conditional *mean* (not the mean of logs), which is what LAS and LAVA need;
+- quantiles 0.1 / 0.5 / 0.9: quantile (pinball) loss on log1p(remaining hours). Quantiles
+  commute with monotone maps, so exponentiating back gives the quantiles of the remaining
+  lifetime itself; per row they are sorted so they never cross.
+
+Features are the string map a task carries (``Task.lifetime_features``). At training a
+feature whose every value parses as a number becomes numeric; any other becomes
+categorical with its 250 most frequent values (rarer and unseen ones count as missing).
+
+Saved with pickle plus a format tag and version (``save`` / ``load``); load only files
+you trust, as with any pickle. ``UptimePrior`` is the fallback when no model is
+configured: it ignores features and answers from uptime alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from services.core.lifetime import lifetime_class
+
+log = logging.getLogger("megha.predictor")
+
+MODEL_FORMAT = "megha-lifetime-model"
+MODEL_VERSION = 1
+QUANTILE_LEVELS = (0.1, 0.5, 0.9)
+AUGMENT_FRACTIONS = np.arange(8) / 8.0
+MAX_CATEGORIES = 250  # HistGradientBoosting takes at most 255 bins per feature
+HOUR_S = 3600.0
+
+
+_threadpools = None
+
+
+def one_thread():
+    """Run scikit-learn's OpenMP code on one thread.
+
+    Its default (a thread per core) was 100x *slower* on a shared two-core machine: the
+    OpenMP workers spin-wait for cores other processes hold. The sidecar serves concurrent
+    requests anyway, and training a model of this size is seconds on one core.
+    """
+    global _threadpools
+    from threadpoolctl import ThreadpoolController
+
+    if _threadpools is None:
+        _threadpools = ThreadpoolController()
+    return _threadpools.limit(limits=1, user_api="openmp")
+
+
+class ModelError(RuntimeError):
+    """A model file that cannot be used, with the reason."""
+
+
+@dataclass
+class LifetimeEstimates:
+    """Predictions for a batch, one row per query."""
+
+    expected_remaining_s: np.ndarray
+    quantiles_s: np.ndarray  # (n, len(levels))
+    quantile_levels: tuple[float, ...]
+
+    @property
+    def lifetime_class(self) -> np.ndarray:
+        """LAVA class (1..4) of the expected remaining lifetime."""
+        return lifetime_class(self.expected_remaining_s)
+
+    def __len__(self) -> int:
+        return len(self.expected_remaining_s)
+
+
+@dataclass
+class FeatureSchema:
+    """How string features become model columns; the uptime (hours) is the last column.
+
+    A categorical value becomes its rank by the mean log lifetime of its VMs in the
+    training set (for squared-loss trees, splits on categories sorted by mean target are
+    as good as arbitrary category subsets), so every column is numeric. That keeps the
+    ensembles plain threshold trees, which ``CompiledForest`` can evaluate quickly.
+    """
+
+    names: list[str]
+    numeric: list[bool]
+    vocab: list[dict[str, float]] = field(default_factory=list)
+
+    @classmethod
+    def fit(cls, columns: Mapping[str, Sequence[str]], lifetime_s: np.ndarray) -> FeatureSchema:
+        names = sorted(columns)
+        numeric, vocab = [], []
+        log_life = np.log1p(np.asarray(lifetime_s, dtype=np.float64) / HOUR_S)
+        for name in names:
+            values = np.asarray(columns[name], dtype=object)
+            present = set(values.tolist()) - {""}
+            is_num = bool(present) and all(_is_number(v) for v in present)
+            numeric.append(is_num)
+            codes: dict[str, float] = {}
+            if not is_num:
+                top = [
+                    v for v, _ in Counter(values[values != ""].tolist()).most_common(MAX_CATEGORIES)
+                ]
+                means = {v: float(log_life[values == v].mean()) for v in top}
+                codes = {
+                    v: float(i) for i, v in enumerate(sorted(top, key=lambda v: (means[v], v)))
+                }
+            vocab.append(codes)
+        return cls(names, numeric, vocab)
+
+    def encode_columns(self, columns: Mapping[str, Sequence[str]], n: int) -> np.ndarray:
+        """Columnar input (``{feature: values}``) to a float matrix without uptime."""
+        X = np.full((n, len(self.names)), np.nan)
+        for j, name in enumerate(self.names):
+            values = columns.get(name)
+            if values is None:
+                continue
+            if self.numeric[j]:
+                X[:, j] = [_number(v) for v in values]
+            else:
+                lookup = self.vocab[j].get
+                X[:, j] = [lookup(v, np.nan) for v in values]
+        return X
+
+    def encode(self, features: Sequence[Mapping[str, str]]) -> np.ndarray:
+        """Row input (one dict per query) to a float matrix without uptime."""
+        X = np.full((len(features), len(self.names)), np.nan)
+        for j, name in enumerate(self.names):
+            if self.numeric[j]:
+                X[:, j] = [_number(f.get(name, "")) for f in features]
+            else:
+                lookup = self.vocab[j].get
+                X[:, j] = [lookup(f.get(name, ""), np.nan) for f in features]
+        return X
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _number(value: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return np.nan
+
+
+class CompiledForest:
+    """The trees of several fitted ``HistGradientBoostingRegressor`` as flat numpy arrays,
+    evaluated for all trees at once.
+
+    scikit-learn's own ``predict`` costs milliseconds for a single row (input validation
+    plus an OpenMP fork per tree), too slow for a sidecar answering one VM at a time. For
+    small batches this walks every tree in lock-step: at most ``depth`` rounds of a few
+    numpy operations over (rows x trees). Large batches go to scikit-learn, which is
+    faster per row there. Reads the fitted trees' node records (``_predictors``), which are
+    scikit-learn internals: ``compile`` raises ``ModelError`` if they are not as expected,
+    and the model then keeps using scikit-learn throughout.
+    """
+
+    def __init__(self, models: Sequence) -> None:
+        feature, threshold, missing_left, left, right, leaf, value = [], [], [], [], [], [], []
+        roots, owner, baseline = [], [], []
+        offset = 0
+        for m, model in enumerate(models):
+            try:
+                base = float(np.asarray(model._baseline_prediction).ravel()[0])
+                trees = [p for it in model._predictors for p in it]
+                for tree in trees:
+                    nodes = tree.nodes
+                    if np.any(nodes["is_categorical"][~nodes["is_leaf"].astype(bool)]):
+                        raise ModelError("categorical splits are not compiled")
+                    feature.append(nodes["feature_idx"].astype(np.int64))
+                    threshold.append(nodes["num_threshold"].astype(np.float64))
+                    missing_left.append(nodes["missing_go_to_left"].astype(bool))
+                    left.append(nodes["left"].astype(np.int64) + offset)
+                    right.append(nodes["right"].astype(np.int64) + offset)
+                    leaf.append(nodes["is_leaf"].astype(bool))
+                    value.append(nodes["value"].astype(np.float64))
+                    roots.append(offset)
+                    owner.append(m)
+                    offset += len(nodes)
+            except (AttributeError, KeyError, ValueError, TypeError) as err:
+                raise ModelError(f"cannot compile the trees ({type(err).__name__}: {err})") from err
+            baseline.append(base)
+        self.feature = np.concatenate(feature)
+        self.threshold = np.concatenate(threshold)
+        self.missing_left = np.concatenate(missing_left)
+        self.left = np.concatenate(left)
+        self.right = np.concatenate(right)
+        self.leaf = np.concatenate(leaf)
+        self.value = np.concatenate(value)
+        self.roots = np.array(roots, dtype=np.int64)
+        self.owner = np.array(owner, dtype=np.int64)
+        self.baseline = np.array(baseline)
+        self.models = len(models)
+        # Leaves point to themselves, so a finished tree stays put in later rounds.
+        self.left[self.leaf] = np.flatnonzero(self.leaf)
+        self.right[self.leaf] = np.flatnonzero(self.leaf)
+        depth = [int(p.nodes["depth"].max()) for m in models for it in m._predictors for p in it]
+        self.depth = max(depth, default=0)
+
+    def raw(self, X: np.ndarray) -> np.ndarray:
+        """Raw (link-space) predictions, shape (rows, models)."""
+        rows = np.arange(len(X))[:, None]
+        idx = np.broadcast_to(self.roots, (len(X), len(self.roots))).copy()
+        for _ in range(self.depth):
+            x = X[rows, self.feature[idx]]
+            go_left = np.where(np.isnan(x), self.missing_left[idx], x <= self.threshold[idx])
+            idx = np.where(go_left, self.left[idx], self.right[idx])
+        out = np.zeros((len(X), self.models))
+        leaf_values = self.value[idx]
+        for m in range(self.models):
+            out[:, m] = self.baseline[m] + leaf_values[:, self.owner == m].sum(axis=1)
+        return out
+
+
+class LifetimeModel:
+    """Mean and quantile models over (features, uptime). Build with ``train_lifetime_model``."""
+
+    # Up to this many rows the compiled trees answer, past it scikit-learn (faster there).
+    COMPILED_MAX_ROWS = 32
+
+    def __init__(self, schema: FeatureSchema, mean_model, quantile_models, levels):
+        self.schema = schema
+        self.mean_model = mean_model
+        self.quantile_models = list(quantile_models)
+        self.quantile_levels = tuple(levels)
+        self.trained_on: dict[str, float] = {}
+        self._compiled: CompiledForest | None = None
+        self._compile_failed = False
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_compiled"], state["_compile_failed"] = None, False  # rebuilt on load
+        return state
+
+    def compiled(self) -> CompiledForest | None:
+        if self._compiled is None and not self._compile_failed:
+            try:
+                self._compiled = CompiledForest([self.mean_model, *self.quantile_models])
+            except ModelError as err:
+                self._compile_failed = True
+                log.warning("using scikit-learn for every prediction", extra={"why": str(err)})
+        return self._compiled
+
+    def predict(
+        self, features: Sequence[Mapping[str, str]], uptime_s: Sequence[float] | np.ndarray
+    ) -> LifetimeEstimates:
+        return self.predict_encoded(self.schema.encode(features), uptime_s)
+
+    def predict_expected(self, X: np.ndarray, uptime_s: Sequence[float] | np.ndarray):
+        """Only E[remaining] (seconds) for encoded rows: what the placement policies use,
+        at a quarter of the cost of ``predict_encoded``."""
+        uptime_h = np.asarray(uptime_s, dtype=np.float64).reshape(-1, 1) / HOUR_S
+        with one_thread():
+            return self.mean_model.predict(np.hstack([X, uptime_h])) * HOUR_S
+
+    def predict_encoded(self, X: np.ndarray, uptime_s: Sequence[float] | np.ndarray):
+        """``X`` from ``schema.encode*``; re-predicting a VM reuses its row, new uptime."""
+        uptime_h = np.asarray(uptime_s, dtype=np.float64).reshape(-1, 1) / HOUR_S
+        Xu = np.hstack([X, uptime_h])
+        forest = self.compiled() if len(Xu) <= self.COMPILED_MAX_ROWS else None
+        if forest is not None:
+            raw = forest.raw(Xu)
+            expected_h, logq = np.exp(raw[:, 0]), raw[:, 1:]  # Poisson loss: log link
+        else:
+            with one_thread():
+                expected_h = self.mean_model.predict(Xu)
+                logq = np.array([m.predict(Xu) for m in self.quantile_models]).T
+        quantiles_h = np.expm1(np.maximum(np.sort(logq.reshape(len(Xu), -1), axis=1), 0.0))
+        return LifetimeEstimates(expected_h * HOUR_S, quantiles_h * HOUR_S, self.quantile_levels)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        import sklearn
+
+        blob = {
+            "format": MODEL_FORMAT,
+            "version": MODEL_VERSION,
+            "sklearn": sklearn.__version__,
+            "model": self,
+        }
+        path.write_bytes(pickle.dumps(blob, protocol=pickle.HIGHEST_PROTOCOL))
+        return path
+
+
+def load_model(path: str | Path) -> LifetimeModel:
+    """Load a file written by ``LifetimeModel.save``; ``ModelError`` says why not."""
+    path = Path(path)
+    try:
+        blob = pickle.loads(path.read_bytes())
+    except OSError as err:
+        raise ModelError(f"cannot read lifetime model {path}: {err.strerror or err}") from None
+    except Exception as err:  # unpickling errors come in many types
+        raise ModelError(f"{path} is not a lifetime model ({type(err).__name__}: {err})") from None
+    if not isinstance(blob, dict) or blob.get("format") != MODEL_FORMAT:
+        raise ModelError(f"{path} is not a lifetime model (no {MODEL_FORMAT!r} tag)")
+    if blob.get("version") != MODEL_VERSION:
+        raise ModelError(
+            f"{path} is a version {blob.get('version')} lifetime model; this build reads "
+            f"version {MODEL_VERSION}: retrain it with `megha predictor train`"
+        )
+    import sklearn
+
+    if blob.get("sklearn") != sklearn.__version__:
+        log.warning(
+            "lifetime model trained with another scikit-learn",
+            extra={"trained_with": blob.get("sklearn"), "running": sklearn.__version__},
+        )
+    return blob["model"]
+
+
+def augment(lifetime_s: np.ndarray, fractions: np.ndarray = AUGMENT_FRACTIONS):
+    """Uptime augmentation: (row index, uptime, remaining) for each VM at each fraction."""
+    lifetime_s = np.asarray(lifetime_s, dtype=np.float64)
+    rows = np.repeat(np.arange(len(lifetime_s)), len(fractions))
+    frac = np.tile(fractions, len(lifetime_s))
+    uptime = frac * lifetime_s[rows]
+    return rows, uptime, lifetime_s[rows] - uptime
+
+
+def train_lifetime_model(
+    features: Mapping[str, Sequence[str]],
+    lifetime_s: Sequence[float] | np.ndarray,
+    *,
+    quantile_levels: Sequence[float] = QUANTILE_LEVELS,
+    max_iter: int = 100,
+    max_leaf_nodes: int = 31,
+    quantile_rows: int = 50_000,
+    seed: int = 0,
+) -> LifetimeModel:
+    """Fit the mean and quantile models on the uptime-augmented trace.
+
+    ``features`` is columnar: ``{name: one string per VM}``. The quantile models see a
+    random ``quantile_rows`` of the augmented rows (pinball loss is several times slower
+    to fit than the mean's Poisson loss; quantiles need less precision).
+    """
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    lifetime_s = np.asarray(lifetime_s, dtype=np.float64)
+    if len(lifetime_s) == 0 or not np.all(lifetime_s > 0):
+        raise ValueError("need at least one VM, every lifetime > 0")
+    schema = FeatureSchema.fit(features, lifetime_s)
+    X = schema.encode_columns(features, len(lifetime_s))
+    rows, uptime, remaining = augment(lifetime_s)
+    Xu = np.hstack([X[rows], (uptime / HOUR_S).reshape(-1, 1)])
+    remaining_h = remaining / HOUR_S
+
+    def booster(**loss) -> HistGradientBoostingRegressor:
+        return HistGradientBoostingRegressor(
+            max_iter=max_iter,
+            max_leaf_nodes=max_leaf_nodes,
+            learning_rate=0.1,
+            early_stopping=False,
+            random_state=seed,
+            **loss,
+        )
+
+    with one_thread():
+        mean_model = booster(loss="poisson").fit(Xu, remaining_h)
+        sample = np.random.default_rng(seed).permutation(len(Xu))[:quantile_rows]
+        Xq, log_remaining = Xu[sample], np.log1p(remaining_h[sample])
+        quantile_models = [
+            booster(loss="quantile", quantile=q).fit(Xq, log_remaining) for q in quantile_levels
+        ]
+    model = LifetimeModel(schema, mean_model, quantile_models, quantile_levels)
+    model.trained_on = {"vms": float(len(lifetime_s)), "rows": float(len(Xu))}
+    return model
+
+
+class UptimePrior:
+    """Fallback without a model: a Lomax (Pareto II) lifetime prior, features ignored.
+
+    P(T > t) = (1 + t / scale) ** -shape with scale 1 h and shape 1.5. Given uptime u the
+    remaining lifetime is again Lomax with scale ``1 h + u``, so the longer a VM has run,
+    the longer it is expected to run (E[remaining | u] = 2 (1 h + u); median at u = 0 is
+    35 min). A documented guess, not a fit: the sidecar logs that it is answering with it.
+    """
+
+    shape = 1.5
+    scale_s = HOUR_S
+
+    def __init__(self, quantile_levels: Sequence[float] = QUANTILE_LEVELS):
+        self.quantile_levels = tuple(quantile_levels)
+
+    def predict(
+        self, features: Sequence[Mapping[str, str]], uptime_s: Sequence[float] | np.ndarray
+    ) -> LifetimeEstimates:
+        scale = self.scale_s + np.asarray(uptime_s, dtype=np.float64)
+        expected = scale / (self.shape - 1.0)
+        levels = np.asarray(self.quantile_levels)
+        quantiles = scale[:, None] * ((1.0 - levels[None, :]) ** (-1.0 / self.shape) - 1.0)
+        return LifetimeEstimates(expected, quantiles, self.quantile_levels)

@@ -1,0 +1,38 @@
+"""``megha predictor train`` and ``megha bench predict``."""
+
+import json
+
+from services.cli import build_parser, main
+from services.predictor.lifetime_model import load_model
+
+
+def test_predictor_still_serves_without_an_action():
+    args = build_parser().parse_args(["predictor", "--config", "fed.yaml"])
+    assert args.command == "predictor" and args.action is None and args.config == "fed.yaml"
+
+
+def test_predictor_train_writes_a_loadable_model(tmp_path, capsys):
+    out = tmp_path / "m.pkl"
+    argv = ["predictor", "train", "--synthetic", "600", "--out", str(out), "--max-iter", "5"]
+    assert main(argv) == 0
+    assert "lifetime model on 600 VMs (4800 uptime-augmented rows)" in capsys.readouterr().out
+    model = load_model(out)
+    assert model.schema.names == ["category", "cores", "memory_gb", "priority", "user"]
+
+
+def test_predictor_train_explains_bad_input(tmp_path, capsys):
+    assert main(["predictor", "train", "--out", str(tmp_path / "m.pkl")]) == 2
+    assert "needs --out MODEL and one of --trace FILE or --synthetic N" in capsys.readouterr().err
+    missing = str(tmp_path / "missing.csv")
+    assert main(["predictor", "train", "--trace", missing, "--out", str(tmp_path / "m")]) == 2
+    assert "missing.csv" in capsys.readouterr().err
+
+
+def test_bench_predict_json(tiny_model_path, capsys):
+    argv = ["bench", "predict", "--model", str(tiny_model_path), "--batch", "300"]
+    assert main([*argv, "--rpcs", "50", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["inprocess_batch"] == 300 and result["sidecar_rpcs"] == 50
+    assert result["inprocess_us_per_vm"] > 0
+    assert 0 < result["sidecar_p50_ms"] <= result["sidecar_p99_ms"]
+    assert main(["bench", "predict", "--model", str(tiny_model_path), "--batch", "0"]) == 2

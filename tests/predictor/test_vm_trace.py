@@ -1,0 +1,117 @@
+"""The synthetic VM trace has the paper's properties, and the CSV format round-trips."""
+
+import numpy as np
+import pytest
+
+from loadgen.vm_trace import (
+    FIXED_COLUMNS,
+    TraceError,
+    VmTrace,
+    group_lifetimes,
+    read_vm_csv,
+    synthetic_vm_trace,
+    trace_properties,
+    write_vm_csv,
+)
+
+H = 3600.0
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return synthetic_vm_trace(vms=20_000, days=7, seed=3)
+
+
+def test_most_vms_are_short_but_most_core_hours_are_long(trace):
+    props = trace_properties(trace)
+    assert props["vms"] == 20_000
+    assert 0.86 <= props["vms_under_1h"] <= 0.91  # paper: about 88 %
+    assert props["core_hours_1h_plus"] >= 0.965  # paper: about 98 %
+
+
+def test_lifetimes_are_bimodal_within_one_feature_group(trace):
+    keys = ("user", "category", "priority", "cores", "memory_gb")
+    bimodal = [
+        life
+        for life in group_lifetimes(trace, keys).values()
+        if len(life) >= 100 and (life < H).mean() >= 0.3 and (life > 10 * H).mean() >= 0.1
+    ]
+    assert bimodal, "no feature group with both a short and a long mode"
+    # Two modes, not one spread: little mass between 1 h and 3 h compared to either side.
+    life = max(bimodal, key=len)
+    between = ((life >= H) & (life < 3 * H)).mean()
+    assert between < (life < H).mean() / 3 and between < (life >= 3 * H).mean()
+
+
+def test_prehistory_vms_are_running_at_time_zero(trace):
+    early = trace.arrival_s < 0
+    assert early.any()
+    assert np.all(trace.arrival_s[early] + trace.lifetime_s[early] > 0)
+    assert np.all(np.diff(trace.arrival_s) >= 0)
+
+
+def test_seeds_vary_the_vms_but_not_the_population():
+    a = synthetic_vm_trace(vms=2_000, seed=1, prehistory_days=0)
+    b = synthetic_vm_trace(vms=2_000, seed=1, prehistory_days=0)
+    c = synthetic_vm_trace(vms=2_000, seed=2, prehistory_days=0)
+    assert np.array_equal(a.lifetime_s, b.lifetime_s)
+    assert not np.array_equal(a.lifetime_s, c.lifetime_s)
+    # The same users keep their shapes: a user's shapes in c are among its shapes in a.
+    for user in set(a.features["user"][:200]):
+        shapes_a = set(
+            zip(
+                a.cpu_milli[a.features["user"] == user],
+                a.memory_mb[a.features["user"] == user],
+                strict=True,
+            )
+        )
+        shapes_c = set(
+            zip(
+                c.cpu_milli[c.features["user"] == user],
+                c.memory_mb[c.features["user"] == user],
+                strict=True,
+            )
+        )
+        assert len(shapes_a | shapes_c) <= 3
+
+
+def test_csv_round_trip(tmp_path):
+    trace = synthetic_vm_trace(vms=300, days=1, seed=5)
+    path = write_vm_csv(trace, tmp_path / "vms.csv")
+    assert path.read_text().splitlines()[0].startswith(",".join(FIXED_COLUMNS))
+    back = read_vm_csv(path)
+    assert len(back) == len(trace)
+    assert np.allclose(back.arrival_s, trace.arrival_s, atol=1e-3)
+    assert np.allclose(back.lifetime_s, trace.lifetime_s, atol=1e-3)
+    assert np.array_equal(back.cpu_milli, trace.cpu_milli)
+    assert back.feature_dicts()[:5] == trace.feature_dicts()[:5]
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("a,b\n1,2\n", "header must start with"),
+        (
+            "vm_id,arrival_s,lifetime_s,cpu_milli,memory_mb,user\nv1,0,10,1000,512\n",
+            ":2: 5 columns",
+        ),
+        (
+            "vm_id,arrival_s,lifetime_s,cpu_milli,memory_mb\nv1,0,0,1000,512\n",
+            ":2: lifetime_s must be > 0",
+        ),
+        ("vm_id,arrival_s,lifetime_s,cpu_milli,memory_mb\nv1,zero,5,1000,512\n", "non-number"),
+        ("vm_id,arrival_s,lifetime_s,cpu_milli,memory_mb\n", "no VMs"),
+    ],
+)
+def test_bad_csv_says_where_and_why(tmp_path, text, reason):
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(TraceError, match=reason):
+        read_vm_csv(path)
+    with pytest.raises(TraceError, match="No such file"):
+        read_vm_csv(tmp_path / "missing.csv")
+
+
+def test_mismatched_columns_are_rejected():
+    with pytest.raises(TraceError, match="lifetime_s has 1 values for 2 VMs"):
+        VmTrace(np.zeros(2), np.ones(1), np.ones(2), np.ones(2), {})
