@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import sys
@@ -33,6 +34,7 @@ from typing import Any, TextIO
 import aio_pika
 import grpc
 import yaml
+from aio_pika.exceptions import AMQPError
 
 from loadgen import report
 from services._proto.megha.v1 import common_pb2
@@ -115,15 +117,24 @@ class BenchOptions:
 
 
 # ----------------------------------------------------------------------- federation
-def free_base_port(count: int, attempts: int = 200) -> int:
-    """The first of ``count`` consecutive TCP ports that are free now (probed by binding)."""
+def free_config(options: BenchOptions, prefix: str, attempts: int = 200) -> FederationConfig:
+    """``bench_config`` at a base port where every port it uses is free now (probed)."""
     rng = uuid.uuid4().int
     low, high = PORT_RANGE
     for i in range(attempts):
-        base = low + (rng + i * 7919) % (high - low - count)
-        if all(_port_free(port) for port in range(base, base + count)):
-            return base
-    raise BenchError(f"found no {count} consecutive free TCP ports in {low}..{high}")
+        base = low + (rng + i * 7919) % (high - low - 1000)
+        config = bench_config(options, base, prefix)
+        if all(_port_free(port) for port in config_ports(config)):
+            return config
+    raise BenchError(f"found no free set of TCP ports for the federation in {low}..{high}")
+
+
+def config_ports(config: FederationConfig) -> list[int]:
+    """Every gRPC and Prometheus port the config's processes listen on."""
+    endpoints = [*config.gms, *config.lms, *([config.predictor] if config.predictor else [])]
+    ports = [p for e in endpoints for p in (e.port, e.metrics_port)]
+    ports += [getattr(group, "metrics_port", 0) for group in config.workers]
+    return [p for p in ports if p]
 
 
 def _port_free(port: int) -> bool:
@@ -137,11 +148,14 @@ def _port_free(port: int) -> bool:
 
 
 def bench_config(options: BenchOptions, base_port: int, prefix: str) -> FederationConfig:
-    """``default_config`` plus the prefix, metrics ports and the benchmark's queues."""
+    """``default_config`` plus the prefix, GM/LM metrics ports and the benchmark's queues."""
     data = default_config(options.gms, options.lms, options.workers_per_lm, base_port)
-    metrics = iter(range(base_port + options.gms + options.lms + 1, base_port + 1000))
+    # The GM and LM counters (inconsistencies, repartitions, preemptions) are read from
+    # their Prometheus endpoints, so each needs one.
+    spare = iter(range(base_port + 900, base_port + 1000))
     for endpoint in (*data["gms"], *data["lms"]):
-        endpoint["metrics_port"] = next(metrics)
+        endpoint.setdefault("metrics_port", 0)
+        endpoint["metrics_port"] = endpoint["metrics_port"] or next(spare)
     data["exchange_prefix"] = prefix
     if options.rabbitmq_url:
         data["rabbitmq_url"] = options.rabbitmq_url
@@ -160,11 +174,6 @@ def bench_config(options: BenchOptions, base_port: int, prefix: str) -> Federati
             "MEGHA_EXCHANGE_PREFIX is set; bench-live needs a prefix of its own: unset it"
         )
     return config
-
-
-def ports_needed(options: BenchOptions) -> int:
-    # gRPC: GMs, LMs, predictor; metrics: GMs and LMs.
-    return 2 * (options.gms + options.lms) + 1
 
 
 @contextlib.asynccontextmanager
@@ -423,7 +432,7 @@ async def run_bench(
     """Start the federation, offer the load, measure, write the report, stop everything."""
     options.check()
     prefix = f"bench-{uuid.uuid4().hex[:10]}"
-    config = bench_config(options, free_base_port(ports_needed(options)), prefix)
+    config = free_config(options, prefix)
     if not broker_reachable(config.rabbitmq_url):
         raise BenchError(
             f"RabbitMQ is not reachable at {config.rabbitmq_url}; start it "
@@ -436,13 +445,20 @@ async def run_bench(
         f"bench-live: starting {len(config.gms)} GMs, {len(config.lms)} LMs, {workers} workers "
         f"(prefix {prefix}, logs in {log_dir})"
     )
+    load_before = _loadavg()
     setup_began = time.monotonic()
     try:
         async with running_federation(config, log_dir, options.service_log_level) as children:
             setup_s = time.monotonic() - setup_began
             say(f"bench-live: federation ready in {setup_s:.1f} s; offering load")
-            result = await children.guard(_measure(options, config, progress))
+            result = await children.guard(_measure(options, config, progress, children))
             result.summary["setup_s"] = round(setup_s, 3)
+            # Every process shares this host's CPUs: a busy host makes every hop slower.
+            result.summary["host"] = {
+                "cpus": os.cpu_count(),
+                "loadavg_1m_before": load_before,
+                "loadavg_1m_after": _loadavg(),
+            }
             result.summary["log_dir"] = str(log_dir)
     except ChildDied as err:
         head, _, tail = str(err).partition("\n")
@@ -450,13 +466,93 @@ async def run_bench(
         raise BenchError(f"{head} (last log line: {last[:300]}; logs in {log_dir})") from None
     except TimeoutError as err:
         raise BenchError(f"the federation did not get ready: {err} (logs in {log_dir})") from None
+    except grpc.aio.AioRpcError as err:
+        raise BenchError(
+            f"a GM did not answer: {err.code().name}: {err.details()} (logs in {log_dir})"
+        ) from None
+    except (AMQPError, ConnectionError) as err:
+        raise BenchError(f"RabbitMQ at {config.rabbitmq_url} failed: {err!r}") from None
     if options.out is not None:
         result.files = write_report(options.out, result)
     return result
 
 
+def _loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+_HOST = "(host)"  # CpuMeter's key for the whole host's busy CPU time
+
+
+class CpuMeter:
+    """CPU seconds each process used over a window, read from /proc (Linux only).
+
+    Every process of the run shares this host's CPUs, so "who burns the CPU" tells where
+    the time goes better than a profile of one process. RabbitMQ is included when it runs
+    here (it may also serve other clients).
+    """
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = dict(pids)
+        broker = _local_pid_of(b"beam.smp")
+        if broker is not None:
+            self.pids["rabbitmq"] = broker
+        self._ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._began: dict[str, float] = {}
+        self._began_at = 0.0
+
+    def start(self) -> None:
+        self._began, self._began_at = self._read(), time.monotonic()
+
+    def stop(self, tasks: int) -> dict[str, Any] | None:
+        """``cores`` (CPU seconds per second) of the run, per process % of one core and ms
+        per task, and ``other_cores``: what the rest of the host used meanwhile."""
+        ended, window = self._read(), time.monotonic() - self._began_at
+        used = {n: ended[n] - self._began[n] for n in ended if n in self._began}
+        if not used or window <= 0:
+            return None
+        host = ended.pop(_HOST, None), self._began.get(_HOST)
+        used.pop(_HOST, None)
+        ours = sum(used.values())
+        other = None if None in host else max(0.0, host[0] - host[1] - ours) / window
+        return {
+            "window_s": round(window, 3),
+            "cores": round(ours / window, 3),
+            "other_cores": None if other is None else round(other, 3),
+            "percent_of_core": {n: round(100 * v / window, 1) for n, v in used.items()},
+            "ms_per_task": {n: round(1e3 * v / max(1, tasks), 3) for n, v in used.items()},
+        }
+
+    def _read(self) -> dict[str, float]:
+        out = {}
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            # user nice system idle iowait irq softirq steal: busy = all but idle and iowait
+            ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:9]]
+            out[_HOST] = (sum(ticks) - ticks[3] - ticks[4]) / self._ticks
+        for name, pid in self.pids.items():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            out[name] = (int(fields[11]) + int(fields[12])) / self._ticks  # utime + stime
+        return out
+
+
+def _local_pid_of(program: bytes) -> int | None:
+    with contextlib.suppress(OSError):
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if program in (entry / "cmdline").read_bytes().split(b"\0")[0]:
+                        return int(entry.name)
+    return None
+
+
 async def _measure(
-    options: BenchOptions, config: FederationConfig, progress: Progress
+    options: BenchOptions, config: FederationConfig, progress: Progress, children: Children
 ) -> BenchResult:
     events = EventLog()
     bus = RabbitBus(config.rabbitmq_url, prefix=config.exchange_prefix)
@@ -484,13 +580,17 @@ async def _measure(
     async with bus:
         await bus.subscribe_topic(EVENT_EXCHANGE, "task.#", events.on_batch)
         reporter = asyncio.create_task(progress.run(line))
+        meter = CpuMeter({"loadgen": os.getpid()} | {n: p.pid for n, p in children.procs.items()})
+        meter.start()
         began = time.monotonic()
+        drained = False
         try:
             await offer.run()
             phase[0] = "draining"
-            await _drain(offer.offer, events, options.seconds + DRAIN_EXTRA_S)
+            drained = await _drain(offer.offer, events, options.seconds + DRAIN_EXTRA_S)
         finally:
             wall_s = time.monotonic() - began
+            cpu = meter.stop(len(offer.offer.accepted))
             reporter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reporter
@@ -500,7 +600,10 @@ async def _measure(
             for target in targets:
                 await target.client.close()
         counters = await scrape_counters(config)
-    return summarise(options, config, offer.offer, events, wall_s, counters)
+    result = summarise(options, config, offer.offer, events, wall_s, counters)
+    result.summary["cpu"] = cpu
+    result.summary["drain_timed_out"] = not drained
+    return result
 
 
 def _queue_for(config: FederationConfig, gm_id: str) -> str:
@@ -508,13 +611,21 @@ def _queue_for(config: FederationConfig, gm_id: str) -> str:
     return own[0].name if own else config.effective_queues()[0].name
 
 
-async def _drain(offer: Offer, events: EventLog, bound_s: float) -> None:
-    """Until every accepted task has ended and no submission is in flight, or the bound."""
+async def _drain(offer: Offer, events: EventLog, bound_s: float) -> bool:
+    """Until every accepted task has ended and no submission is in flight (True), or the
+    bound passed (False)."""
     deadline = time.monotonic() + bound_s
+    waiting: set[str] = set()
     while time.monotonic() < deadline:
-        if not offer.inflight and all(t in events.ended for t in offer.accepted):
-            return
+        if offer.inflight:
+            waiting = set()  # accepted may still grow
+        else:
+            waiting = waiting or set(offer.accepted)
+            waiting = {t for t in waiting if t not in events.ended}
+            if not waiting:
+                return True
         await asyncio.sleep(0.05)
+    return False
 
 
 def summarise(
@@ -631,10 +742,34 @@ def render(result: BenchResult) -> str:
         f"percentiles over {s['measured_tasks']} tasks that started after the "
         f"{s['warmup_s']:g} s warm-up ({s['excluded_warmup']} warm-up tasks excluded)",
     ]
+    if s.get("drain_timed_out"):
+        lines.append(
+            f"gave up waiting {s['seconds'] + DRAIN_EXTRA_S:g} s after the offer: "
+            f"{s['accepted'] - s['completed'] - s['failed']} accepted tasks had not ended"
+        )
     if s["submit_errors"]:
         lines.append(f"submit errors          {s['submit_errors']}")
     if s["failed"]:
         lines.append(f"failed tasks           {s['failed']}")
+    cpu = s.get("cpu")
+    if cpu:
+        busiest = sorted(cpu["percent_of_core"].items(), key=lambda kv: -kv[1])
+        cores = os.cpu_count() or 1
+        lines.append(
+            f"CPU, % of one core     total {100 * cpu['cores']:.0f} of {100 * cores}: "
+            + "  ".join(f"{n} {v:.0f}" for n, v in busiest)
+            + (
+                f"  (rest of the host {100 * cpu['other_cores']:.0f})"
+                if cpu.get("other_cores") is not None
+                else ""
+            )
+        )
+    other = (cpu or {}).get("other_cores")
+    if other is not None and other > 0.2:
+        lines.append(
+            f"note: other processes on this host used {100 * other:.0f}% of a core meanwhile; "
+            "every hop waits for CPU, so these latencies are pessimistic"
+        )
     if s["counters_source"] != "prometheus":
         lines.append("inconsistency/repartition/preemption counts unavailable (left 0)")
     for path in result.files:

@@ -10,9 +10,14 @@ Without a subcommand it describes itself. Errors come out as one line and exit c
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+# Modules that each add one subcommand, named like the module with "-" for "_": every one
+# has ``add_subcommand(subparsers)`` and ``main(args) -> int``.
+SUBCOMMAND_MODULES = ("gpa_eval", "vm_sim")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--service-log-level", default="INFO", help="log level of the started services"
     )
+    for name in SUBCOMMAND_MODULES:
+        importlib.import_module(f"loadgen.{name}").add_subcommand(commands)
     return parser
 
 
@@ -71,6 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "bench-live":
         return _bench_live(args)
+    for name in SUBCOMMAND_MODULES:
+        if args.command == name.replace("_", "-"):
+            return importlib.import_module(f"loadgen.{name}").main(args)
     parser.print_help()
     return 0
 

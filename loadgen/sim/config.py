@@ -1,0 +1,104 @@
+"""What a simulation run models: the cluster, the schedulers, and the costs of each step.
+
+Defaults follow the public simulators the paper compares against, so numbers line up:
+0.5 ms per message (the Sparrow simulator's ``NETWORK_DELAY``, reused by the public Megha
+simulator), a 10 s LM heartbeat (the paper), one CPU per worker and per task (both public
+simulators). Processing costs are constants measured on the core (see ``docs/results.md``):
+they keep a run deterministic, which measured CPU time would not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+SCHEDULERS = ("megha", "sparrow", "central")
+FINISH_NOTIFY = ("all", "owner", "none")
+
+# The live GM takes up to this many tasks from a queue per scheduling round
+# (services/global_master/service.py: ROUND_PER_QUEUE) and gives up on a task the LMs
+# rejected this often until the view changes (MAX_REJECTIONS).
+LIVE_ROUND_PER_QUEUE = 512
+LIVE_MAX_REJECTIONS = 20
+
+
+class SimConfigError(ValueError):
+    """A simulation parameter is out of range; the message says which and why."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    scheduler: str = "megha"
+    """``megha`` (G GMs x L LMs), ``sparrow`` (batch sampling, late binding) or ``central``
+    (the Megha code path with 1 GM x 1 LM over every worker)."""
+    workers: int = 10_000
+    """Worker nodes; split evenly over the LMs, each LM's nodes evenly over the GMs."""
+    gms: int = 10
+    """Global Masters (Megha); each serves one user queue and jobs go round-robin."""
+    lms: int = 10
+    """Local Masters (Megha)."""
+    cores_per_worker: int = 1
+    """CPUs per worker; a ``.tr`` task asks for one CPU."""
+    memory_per_worker_mb: int = 4096
+    """Memory per worker; ``.tr`` tasks ask for none, but a node needs some."""
+    network_delay_s: float = 0.0005
+    """One-way delay of every message (GM-LM, LM-worker, probes, heartbeats)."""
+    heartbeat_interval_s: float = 10.0
+    """How often each LM sends its delta state to every GM."""
+    gm_match_s: float = 7e-6
+    """GM time per match (one ``GlobalView.match``); ``megha bench match`` p50."""
+    lm_validate_s: float = 9e-6
+    """LM time per request it validates (``ClusterState.launch``), measured p50."""
+    round_size: int = LIVE_ROUND_PER_QUEUE
+    """Most tasks a GM places per scheduling round; one message per LM per round."""
+    max_rejections: int = LIVE_MAX_REJECTIONS
+    """Rejections after which a task waits for a view change instead of retrying."""
+    finish_notify: str = "all"
+    """Who learns of a finished task before the next heartbeat: ``all`` GMs (the live
+    services' lifecycle events), the ``owner`` GM (the public Megha simulator), ``none``."""
+    fair_share: bool = False
+    """Paper Alg. 2: a GM whose user is under its share may preempt over-share users.
+    Off by default: ``.tr`` traces have no users and the compared simulators no preemption."""
+    probe_ratio: float = 2.0
+    """Sparrow: probes per task."""
+    lm_delta_history: int = 1024
+    """Ended tasks an LM remembers for delta snapshots (``ClusterState(delta_history=)``);
+    a GM further behind gets a full snapshot. The core's default (100,000) makes every
+    delta scan that whole history (``ClusterState.snapshot``), which dominated the run
+    time; 1024 bounds the scan and only turns rare bursts of >1024 ends per heartbeat
+    interval into full snapshots."""
+    policy: str = "first-fit"
+    """Placement policy of GM and LM (``services.core.match.POLICIES``)."""
+    seed: int = 0
+    """Seeds the generator behind every random choice (heartbeat phases, Sparrow probes)."""
+
+    def effective(self) -> SimConfig:
+        """``central`` is Megha with one GM and one LM: the counts the run really uses."""
+        if self.scheduler == "central":
+            return replace(self, gms=1, lms=1)
+        return self
+
+    def check(self) -> None:
+        if self.scheduler not in SCHEDULERS:
+            raise SimConfigError(f"unknown scheduler {self.scheduler!r}; use one of {SCHEDULERS}")
+        if self.finish_notify not in FINISH_NOTIFY:
+            raise SimConfigError(f"finish_notify must be one of {FINISH_NOTIFY}")
+        for name in ("workers", "gms", "lms", "cores_per_worker", "memory_per_worker_mb"):
+            if getattr(self, name) < 1:
+                raise SimConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("round_size", "max_rejections", "lm_delta_history"):
+            if getattr(self, name) < 1:
+                raise SimConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("network_delay_s", "gm_match_s", "lm_validate_s"):
+            if getattr(self, name) < 0:
+                raise SimConfigError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.heartbeat_interval_s <= 0:
+            raise SimConfigError("heartbeat_interval_s must be positive")
+        if self.probe_ratio <= 0:
+            raise SimConfigError("probe_ratio must be positive")
+        if self.scheduler == "megha" and self.lms > self.workers:
+            raise SimConfigError(f"{self.lms} LMs need at least as many workers, got {self.workers}")
+
+
+def ns(seconds: float) -> int:
+    """Virtual time is integer nanoseconds, so modelled delays add up exactly."""
+    return round(seconds * 1e9)

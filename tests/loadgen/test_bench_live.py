@@ -1,0 +1,141 @@
+"""``megha-loadgen bench-live``: what it counts from task events, its CLI errors, and one
+small end-to-end run against real processes and RabbitMQ."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loadgen import cli, report
+from loadgen.bench_live import BenchOptions, EventLog, Offer, bench_config, summarise
+from services._proto.megha.v1 import common_pb2
+
+RABBIT_URL = os.environ.get("MEGHA_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
+T0 = 1_800_000_000_000_000_000  # the first offer, unix ns
+S = 1_000_000_000
+
+
+def event(task_id: str, state: int, started_s: float, attempt: int = 0) -> common_pb2.TaskEvent:
+    started = T0 + int(started_s * S)
+    stamps = common_pb2.TaskTimestamps(
+        submitted_unix_nanos=started - 5_000_000,
+        queued_unix_nanos=started - 4_000_000,
+        dequeued_unix_nanos=started - 3_000_000,
+        decided_unix_nanos=started - 2_000_000,
+        lm_received_unix_nanos=started - 1_500_000,
+        lm_decided_unix_nanos=started - 1_000_000,
+        worker_received_unix_nanos=started - 500_000,
+        started_unix_nanos=started,
+        finished_unix_nanos=started + 50_000_000 if state != common_pb2.TASK_STATE_RUNNING else 0,
+    )
+    return common_pb2.TaskEvent(
+        task_id=task_id,
+        job_id=task_id.split(".")[0],
+        state=state,
+        lm_id="lm-1",
+        node_id="lm-1-w0",
+        timestamps=stamps,
+        attempt=attempt,
+    )
+
+
+def run_events(*events: common_pb2.TaskEvent) -> EventLog:
+    log = EventLog()
+    log.add(common_pb2.TaskEventBatch(events=list(events)))
+    return log
+
+
+RUNNING, SUCCEEDED = common_pb2.TASK_STATE_RUNNING, common_pb2.TASK_STATE_SUCCEEDED
+
+
+def test_summary_excludes_warmup_counts_duplicates_and_measures_the_steady_window() -> None:
+    options = BenchOptions(rate=4, seconds=3, gms=1, lms=1, workers_per_lm=2, warmup_s=1.0)
+    config = bench_config(options, base_port=30_000, prefix="bench-unit")
+    offer = Offer(jobs=5, tasks=5, started_ns=T0, ended_ns=T0 + 2 * S)
+    for name in "abcde":
+        offer.accepted[f"{name}.0"] = (name, "gm-1")
+    events = run_events(
+        event("a.0", RUNNING, 0.5),  # in the warm-up
+        event("b.0", RUNNING, 1.0),
+        event("c.0", RUNNING, 1.5),
+        event("d.0", RUNNING, 2.0),
+        event("a.0", SUCCEEDED, 0.5),
+        event("b.0", SUCCEEDED, 1.0),
+        event("c.0", SUCCEEDED, 1.5),
+        event("c.0", SUCCEEDED, 1.5),  # the same task succeeded twice
+        event("d.0", SUCCEEDED, 2.0),
+        # e.0 never ran
+    )
+    result = summarise(options, config, offer, events, wall_s=3.0, counters=None)
+    s = result.summary
+    assert list(s)[: len(report.SUMMARY_KEYS)] == list(report.SUMMARY_KEYS)
+    assert (s["tasks"], s["completed"], s["duplicates"]) == (5, 4, 1)
+    assert (s["measured_tasks"], s["excluded_warmup"]) == (3, 1)
+    assert s["throughput_tasks_per_s"] == pytest.approx(3.0)  # 3 starts over 1 s
+    assert s["alloc_s"]["p50"] == pytest.approx(0.005)
+    assert s["components_s"]["framework_queuing"] == pytest.approx(0.002)
+    assert s["counters_source"].startswith("unavailable")
+    assert not result.ok
+    rows = {r["task_id"]: r for r in result.rows}
+    assert rows["e.0"]["alloc_s"] is None and rows["e.0"]["state"] == "unspecified"
+    assert rows["b.0"]["state"] == "succeeded" and rows["b.0"]["finished_unix_nanos"] > 0
+
+
+def test_a_retried_task_is_measured_by_its_latest_attempt() -> None:
+    log = run_events(event("a.0", RUNNING, 3.0, attempt=1), event("a.0", RUNNING, 1.0))
+    assert log.running["a.0"].attempt == 1
+    assert log.succeeded == 0 and log.duplicates == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rate", "0"], "--rate must be positive"),
+        (["--warmup", "20", "--seconds", "10"], "--warmup must be"),
+        (["--tasks-per-job", "0"], "--tasks-per-job must be at least 1"),
+        (["--rabbitmq-url", "amqp://guest:guest@127.0.0.1:1/"], "RabbitMQ is not reachable"),
+    ],
+)
+def test_cli_errors_are_one_line_and_exit_2(args, message, capsys) -> None:
+    assert cli.main(["bench-live", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cli_without_a_subcommand_describes_itself(capsys) -> None:
+    assert cli.main([]) == 0
+    assert "bench-live" in capsys.readouterr().out
+
+
+@pytest.mark.integration
+def test_bench_live_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "loadgen.cli", "bench-live", "--gms", "1", "--lms", "1"]
+    argv += ["--workers-per-lm", "4", "--rate", "20", "--seconds", "2", "--warmup", "0"]
+    argv += ["--out", str(out), "--log-dir", str(tmp_path / "logs")]
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, "MEGHA_RABBITMQ_URL": RABBIT_URL},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary)[: len(report.SUMMARY_KEYS)] == list(report.SUMMARY_KEYS)
+    assert summary["target"] == "live" and summary["scheduler"] == "megha"
+    assert summary["tasks"] == 40
+    assert summary["completed"] == summary["tasks"]
+    assert summary["duplicates"] == 0
+    assert summary["alloc_s"]["p50"] > 0 and summary["throughput_tasks_per_s"] > 0
+    with (out / "tasks.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 40 and all(float(r["alloc_s"]) > 0 for r in rows)
+    assert "completed / offered    40 / 40" in done.stdout
