@@ -96,7 +96,9 @@ class SimConfig:
         if self.probe_ratio <= 0:
             raise SimConfigError("probe_ratio must be positive")
         if self.scheduler == "megha" and self.lms > self.workers:
-            raise SimConfigError(f"{self.lms} LMs need at least as many workers, got {self.workers}")
+            raise SimConfigError(
+                f"{self.lms} LMs need at least as many workers, got {self.workers}"
+            )
 
 
 def ns(seconds: float) -> int:

@@ -117,7 +117,9 @@ class MeghaSim:
         # Victims come back from an LM by task id; only preemption needs the reverse map.
         self._task_index: dict[str, int] | None = {} if config.fair_share else None
         gm_ids = [f"gm{g}" for g in range(config.gms)]
-        self.fair = FairShare([QueueShare(f"user{g}", 1 / config.gms, gm_ids[g]) for g in range(config.gms)])
+        self.fair = FairShare(
+            [QueueShare(f"user{g}", 1 / config.gms, gm_ids[g]) for g in range(config.gms)]
+        )
         self.gms = [
             SimGM(
                 index=g,
@@ -400,7 +402,16 @@ class MeghaSim:
             self._start(lm, task, plan.victims.node, now, t)
         snap = state.snapshot(known) if not decision.ok else None
         self.engine.at(
-            t + self.delay, self._gm_preempt_reply, gm, lm, task, spec, plan, decision.ok, victims, snap
+            t + self.delay,
+            self._gm_preempt_reply,
+            gm,
+            lm,
+            task,
+            spec,
+            plan,
+            decision.ok,
+            victims,
+            snap,
         )
 
     def _requeue(self, task_id: str, now: int) -> None:

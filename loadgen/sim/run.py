@@ -1,7 +1,7 @@
 """One simulation run, from a trace to the DESIGN.md §5 report.
 
-    trace ──Workload──▶ MeghaSim | SparrowSim on an Engine ──TaskLog──▶ summary (report.py)
-                                                             ──▶ summary.json, tasks.csv, CDF
+trace ──Workload──▶ MeghaSim | SparrowSim on an Engine ──TaskLog──▶ summary (report.py)
+                                                         ──▶ summary.json, tasks.csv, CDF
 """
 
 from __future__ import annotations
@@ -230,7 +230,9 @@ def render(result: SimResult) -> str:
     jct = s["job_completion_s"]
     lines.append(
         "job completion (s)     "
-        + "  ".join(f"{k} {'-' if jct[k] is None else f'{jct[k]:.1f}'}" for k in report.PERCENTILE_KEYS)
+        + "  ".join(
+            f"{k} {'-' if jct[k] is None else f'{jct[k]:.1f}'}" for k in report.PERCENTILE_KEYS
+        )
     )
     lines.append(
         f"simulated              {s['tasks']} tasks, {s['events']:,} events, "

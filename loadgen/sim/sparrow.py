@@ -27,7 +27,9 @@ from loadgen.sim.workload import TaskLog, Workload
 
 
 class SparrowSim:
-    def __init__(self, config: SimConfig, workload: Workload, engine: Engine, rng: np.random.Generator):
+    def __init__(
+        self, config: SimConfig, workload: Workload, engine: Engine, rng: np.random.Generator
+    ):
         self.config = config
         self.workload = workload
         self.engine = engine

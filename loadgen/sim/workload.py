@@ -68,7 +68,13 @@ class Workload:
             counts.append(len(job.tasks))
             for task in job.tasks:
                 durations.append(task.duration_s)
-                key = (task.cpu_milli, task.memory_mb, task.disk_mb, task.net_mbps, task.constraints)
+                key = (
+                    task.cpu_milli,
+                    task.memory_mb,
+                    task.disk_mb,
+                    task.net_mbps,
+                    task.constraints,
+                )
                 shape = index.get(key)
                 if shape is None:
                     shape = index[key] = len(shapes)
