@@ -8,9 +8,14 @@ lifetime model (``lifetime_model.py``) and the GPA math (``services/core/gpa.py`
   counted in ``megha_predictor_predictions_total{source="fallback"}``: the reply has no
   field to say so).
 - ``FitGpa``: which nodes take the task with P(CPU usage > capacity) <= rho.
-- ``ForecastDemand``: UNIMPLEMENTED until predictive autoscaling lands.
+- ``ForecastDemand``: the next interval's nodes per resource bucket from a history of
+  bucket counts, and the scale-up plan: target = max(forecast, demand now), add =
+  target - allocated, never negative (``demand.py`` over ``services/core/forecast.py``).
+  The model is fitted on the request's own history, so a call costs a fit (tens to
+  hundreds of ms for weeks of 15-minute samples); it runs off the event loop.
 
-The same object works in-process (call ``predict`` / ``fit_gpa``) without a network hop.
+The same object works in-process (call ``predict`` / ``fit_gpa`` / ``forecast_demand``)
+without a network hop.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import numpy as np
 from prometheus_client import Counter, Histogram
 
 from services._proto.megha.v1 import predictor_pb2, predictor_pb2_grpc
+from services.predictor.demand import forecast_demand
 from services.predictor.lifetime_model import (
     LifetimeEstimates,
     LifetimeModel,
@@ -55,7 +61,8 @@ RPC_SECONDS = Histogram(
 
 
 class PredictorService(predictor_pb2_grpc.PredictorServicer):
-    """Lifetime prediction and GPA fit; see the module doc for the fallback."""
+    """Lifetime prediction, GPA fit and demand forecast; see the module doc for the
+    lifetime fallback."""
 
     def __init__(self, model: LifetimeModel | None = None, model_path: str | Path | None = None):
         if model is None:
@@ -152,9 +159,25 @@ class PredictorService(predictor_pb2_grpc.PredictorServicer):
         RPC_SECONDS.labels("FitGpa").observe(time.perf_counter() - started)
         return reply
 
+    @staticmethod
+    def forecast_demand(
+        request: predictor_pb2.ForecastDemandRequest,
+    ) -> predictor_pb2.ForecastDemandResponse:
+        """Raises ``ValueError`` naming the field of a request that makes no sense."""
+        return forecast_demand(request)
+
     async def ForecastDemand(self, request, context):
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            "ForecastDemand is not implemented yet: predictive autoscaling (demand "
-            "forecast and scale plan) is a later part of issue 5",
-        )
+        """Forecast one interval ahead and plan the pool: ``forecast_bucket_counts``
+        (to the nearest node), ``target_bucket_counts`` = max(forecast, the last sample's demand),
+        ``scale_plan`` = target - ``allocated_bucket_counts``, never negative, and the
+        ``method`` that answered (UNSPECIFIED asks for the best the history supports).
+        INVALID_ARGUMENT, with the field and the reason, for an empty or ragged history,
+        timestamps out of order, bad buckets or interval, or a named method that needs
+        more history than was sent."""
+        started = time.perf_counter()
+        try:
+            reply = await asyncio.to_thread(forecast_demand, request)
+        except ValueError as err:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        RPC_SECONDS.labels("ForecastDemand").observe(time.perf_counter() - started)
+        return reply

@@ -1,5 +1,6 @@
 """The predictor sidecar over real gRPC: a server on a loopback port answering
-PredictLifetime, FitGpa and ForecastDemand, started as ``megha predictor`` starts it."""
+PredictLifetime, FitGpa and ForecastDemand, started as ``megha predictor`` starts it
+(ForecastDemand's tests are in test_forecast_service.py)."""
 
 import contextlib
 import importlib.util
@@ -122,14 +123,6 @@ def test_a_configured_model_that_cannot_load_is_an_error(tmp_path, monkeypatch):
     monkeypatch.setenv(MODEL_ENV, str(tmp_path / "nope.pkl"))
     with pytest.raises(ModelError, match="cannot read lifetime model"):
         PredictorService()
-
-
-async def test_forecast_demand_is_unimplemented_with_a_reason():
-    async with stub_of(PredictorService()) as stub:
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await stub.ForecastDemand(predictor_pb2.ForecastDemandRequest())
-    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "ForecastDemand is not implemented yet" in err.value.details()
 
 
 @pytest.mark.skipif(not HAS_GPA, reason="services/core/gpa.py (the GPA math) has not landed yet")

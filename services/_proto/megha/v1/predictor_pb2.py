@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from services._proto.megha.v1 import common_pb2 as megha_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18megha/v1/predictor.proto\x12\x08megha.v1\x1a\x15megha/v1/common.proto\"B\n\x16PredictLifetimeRequest\x12(\n\x07queries\x18\x01 \x03(\x0b\x32\x17.megha.v1.LifetimeQuery\"\x9c\x01\n\rLifetimeQuery\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x37\n\x08\x66\x65\x61tures\x18\x02 \x03(\x0b\x32%.megha.v1.LifetimeQuery.FeaturesEntry\x12\x10\n\x08uptime_s\x18\x03 \x01(\x01\x1a/\n\rFeaturesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"L\n\x17PredictLifetimeResponse\x12\x31\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x1c.megha.v1.LifetimePrediction\"\xa0\x01\n\x12LifetimePrediction\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x1c\n\x14\x65xpected_remaining_s\x18\x02 \x01(\x01\x12\x11\n\tquantiles\x18\x03 \x03(\x01\x12\x17\n\x0fquantile_levels\x18\x04 \x03(\x01\x12/\n\x0elifetime_class\x18\x05 \x01(\x0e\x32\x17.megha.v1.LifetimeClass\"o\n\rFitGpaRequest\x12\x0b\n\x03rho\x18\x01 \x01(\x01\x12\x17\n\x0ftask_mean_milli\x18\x02 \x01(\x01\x12\x16\n\x0etask_std_milli\x18\x03 \x01(\x01\x12 \n\x05nodes\x18\x04 \x03(\x0b\x32\x11.megha.v1.GpaNode\"e\n\x07GpaNode\x12\x12\n\nnode_index\x18\x01 \x01(\r\x12\x16\n\x0e\x63\x61pacity_milli\x18\x02 \x01(\x01\x12\x16\n\x0esum_mean_milli\x18\x03 \x01(\x01\x12\x16\n\x0esum_var_milli2\x18\x04 \x01(\x01\"N\n\x0e\x46itGpaResponse\x12\x1c\n\x14\x66itting_node_indices\x18\x01 \x03(\r\x12\x1e\n\x16overflow_probabilities\x18\x02 \x03(\x01\"z\n\x15\x46orecastDemandRequest\x12\'\n\x07history\x18\x01 \x03(\x0b\x32\x16.megha.v1.DemandSample\x12$\n\x07\x62uckets\x18\x02 \x03(\x0b\x32\x13.megha.v1.Resources\x12\x12\n\ninterval_s\x18\x03 \x01(\x01\"9\n\x0c\x44\x65mandSample\x12\x12\n\nunix_nanos\x18\x01 \x01(\x03\x12\x15\n\rbucket_counts\x18\x02 \x03(\r\"L\n\x16\x46orecastDemandResponse\x12\x1e\n\x16\x66orecast_bucket_counts\x18\x01 \x03(\r\x12\x12\n\nscale_plan\x18\x02 \x03(\r*\xac\x01\n\rLifetimeClass\x12\x1e\n\x1aLIFETIME_CLASS_UNSPECIFIED\x10\x00\x12\x1b\n\x17LIFETIME_CLASS_UNDER_1H\x10\x01\x12\x1c\n\x18LIFETIME_CLASS_1H_TO_10H\x10\x02\x12\x1e\n\x1aLIFETIME_CLASS_10H_TO_100H\x10\x03\x12 \n\x1cLIFETIME_CLASS_100H_TO_1000H\x10\x04\x32\xf5\x01\n\tPredictor\x12V\n\x0fPredictLifetime\x12 .megha.v1.PredictLifetimeRequest\x1a!.megha.v1.PredictLifetimeResponse\x12;\n\x06\x46itGpa\x12\x17.megha.v1.FitGpaRequest\x1a\x18.megha.v1.FitGpaResponse\x12S\n\x0e\x46orecastDemand\x12\x1f.megha.v1.ForecastDemandRequest\x1a .megha.v1.ForecastDemandResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18megha/v1/predictor.proto\x12\x08megha.v1\x1a\x15megha/v1/common.proto\"B\n\x16PredictLifetimeRequest\x12(\n\x07queries\x18\x01 \x03(\x0b\x32\x17.megha.v1.LifetimeQuery\"\x9c\x01\n\rLifetimeQuery\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x37\n\x08\x66\x65\x61tures\x18\x02 \x03(\x0b\x32%.megha.v1.LifetimeQuery.FeaturesEntry\x12\x10\n\x08uptime_s\x18\x03 \x01(\x01\x1a/\n\rFeaturesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"L\n\x17PredictLifetimeResponse\x12\x31\n\x0bpredictions\x18\x01 \x03(\x0b\x32\x1c.megha.v1.LifetimePrediction\"\xa0\x01\n\x12LifetimePrediction\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x1c\n\x14\x65xpected_remaining_s\x18\x02 \x01(\x01\x12\x11\n\tquantiles\x18\x03 \x03(\x01\x12\x17\n\x0fquantile_levels\x18\x04 \x03(\x01\x12/\n\x0elifetime_class\x18\x05 \x01(\x0e\x32\x17.megha.v1.LifetimeClass\"o\n\rFitGpaRequest\x12\x0b\n\x03rho\x18\x01 \x01(\x01\x12\x17\n\x0ftask_mean_milli\x18\x02 \x01(\x01\x12\x16\n\x0etask_std_milli\x18\x03 \x01(\x01\x12 \n\x05nodes\x18\x04 \x03(\x0b\x32\x11.megha.v1.GpaNode\"e\n\x07GpaNode\x12\x12\n\nnode_index\x18\x01 \x01(\r\x12\x16\n\x0e\x63\x61pacity_milli\x18\x02 \x01(\x01\x12\x16\n\x0esum_mean_milli\x18\x03 \x01(\x01\x12\x16\n\x0esum_var_milli2\x18\x04 \x01(\x01\"N\n\x0e\x46itGpaResponse\x12\x1c\n\x14\x66itting_node_indices\x18\x01 \x03(\r\x12\x1e\n\x16overflow_probabilities\x18\x02 \x03(\x01\"\xc5\x01\n\x15\x46orecastDemandRequest\x12\'\n\x07history\x18\x01 \x03(\x0b\x32\x16.megha.v1.DemandSample\x12$\n\x07\x62uckets\x18\x02 \x03(\x0b\x32\x13.megha.v1.Resources\x12\x12\n\ninterval_s\x18\x03 \x01(\x01\x12\x1f\n\x17\x61llocated_bucket_counts\x18\x04 \x03(\r\x12(\n\x06method\x18\x05 \x01(\x0e\x32\x18.megha.v1.ForecastMethod\"9\n\x0c\x44\x65mandSample\x12\x12\n\nunix_nanos\x18\x01 \x01(\x03\x12\x15\n\rbucket_counts\x18\x02 \x03(\r\"\x94\x01\n\x16\x46orecastDemandResponse\x12\x1e\n\x16\x66orecast_bucket_counts\x18\x01 \x03(\r\x12\x12\n\nscale_plan\x18\x02 \x03(\r\x12\x1c\n\x14target_bucket_counts\x18\x03 \x03(\r\x12(\n\x06method\x18\x04 \x01(\x0e\x32\x18.megha.v1.ForecastMethod*\xac\x01\n\rLifetimeClass\x12\x1e\n\x1aLIFETIME_CLASS_UNSPECIFIED\x10\x00\x12\x1b\n\x17LIFETIME_CLASS_UNDER_1H\x10\x01\x12\x1c\n\x18LIFETIME_CLASS_1H_TO_10H\x10\x02\x12\x1e\n\x1aLIFETIME_CLASS_10H_TO_100H\x10\x03\x12 \n\x1cLIFETIME_CLASS_100H_TO_1000H\x10\x04*\x90\x01\n\x0e\x46orecastMethod\x12\x1f\n\x1b\x46ORECAST_METHOD_UNSPECIFIED\x10\x00\x12\x19\n\x15\x46ORECAST_METHOD_NAIVE\x10\x01\x12\x1c\n\x18\x46ORECAST_METHOD_SEASONAL\x10\x02\x12$\n FORECAST_METHOD_GRADIENT_BOOSTED\x10\x03\x32\xf5\x01\n\tPredictor\x12V\n\x0fPredictLifetime\x12 .megha.v1.PredictLifetimeRequest\x1a!.megha.v1.PredictLifetimeResponse\x12;\n\x06\x46itGpa\x12\x17.megha.v1.FitGpaRequest\x1a\x18.megha.v1.FitGpaResponse\x12S\n\x0e\x46orecastDemand\x12\x1f.megha.v1.ForecastDemandRequest\x1a .megha.v1.ForecastDemandResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LIFETIMEQUERY_FEATURESENTRY']._loaded_options = None
   _globals['_LIFETIMEQUERY_FEATURESENTRY']._serialized_options = b'8\001'
-  _globals['_LIFETIMECLASS']._serialized_start=1087
-  _globals['_LIFETIMECLASS']._serialized_end=1259
+  _globals['_LIFETIMECLASS']._serialized_start=1236
+  _globals['_LIFETIMECLASS']._serialized_end=1408
+  _globals['_FORECASTMETHOD']._serialized_start=1411
+  _globals['_FORECASTMETHOD']._serialized_end=1555
   _globals['_PREDICTLIFETIMEREQUEST']._serialized_start=61
   _globals['_PREDICTLIFETIMEREQUEST']._serialized_end=127
   _globals['_LIFETIMEQUERY']._serialized_start=130
@@ -52,12 +54,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GPANODE']._serialized_end=743
   _globals['_FITGPARESPONSE']._serialized_start=745
   _globals['_FITGPARESPONSE']._serialized_end=823
-  _globals['_FORECASTDEMANDREQUEST']._serialized_start=825
-  _globals['_FORECASTDEMANDREQUEST']._serialized_end=947
-  _globals['_DEMANDSAMPLE']._serialized_start=949
-  _globals['_DEMANDSAMPLE']._serialized_end=1006
-  _globals['_FORECASTDEMANDRESPONSE']._serialized_start=1008
-  _globals['_FORECASTDEMANDRESPONSE']._serialized_end=1084
-  _globals['_PREDICTOR']._serialized_start=1262
-  _globals['_PREDICTOR']._serialized_end=1507
+  _globals['_FORECASTDEMANDREQUEST']._serialized_start=826
+  _globals['_FORECASTDEMANDREQUEST']._serialized_end=1023
+  _globals['_DEMANDSAMPLE']._serialized_start=1025
+  _globals['_DEMANDSAMPLE']._serialized_end=1082
+  _globals['_FORECASTDEMANDRESPONSE']._serialized_start=1085
+  _globals['_FORECASTDEMANDRESPONSE']._serialized_end=1233
+  _globals['_PREDICTOR']._serialized_start=1558
+  _globals['_PREDICTOR']._serialized_end=1803
 # @@protoc_insertion_point(module_scope)

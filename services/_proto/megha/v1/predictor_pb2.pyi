@@ -45,6 +45,44 @@ LIFETIME_CLASS_10H_TO_100H: LifetimeClass.ValueType  # 3
 LIFETIME_CLASS_100H_TO_1000H: LifetimeClass.ValueType  # 4
 Global___LifetimeClass: _TypeAlias = LifetimeClass  # noqa: Y015
 
+class _ForecastMethod:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ForecastMethodEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ForecastMethod.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    FORECAST_METHOD_UNSPECIFIED: _ForecastMethod.ValueType  # 0
+    """Let the predictor choose: the gradient-boosted model once the history
+    holds a day plus the lags, the seasonal baseline once it holds a day,
+    else the last value.
+    """
+    FORECAST_METHOD_NAIVE: _ForecastMethod.ValueType  # 1
+    """The last value (what a reactive autoscaler assumes)."""
+    FORECAST_METHOD_SEASONAL: _ForecastMethod.ValueType  # 2
+    """max(same time yesterday, same time last week); needs a day of history."""
+    FORECAST_METHOD_GRADIENT_BOOSTED: _ForecastMethod.ValueType  # 3
+    """Gradient-boosted trees on lag and time-of-day/week features, fitted on
+    the request's history; needs a day plus 6 intervals of history.
+    """
+
+class ForecastMethod(_ForecastMethod, metaclass=_ForecastMethodEnumTypeWrapper):
+    """How ForecastDemand forecasts."""
+
+FORECAST_METHOD_UNSPECIFIED: ForecastMethod.ValueType  # 0
+"""Let the predictor choose: the gradient-boosted model once the history
+holds a day plus the lags, the seasonal baseline once it holds a day,
+else the last value.
+"""
+FORECAST_METHOD_NAIVE: ForecastMethod.ValueType  # 1
+"""The last value (what a reactive autoscaler assumes)."""
+FORECAST_METHOD_SEASONAL: ForecastMethod.ValueType  # 2
+"""max(same time yesterday, same time last week); needs a day of history."""
+FORECAST_METHOD_GRADIENT_BOOSTED: ForecastMethod.ValueType  # 3
+"""Gradient-boosted trees on lag and time-of-day/week features, fitted on
+the request's history; needs a day plus 6 intervals of history.
+"""
+Global___ForecastMethod: _TypeAlias = ForecastMethod  # noqa: Y015
+
 @_typing.final
 class PredictLifetimeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -277,15 +315,24 @@ class ForecastDemandRequest(_message.Message):
     HISTORY_FIELD_NUMBER: _builtins.int
     BUCKETS_FIELD_NUMBER: _builtins.int
     INTERVAL_S_FIELD_NUMBER: _builtins.int
+    ALLOCATED_BUCKET_COUNTS_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
     interval_s: _builtins.float
+    method: Global___ForecastMethod.ValueType
     @_builtins.property
     def history(self) -> _containers.RepeatedCompositeFieldContainer[Global___DemandSample]:
-        """Oldest first, one sample per interval."""
+        """Oldest first, one sample per interval; the last one is the demand now."""
 
     @_builtins.property
     def buckets(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Resources]:
         """The node shapes ("resource buckets"), cheapest first; bucket_counts and
         the response's lists are indexed like this.
+        """
+
+    @_builtins.property
+    def allocated_bucket_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Nodes of each bucket in the pool now, placeholders included; one per
+        bucket, or none for an empty pool.
         """
 
     def __init__(
@@ -294,10 +341,12 @@ class ForecastDemandRequest(_message.Message):
         history: _abc.Iterable[Global___DemandSample] | None = ...,
         buckets: _abc.Iterable[_common_pb2.Resources] | None = ...,
         interval_s: _builtins.float = ...,
+        allocated_bucket_counts: _abc.Iterable[_builtins.int] | None = ...,
+        method: Global___ForecastMethod.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["buckets", b"buckets", "history", b"history", "interval_s", b"interval_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocated_bucket_counts", b"allocated_bucket_counts", "buckets", b"buckets", "history", b"history", "interval_s", b"interval_s", "method", b"method"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -305,7 +354,9 @@ Global___ForecastDemandRequest: _TypeAlias = ForecastDemandRequest  # noqa: Y015
 
 @_typing.final
 class DemandSample(_message.Message):
-    """Demand at one time, as counts of tasks embedded into buckets."""
+    """Demand at one time, as the nodes of each bucket the tasks need
+    (services/core/buckets.py embeds tasks into these counts).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -334,21 +385,37 @@ class ForecastDemandResponse(_message.Message):
 
     FORECAST_BUCKET_COUNTS_FIELD_NUMBER: _builtins.int
     SCALE_PLAN_FIELD_NUMBER: _builtins.int
+    TARGET_BUCKET_COUNTS_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    method: Global___ForecastMethod.ValueType
+    """The method that answered (never UNSPECIFIED)."""
     @_builtins.property
-    def forecast_bucket_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def forecast_bucket_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The forecast for the next interval, to the nearest whole node."""
+
     @_builtins.property
     def scale_plan(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Extra nodes per bucket to add ahead of demand; never below current demand."""
+        """Extra nodes per bucket to add ahead of demand (as placeholders):
+        target_bucket_counts minus allocated_bucket_counts, never negative.
+        """
+
+    @_builtins.property
+    def target_bucket_counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The pool each bucket should have next interval: max(forecast, current
+        demand), so a plan never scales below the demand now.
+        """
 
     def __init__(
         self,
         *,
         forecast_bucket_counts: _abc.Iterable[_builtins.int] | None = ...,
         scale_plan: _abc.Iterable[_builtins.int] | None = ...,
+        target_bucket_counts: _abc.Iterable[_builtins.int] | None = ...,
+        method: Global___ForecastMethod.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["forecast_bucket_counts", b"forecast_bucket_counts", "scale_plan", b"scale_plan"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["forecast_bucket_counts", b"forecast_bucket_counts", "method", b"method", "scale_plan", b"scale_plan", "target_bucket_counts", b"target_bucket_counts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
