@@ -37,6 +37,7 @@ import yaml
 from aio_pika.exceptions import AMQPError
 
 from loadgen import report
+from loadgen.events import EventLog
 from services._proto.megha.v1 import common_pb2
 from services.client import GlobalMasterClient
 from services.common.bus import RabbitBus
@@ -47,10 +48,6 @@ from services.core.resources import resources
 from services.local_master.service import EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, user_queue
 from services.operator import ChildDied, Children, broker_reachable, wait_until_ready
 
-RUNNING = common_pb2.TASK_STATE_RUNNING
-SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
-# Ends a task for good; LOST and PREEMPTED tasks come back as a new attempt.
-ENDED = {SUCCEEDED, common_pb2.TASK_STATE_FAILED, common_pb2.TASK_STATE_REJECTED}
 DRAIN_EXTRA_S = 30.0  # the wait after the offer is bounded by seconds + this
 STARTUP_TIMEOUT_S = 90.0
 PORT_RANGE = (20_000, 60_000)
@@ -257,49 +254,6 @@ async def scrape_counters(config: FederationConfig) -> dict[str, int] | None:
 
 
 # --------------------------------------------------------------------------- events
-class EventLog:
-    """What the LMs' task events say about each task, recorded as they arrive."""
-
-    def __init__(self) -> None:
-        self.running: dict[str, common_pb2.TaskEvent] = {}  # the latest attempt's RUNNING
-        self.ended: dict[str, common_pb2.TaskEvent] = {}  # SUCCEEDED / FAILED / REJECTED
-        self.successes: Counter[str] = Counter()  # > 1 for a task id = exactly-once broken
-        self.events = 0
-        self.batches = 0
-
-    async def on_batch(self, _routing_key: str, body: bytes) -> None:
-        self.add(common_pb2.TaskEventBatch.FromString(body))
-
-    def add(self, batch: common_pb2.TaskEventBatch) -> None:
-        self.batches += 1
-        for event in batch.events:
-            self.events += 1
-            state = event.state
-            if state == RUNNING:
-                known = self.running.get(event.task_id)
-                if known is None or event.attempt >= known.attempt:
-                    self.running[event.task_id] = event
-            elif state in ENDED:
-                self.ended[event.task_id] = event
-                if state == SUCCEEDED:
-                    self.successes[event.task_id] += 1
-
-    @property
-    def succeeded(self) -> int:
-        return len(self.successes)
-
-    @property
-    def duplicates(self) -> int:
-        return sum(1 for count in self.successes.values() if count > 1)
-
-
-def stamps_of(event: common_pb2.TaskEvent | None) -> dict[str, int]:
-    if event is None:
-        return dict.fromkeys(report.STAMPS, 0)
-    ts = event.timestamps
-    return {name: getattr(ts, f"{name}_unix_nanos") for name in report.STAMPS}
-
-
 # ---------------------------------------------------------------------------- offer
 @dataclass(eq=False)
 class Target:
@@ -641,32 +595,9 @@ def summarise(
     measured: list[dict[str, int]] = []
     starts: list[int] = []
     for task_id, (job_id, gm) in offer.accepted.items():
-        running = events.running.get(task_id)
-        ended = events.ended.get(task_id)
-        # RUNNING carries the stamps up to the start; the end event has them too, plus
-        # finished, so it stands in if RUNNING was never seen.
-        stamps = stamps_of(running or ended)
-        if ended is not None:
-            stamps["finished"] = ended.timestamps.finished_unix_nanos
-        source = running or ended
-        alloc = report.allocation_s(stamps)
-        rows.append(
-            {
-                "task_id": task_id,
-                "job_id": job_id,
-                "gm": gm,
-                "lm_id": source.lm_id if source else "",
-                "node_id": source.node_id if source else "",
-                **{f"{name}_unix_nanos": stamps[name] for name in report.STAMPS},
-                "alloc_s": alloc,
-                "attempt": source.attempt if source else "",
-                "state": common_pb2.TaskState.Name(
-                    ended.state if ended else running.state if running else 0
-                )
-                .removeprefix("TASK_STATE_")
-                .lower(),
-            }
-        )
+        row, stamps = events.task_row(task_id, job_id, gm)
+        alloc = row["alloc_s"]
+        rows.append(row)
         if alloc is not None and stamps["started"] >= warmup_end:
             measured.append(stamps)
             starts.append(stamps["started"])

@@ -224,8 +224,8 @@ def format_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(result: dict, path: Path, days: float = 7.0) -> None:
-    """Top: demand, the reactive and the predictive pool of the busiest bucket over the
+def plot(result: dict, path: Path, days: float = 2.0) -> None:
+    """Top: demand, the reactive and the predictive pools of the busiest bucket over the
     first ``days`` evaluated; bottom: pending vs over-provisioned node-hours per autoscaler."""
     import matplotlib
 
@@ -240,9 +240,9 @@ def plot(result: dict, path: Path, days: float = 7.0) -> None:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), gridspec_kw={"height_ratios": [3, 2]})
     top.plot(hours, series.counts[at[:n], b], color="black", lw=1.2, label="demand")
     top.step(hours, pools["reactive"][:n, b], where="post", lw=0.9, label="reactive pool")
-    top.step(
-        hours, pools["predictive_gbm"][:n, b], where="post", lw=0.9, label="predictive pool (gbm)"
-    )
+    for name in [p for p in pools if p.startswith("predictive_gbm")]:
+        label = f"predictive pool ({name.removeprefix('predictive_')})"
+        top.step(hours, pools[name][:n, b], where="post", lw=0.9, label=label)
     shape = series.buckets[b]
     top.set_title(
         f"bucket {b} ({shape[0] / 1000:g} cores, {shape[1] / 1024:g} GiB), "
@@ -253,10 +253,11 @@ def plot(result: dict, path: Path, days: float = 7.0) -> None:
     top.legend(fontsize=8)
     top.grid(alpha=0.3)
     for row in result["autoscalers"]:
-        bottom.scatter(row["overprovisioned_node_hours"], row["pending_node_hours"])
         point = (row["overprovisioned_node_hours"], row["pending_node_hours"])
-        bottom.annotate(row["autoscaler"], point, textcoords="offset points", xytext=(4, 3),
-                        fontsize=8)  # fmt: skip
+        below = row["autoscaler"].startswith("predictive")  # keeps neighbours' labels apart
+        bottom.scatter(*point, marker="o" if below else "s")
+        bottom.annotate(row["autoscaler"], point, textcoords="offset points",
+                        xytext=(5, -10 if below else 4), fontsize=8)  # fmt: skip
     bottom.set_xlabel("over-provisioned node-hours")
     bottom.set_ylabel("pending node-hours")
     bottom.grid(alpha=0.3)

@@ -1,121 +1,351 @@
-"""Replay a trace against a live federation: submit at the trace's arrival times, follow
-every job's events, and report allocation times (paper eq. 1: submission to start)."""
+"""Replay a trace against a live federation: submit at the trace's arrival times (compressed
+by ``speedup``), follow every job's task events, and report as the simulator does.
+
+    jobs ──SubmitJob at arrival/speedup──▶ GMs (round-robin)
+    GM WatchJob stream per job ──▶ EventLog ──task_row──▶ tasks.csv rows + stamps
+        ──report.make_summary──▶ summary.json (target "live"), CDF plot
+
+Allocation time is paper eq. 1 (submission to start) from the stamps the task carries.
+Sim tasks hold their resources for ``duration / speedup`` seconds.
+"""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import contextlib
 import itertools
+import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-import numpy as np
+import grpc
 
-from loadgen.trace import ReadStats, read_tr
+from loadgen import report
+from loadgen.events import EventLog
+from loadgen.sim.engine import Progress, bar
+from loadgen.trace import TraceError, TraceJob
 from services._proto.megha.v1 import common_pb2
 from services.client import GlobalMasterClient
 from services.common.convert import resources_to_proto
 from services.core.resources import resources
 
-TERMINAL = {common_pb2.TASK_STATE_SUCCEEDED, common_pb2.TASK_STATE_FAILED}
+DEFAULT_MEMORY_MB = 128  # .tr tasks ask for no memory; a live node validates > 0
 
 
 @dataclass
-class ReplayReport:
-    jobs: int = 0
-    tasks: int = 0
-    completed: int = 0
-    failed: int = 0
-    wall_s: float = 0.0
-    allocation_s: list[float] = field(default_factory=list)
-    skipped_lines: int = 0
+class ReplayResult:
+    summary: dict[str, Any]
+    rows: list[dict[str, Any]]
+    alloc_values: list[float]
+    files: list[Path] = field(default_factory=list)
 
-    def percentiles(self) -> dict[str, float]:
-        if not self.allocation_s:
-            return {}
-        values = np.array(self.allocation_s)
-        keys = {"p50": 50, "p90": 90, "p99": 99, "p999": 99.9}
-        out = {k: float(np.percentile(values, q)) for k, q in keys.items()}
-        out["max"] = float(values.max())
-        return out
+    @property
+    def tasks(self) -> int:
+        return self.summary["tasks"]
+
+    @property
+    def completed(self) -> int:
+        return self.summary["completed"]
 
     def render(self) -> str:
-        p = self.percentiles()
-        lines = [
-            f"replayed {self.jobs} jobs, {self.tasks} tasks in {self.wall_s:.1f} s: "
-            f"{self.completed} completed, {self.failed} failed"
-            + (
-                f", {self.skipped_lines} malformed trace lines skipped"
-                if self.skipped_lines
-                else ""
-            ),
-        ]
-        if p:
+        s = self.summary
+        lines = [report.render_summary(s)]
+        behind = s["arrival_lag_s"]
+        lines.append(
+            f"replay                 {s['jobs']} jobs at speedup {s['speedup']:g}; "
+            f"submissions behind the trace: p50 {report.ms(behind['p50'])} ms, "
+            f"max {report.ms(behind['max'])} ms"
+        )
+        if s["submit_errors"]:
+            lines.append(f"submit errors          {s['submit_errors']}")
+        if s["timed_out"]:
             lines.append(
-                "allocation time: " + "  ".join(f"{k} {v * 1e3:.2f} ms" for k, v in p.items())
+                f"gave up after {s['timeout_s']:g} s: {s['tasks'] - s['completed']} tasks "
+                "had not completed"
             )
+        if s["skipped_lines"]:
+            lines.append(f"skipped trace lines    {s['skipped_lines']} malformed")
+        for path in self.files:
+            lines.append(f"wrote {path}")
         return "\n".join(lines)
 
 
-async def replay_trace(
-    path: str,
-    gms: list[str],
+def build_tasks(job: TraceJob, speedup: float, memory_mb: int) -> list[common_pb2.Task]:
+    tasks = []
+    for t in job.tasks:
+        duration = t.duration_s / speedup
+        request = resources(t.cpu_milli, t.memory_mb or memory_mb, t.disk_mb, t.net_mbps)
+        task = common_pb2.Task(resources=resources_to_proto(request), expected_duration_s=duration)
+        task.constraints.extend(t.constraints)
+        task.sim.duration_s = duration
+        tasks.append(task)
+    return tasks
+
+
+async def replay_jobs(
+    jobs: Sequence[TraceJob],
+    gms: Sequence[str],
     speedup: float = 1.0,
-    max_jobs: int | None = None,
-    queues: list[str] | None = None,
-    cpu_milli: int = 1000,
-    memory_mb: int = 128,
+    queues: Sequence[str] = (),
+    memory_mb: int = DEFAULT_MEMORY_MB,
     timeout_s: float | None = None,
-) -> ReplayReport:
-    """``speedup`` compresses arrival times and task durations alike."""
-    stats = ReadStats()
-    jobs = list(read_tr(path, max_jobs=max_jobs, stats=stats))
-    report = ReplayReport(jobs=len(jobs), skipped_lines=stats.skipped)
-    clients = [GlobalMasterClient(t) for t in gms]
+    progress: Progress | None = None,
+    skipped_lines: int = 0,
+) -> ReplayResult:
+    """Submit ``jobs`` to ``gms`` (round-robin, with ``queues`` round-robin when given),
+    wait until every task ended or ``timeout_s`` passed, and summarise."""
+    if not gms:
+        raise ValueError("no GM address given")
+    if speedup <= 0:
+        raise ValueError(f"speedup must be > 0, got {speedup}")
+    progress = progress or Progress(enabled=False)
+    clients = [GlobalMasterClient(target) for target in gms]
+    view = await clients[0].cluster()
+    workers = sum(p.node_count for lm in view.lms for p in lm.partitions)
+    events = EventLog()
+    accepted: dict[str, tuple[str, str]] = {}  # task id -> (job id, GM)
+    errors: dict[str, int] = {}
+    lags: list[float] = []
+    submitted_tasks = 0
     queue_cycle = itertools.cycle(queues or [""])
-    client_cycle = itertools.cycle(clients)
-    request = resources_to_proto(resources(cpu_milli, memory_mb))
-    start = time.monotonic()
-    watchers = []
-    span = max((j.arrival_s for j in jobs), default=0.0) / speedup
-    longest = max((max(j.durations_s) for j in jobs), default=0.0) / speedup
-    deadline = timeout_s or 60 + 3 * (span + longest)
+    client_cycle = itertools.cycle(zip(gms, clients, strict=True))
+    first_arrival = jobs[0].arrival_s if jobs else 0.0
+    span = (max((j.arrival_s for j in jobs), default=0.0) - first_arrival) / speedup
+    longest = max((t.duration_s for j in jobs for t in j.tasks), default=0.0) / speedup
+    timeout_s = timeout_s or 60 + 3 * (span + longest)
+    total = sum(len(j.tasks) for j in jobs)
+    watchers: list[asyncio.Task[None]] = []
+
+    def line() -> str:
+        done = len(events.ended)
+        return (
+            f"replay {bar(done / max(1, total))} {done}/{total} tasks ended, "
+            f"{len(events.running)} started, {submitted_tasks} submitted, "
+            f"wall {time.monotonic() - began:.0f} s"
+        )
+
+    async def follow(client: GlobalMasterClient, job_id: str, tasks: int) -> None:
+        ended = 0
+        async for event in client.watch(job_id):
+            events.add_event(event)
+            if event.state in (
+                common_pb2.TASK_STATE_SUCCEEDED,
+                common_pb2.TASK_STATE_FAILED,
+                common_pb2.TASK_STATE_REJECTED,
+            ):
+                ended += 1
+                if ended >= tasks:
+                    return
+
+    async def redraw() -> None:
+        while True:
+            progress.show(line)
+            await asyncio.sleep(0.5)
+
+    began = time.monotonic()
+    began_ns = time.time_ns()
+    reporter = asyncio.create_task(redraw())
+    timed_out = False
     try:
-        first_arrival = jobs[0].arrival_s if jobs else 0.0
         for job in jobs:
-            delay = (job.arrival_s - first_arrival) / speedup - (time.monotonic() - start)
+            due = (job.arrival_s - first_arrival) / speedup
+            delay = due - (time.monotonic() - began)
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks = []
-            for t in job.tasks:
-                d = t.duration_s / speedup
-                task = common_pb2.Task(resources=request, expected_duration_s=d)
-                task.constraints.extend(t.constraints)
-                task.sim.duration_s = d
-                tasks.append(task)
-            client = next(client_cycle)
-            reply = await client.submit(tasks, queue=next(queue_cycle))
-            report.tasks += len(tasks)
-            watchers.append(asyncio.create_task(_follow(client, reply.job_id, report)))
-        await asyncio.wait_for(asyncio.gather(*watchers), timeout=deadline)
+            lags.append(max(0.0, time.monotonic() - began - due))
+            gm, client = next(client_cycle)
+            tasks = build_tasks(job, speedup, memory_mb)
+            try:
+                reply = await client.submit(tasks, queue=next(queue_cycle))
+            except grpc.aio.AioRpcError as err:
+                key = err.code().name
+                errors[key] = errors.get(key, 0) + 1
+                continue
+            submitted_tasks += len(tasks)
+            for task_id in reply.task_ids:
+                accepted[task_id] = (reply.job_id, gm)
+            watchers.append(asyncio.create_task(follow(client, reply.job_id, len(tasks))))
+        remaining = timeout_s - (time.monotonic() - began)
+        if watchers:
+            _, pending = await asyncio.wait(watchers, timeout=max(1.0, remaining))
+            timed_out = bool(pending)
     finally:
-        for w in watchers:
-            w.cancel()
+        wall_s = time.monotonic() - began
+        for watcher in watchers:
+            watcher.cancel()
+        reporter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*watchers, reporter, return_exceptions=True)
+        progress.show(line, force=True)
+        progress.done()
         for client in clients:
             await client.close()
-    report.wall_s = time.monotonic() - start
-    return report
+    rows, measured = [], []
+    for task_id, (job_id, gm) in accepted.items():
+        row, stamps = events.task_row(task_id, job_id, gm)
+        rows.append(row)
+        if row["alloc_s"] is not None:
+            measured.append(stamps)
+    rows.sort(key=lambda r: r["task_id"])
+    alloc_values = [report.allocation_s(s) for s in measured]
+    starts = [s["started"] for s in measured]
+    throughput = 0.0
+    if len(starts) > 1 and max(starts) > min(starts):
+        throughput = len(starts) / ((max(starts) - min(starts)) / 1e9)
+    summary = report.make_summary(
+        target="live",
+        scheduler="megha",
+        workers=workers,
+        gms=len(gms),
+        lms=len(view.lms),
+        jobs=len(jobs),
+        tasks=total,
+        completed=sum(1 for t in accepted if t in events.successes),
+        alloc_s=report.percentiles(alloc_values),
+        components_s=report.component_medians(measured),
+        throughput_tasks_per_s=round(throughput, 3),
+        wall_s=round(wall_s, 3),
+        speedup=speedup,
+        offered_rate=round(total / span, 3) if span > 0 else None,
+        accepted=len(accepted),
+        submit_errors=errors,
+        failed=sum(1 for t in accepted if t in events.ended and t not in events.successes),
+        duplicates=events.duplicates,
+        timed_out=timed_out,
+        timeout_s=round(timeout_s, 3),
+        skipped_lines=skipped_lines,
+        arrival_lag_s=report.percentiles(lags),
+        detail_s=report.detail_percentiles(measured),
+        started_unix_nanos=began_ns,
+    )
+    return ReplayResult(summary, rows, alloc_values)  # type: ignore[arg-type]
 
 
-async def _follow(client: GlobalMasterClient, job_id: str, report: ReplayReport) -> None:
-    started: set[str] = set()
-    async for event in client.watch(job_id):
-        stamps = event.timestamps
-        if event.task_id not in started and stamps.started_unix_nanos:
-            started.add(event.task_id)
-            report.allocation_s.append(
-                (stamps.started_unix_nanos - stamps.submitted_unix_nanos) / 1e9
+def write_report(out_dir: Path, result: ReplayResult) -> list[Path]:
+    s = result.summary
+    files = [
+        report.write_summary(out_dir, s),
+        report.write_tasks_csv(out_dir, result.rows),
+    ]
+    title = f"live replay: {s['gms']} GMs x {s['lms']} LMs, {s['workers']} workers"
+    cdf = report.write_cdf_png(out_dir, result.alloc_values, title=title)
+    if cdf is not None:
+        files.append(cdf)
+    return files
+
+
+async def replay_trace(
+    path: str | Path,
+    gms: Sequence[str],
+    speedup: float = 1.0,
+    max_jobs: int | None = None,
+    queues: Sequence[str] = (),
+    timeout_s: float | None = None,
+    out: Path | None = None,
+    progress: Progress | None = None,
+) -> ReplayResult:
+    """Read a trace file (any format ``loadgen.readers`` knows) and replay it."""
+    from loadgen.readers.dispatch import read_trace
+    from loadgen.trace import ReadStats
+
+    stats = ReadStats()
+    jobs = list(read_trace(path, None, False, max_jobs, stats))
+    result = await replay_jobs(
+        jobs,
+        gms,
+        speedup,
+        queues,
+        timeout_s=timeout_s,
+        progress=progress,
+        skipped_lines=stats.skipped,
+    )
+    if out is not None:
+        result.files = write_report(out, result)
+    return result
+
+
+# ---------------------------------------------------------------------------- CLI
+def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from loadgen.readers.options import add_trace_arguments
+
+    parser = subparsers.add_parser(
+        "replay",
+        help="replay a trace against a live federation",
+        description=(
+            "Submit TRACE's jobs to the GMs at the trace's arrival times (divided by "
+            "--speedup, as are task durations), follow every task's events and report "
+            "allocation times as the simulator does. Exit 0 when every task completed, 1 "
+            "when not, 2 when the replay could not run."
+        ),
+    )
+    parser.add_argument("trace", type=Path, help="trace file (.tr, Google, Alibaba, Azure)")
+    parser.add_argument(
+        "--gm",
+        required=True,
+        help="GM address(es), HOST:PORT[,HOST:PORT...]; jobs go round-robin",
+    )
+    parser.add_argument("--speedup", type=float, default=1.0, help="compress time by this")
+    parser.add_argument(
+        "--queue",
+        action="append",
+        default=[],
+        help="user queue to submit to (repeat for round-robin; default: each GM's own)",
+    )
+    parser.add_argument(
+        "--memory-mb",
+        type=int,
+        default=DEFAULT_MEMORY_MB,
+        help="memory of a task whose trace gives none",
+    )
+    parser.add_argument("--timeout", type=float, help="give up after this many seconds")
+    parser.add_argument("--out", type=Path, help="write summary.json, tasks.csv and a CDF here")
+    parser.add_argument("--quiet", action="store_true", help="no progress line")
+    add_trace_arguments(parser)
+    return parser
+
+
+def main(args: argparse.Namespace) -> int:
+    from loadgen.readers.options import jobs_from_args
+
+    try:
+        jobs, stats = jobs_from_args(args)
+    except (TraceError, ValueError, OSError) as err:
+        print(f"megha-loadgen replay: {err}", file=sys.stderr)
+        return 2
+    for note in stats.notes:
+        print(note, file=sys.stderr)
+    gms = [g.strip() for g in args.gm.split(",") if g.strip()]
+    try:
+        result = asyncio.run(
+            replay_jobs(
+                jobs,
+                gms,
+                args.speedup,
+                args.queue,
+                memory_mb=args.memory_mb,
+                timeout_s=args.timeout,
+                progress=Progress(enabled=not args.quiet),
+                skipped_lines=stats.skipped,
             )
-        if event.state == common_pb2.TASK_STATE_SUCCEEDED:
-            report.completed += 1
-        elif event.state == common_pb2.TASK_STATE_FAILED:
-            report.failed += 1
+        )
+    except ValueError as err:
+        print(f"megha-loadgen replay: {err}", file=sys.stderr)
+        return 2
+    except grpc.aio.AioRpcError as err:
+        print(
+            f"megha-loadgen replay: GM {gms[0]} did not answer: {err.code().name}: {err.details()}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.out is not None:
+        try:
+            result.files = write_report(args.out, result)
+        except OSError as err:
+            print(f"megha-loadgen replay: cannot write {args.out}: {err}", file=sys.stderr)
+            return 2
+    print(result.render())
+    return 0 if result.completed == result.tasks else 1

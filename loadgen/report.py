@@ -311,7 +311,7 @@ def write_cdf_png(
     return path
 
 
-def _ms(value: float | None) -> str:
+def ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.2f}"
 
 
@@ -324,16 +324,16 @@ def render_summary(summary: Mapping[str, Any]) -> str:
         lines.append(f"offered rate           {summary['offered_rate']:.0f} tasks/s")
     lines.append(f"placement throughput   {summary['throughput_tasks_per_s']:.0f} tasks/s")
     lines.append(
-        "allocation time (ms)   " + "  ".join(f"{k} {_ms(alloc[k])}" for k in PERCENTILE_KEYS)
+        "allocation time (ms)   " + "  ".join(f"{k} {ms(alloc[k])}" for k in PERCENTILE_KEYS)
     )
     lines.append(
-        "components, median ms  " + "  ".join(f"{k} {_ms(parts[k])}" for k in COMPONENT_KEYS)
+        "components, median ms  " + "  ".join(f"{k} {ms(parts[k])}" for k in COMPONENT_KEYS)
     )
     detail = summary.get("detail_s")
     if detail:
         lines.append(
             "steps p50/p99 ms       "
-            + "  ".join(f"{k} {_ms(v['p50'])}/{_ms(v['p99'])}" for k, v in detail.items())
+            + "  ".join(f"{k} {ms(v['p50'])}/{ms(v['p99'])}" for k, v in detail.items())
         )
     lines.append(f"completed / offered    {summary['completed']} / {summary['tasks']}")
     if "duplicates" in summary:

@@ -101,8 +101,15 @@ class MeghaSim:
         engine: Engine,
         rng: np.random.Generator,
         num_constraints: int = DEFAULT_NUM_CONSTRAINTS,
+        machine_masks: np.ndarray | None = None,
     ):
+        """``machine_masks[w]``: the constraints worker ``w`` satisfies (bit c = constraint
+        c); none by default, as ``.tr`` traces have no constraints."""
         self.config = config = config.effective()
+        if machine_masks is not None and len(machine_masks) != config.workers:
+            raise ValueError(
+                f"{len(machine_masks)} machine constraint masks for {config.workers} workers"
+            )
         self.workload = workload
         self.engine = engine
         self.rng = rng
@@ -152,7 +159,8 @@ class MeghaSim:
             for _ in range(base + (lm.index < extra)):
                 # No partition given: the node joins the smallest one, so every LM's nodes
                 # are split evenly (interleaved) over the GMs.
-                lm.state.add_node(f"w{worker}", capacity)
+                mask = 0 if machine_masks is None else int(machine_masks[worker])
+                lm.state.add_node(f"w{worker}", capacity, constraint_mask=mask)
                 worker += 1
 
     # ------------------------------------------------------------------ start

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from loadgen import report
-from loadgen.sim.config import SimConfig
+from loadgen.sim.config import SimConfig, SimConfigError
 from loadgen.sim.engine import Engine, Progress, bar
 from loadgen.sim.megha import MeghaSim
 from loadgen.sim.sparrow import SparrowSim
@@ -51,6 +51,7 @@ def simulate(
     jobs: Iterable[TraceJob],
     progress: Progress | None = None,
     trace_name: str = "",
+    machine_masks: np.ndarray | None = None,
 ) -> SimResult:
     """Run ``jobs`` through the configured scheduler; deterministic for a seed."""
     config.check()
@@ -62,9 +63,11 @@ def simulate(
     rng = np.random.default_rng(config.seed)
     model: MeghaSim | SparrowSim
     if config.scheduler == "sparrow":
+        if machine_masks is not None:
+            raise SimConfigError("the sparrow model has no placement constraints")
         model = SparrowSim(config, workload, engine, rng)
     else:
-        model = MeghaSim(config, workload, engine, rng)
+        model = MeghaSim(config, workload, engine, rng, machine_masks=machine_masks)
     model.start()
     sim_began = time.monotonic()
     started = model.log.stamps["started"]

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from loadgen import cli, report
-from loadgen.bench_live import BenchOptions, EventLog, Offer, bench_config, summarise
+from loadgen.bench_live import BenchOptions, Offer, bench_config, summarise
+from loadgen.events import EventLog
 from services._proto.megha.v1 import common_pb2
 
 RABBIT_URL = os.environ.get("MEGHA_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")

@@ -1,0 +1,91 @@
+"""What task events say about each task, and the ``tasks.csv`` row made from them.
+
+    TaskEvent (RabbitMQ topic, or a GM's WatchJob stream) ──EventLog.add_event──▶
+        latest RUNNING per task, its end ──task_row──▶ tasks.csv row + stamps for report.py
+
+The live benchmark and the live replay both keep one ``EventLog``, so their reports are
+built the same way.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from loadgen import report
+from services._proto.megha.v1 import common_pb2
+
+RUNNING = common_pb2.TASK_STATE_RUNNING
+SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
+# Ends a task for good; LOST and PREEMPTED tasks come back as a new attempt.
+ENDED = {SUCCEEDED, common_pb2.TASK_STATE_FAILED, common_pb2.TASK_STATE_REJECTED}
+
+
+class EventLog:
+    """What the LMs' task events say about each task, recorded as they arrive."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, common_pb2.TaskEvent] = {}  # the latest attempt's RUNNING
+        self.ended: dict[str, common_pb2.TaskEvent] = {}  # SUCCEEDED / FAILED / REJECTED
+        self.successes: Counter[str] = Counter()  # > 1 for a task id = exactly-once broken
+        self.events = 0
+        self.batches = 0
+
+    async def on_batch(self, _routing_key: str, body: bytes) -> None:
+        self.add(common_pb2.TaskEventBatch.FromString(body))
+
+    def add(self, batch: common_pb2.TaskEventBatch) -> None:
+        self.batches += 1
+        for event in batch.events:
+            self.add_event(event)
+
+    def add_event(self, event: common_pb2.TaskEvent) -> None:
+        self.events += 1
+        state = event.state
+        if state == RUNNING:
+            known = self.running.get(event.task_id)
+            if known is None or event.attempt >= known.attempt:
+                self.running[event.task_id] = event
+        elif state in ENDED:
+            self.ended[event.task_id] = event
+            if state == SUCCEEDED:
+                self.successes[event.task_id] += 1
+
+    @property
+    def succeeded(self) -> int:
+        return len(self.successes)
+
+    @property
+    def duplicates(self) -> int:
+        return sum(1 for count in self.successes.values() if count > 1)
+
+    def task_row(self, task_id: str, job_id: str, gm: str) -> tuple[dict[str, Any], dict[str, int]]:
+        """The ``tasks.csv`` row of one task, and its stamps (``report.STAMPS`` names)."""
+        running = self.running.get(task_id)
+        ended = self.ended.get(task_id)
+        # RUNNING carries the stamps up to the start; the end event has them too, plus
+        # finished, so it stands in if RUNNING was never seen.
+        stamps = stamps_of(running or ended)
+        if ended is not None:
+            stamps["finished"] = ended.timestamps.finished_unix_nanos
+        source = running or ended
+        state = ended.state if ended else running.state if running else 0
+        row = {
+            "task_id": task_id,
+            "job_id": job_id,
+            "gm": gm,
+            "lm_id": source.lm_id if source else "",
+            "node_id": source.node_id if source else "",
+            **{f"{name}_unix_nanos": stamps[name] for name in report.STAMPS},
+            "alloc_s": report.allocation_s(stamps),
+            "attempt": source.attempt if source else "",
+            "state": common_pb2.TaskState.Name(state).removeprefix("TASK_STATE_").lower(),
+        }
+        return row, stamps
+
+
+def stamps_of(event: common_pb2.TaskEvent | None) -> dict[str, int]:
+    if event is None:
+        return dict.fromkeys(report.STAMPS, 0)
+    ts = event.timestamps
+    return {name: getattr(ts, f"{name}_unix_nanos") for name in report.STAMPS}
