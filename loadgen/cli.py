@@ -17,7 +17,14 @@ from pathlib import Path
 
 # Modules that each add one subcommand, named like the module with "-" for "_": every one
 # has ``add_subcommand(subparsers)`` and ``main(args) -> int``.
-SUBCOMMAND_MODULES = ("simulate", "gpa_eval", "vm_sim", "forecast_eval")
+SUBCOMMAND_MODULES = (
+    "simulate",
+    "replay",
+    "compare",
+    "gpa_eval",
+    "vm_sim",
+    "forecast_eval",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

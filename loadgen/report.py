@@ -320,7 +320,7 @@ def render_summary(summary: Mapping[str, Any]) -> str:
     alloc = summary["alloc_s"]
     parts = summary["components_s"]
     lines = []
-    if "offered_rate" in summary:
+    if summary.get("offered_rate") is not None:
         lines.append(f"offered rate           {summary['offered_rate']:.0f} tasks/s")
     lines.append(f"placement throughput   {summary['throughput_tasks_per_s']:.0f} tasks/s")
     lines.append(
