@@ -72,6 +72,7 @@ class JobBook:
                 state=common_pb2.TASK_STATE_QUEUED,
                 timestamps=task.timestamps,
                 attempt=task.attempt,
+                predicted_lifetime_s=task.predicted_lifetime_s,
             )
 
     def apply(self, event: common_pb2.TaskEvent) -> None:

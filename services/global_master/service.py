@@ -1,6 +1,7 @@
 """The Global Master process: a stateless matcher over an eventually-consistent view.
 
-    SubmitJob ──validate──▶ durable user queue (broker confirm) ──▶ ack to the client
+    SubmitJob ──validate──▶ lifetime predictions (sidecar, predictions.py; never waited on
+        past a short deadline) ──▶ durable user queue (broker confirm) ──▶ ack to the client
     user queues it serves ──consume──▶ UserQueues (round-robin) ──match──▶ Launch / Repartition
         rejected → apply the LM's state, retry;  no node → fairness (Alg. 2) → park
         accepted → the broker message is acked once every task in it has launched
@@ -49,6 +50,7 @@ from services.core.status import PlacementStatus, Schedulability
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
 from services.global_master.jobs import JobBook
+from services.global_master.predictions import LifetimePredictions
 from services.local_master.service import EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, user_queue
 
 log = logging.getLogger("megha.gm")
@@ -97,6 +99,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self._stubs = {
             lm.id: local_master_pb2_grpc.LocalMasterStub(channel(lm.target)) for lm in config.lms
         }
+        predictor = config.predictor.target if config.predictor is not None else None
+        self.predictions = LifetimePredictions(gm_id, predictor)
         self._wake = asyncio.Event()
         self._loops: list[asyncio.Task] = []
         self._inflight: set[asyncio.Task] = set()
@@ -134,6 +138,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         for loop in [*self._loops, *self._inflight]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await loop
+        await self.predictions.close()
 
     # ------------------------------------------------------------ client API
     async def SubmitJob(self, request, context):
@@ -176,6 +181,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         ids = [t.task_id for t in batch.tasks]
         if len(set(ids)) != len(ids):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "task ids must be unique")
+        # Before the durable enqueue, so the prediction travels with the task; bounded by
+        # a short deadline and skipped while the sidecar is down.
+        await self.predictions.annotate(batch.tasks)
         queued = time.time_ns()
         for task in batch.tasks:
             task.timestamps.queued_unix_nanos = queued

@@ -344,6 +344,7 @@ class Task(_message.Message):
     SIM_FIELD_NUMBER: _builtins.int
     PROCESS_FIELD_NUMBER: _builtins.int
     DOCKER_FIELD_NUMBER: _builtins.int
+    PREDICTED_LIFETIME_S_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Unique across the federation; placements are idempotent by this id."""
     job_id: _builtins.str
@@ -360,6 +361,13 @@ class Task(_message.Message):
     attempt: _builtins.int
     """How many times the task was (re)queued, e.g. after preemption or a lost
     node; 0 on first submission. Tells a retried launch apart from a new one.
+    """
+    predicted_lifetime_s: _builtins.float
+    """The predictor sidecar's expected lifetime of the task (seconds from its
+    start), asked by the GM at submission for tasks with lifetime_features;
+    0 = no prediction (no features, no predictor configured, or the sidecar
+    did not answer in time: scheduling never waits for it). Set by the GM;
+    a client's value is overwritten.
     """
     @_builtins.property
     def resources(self) -> Global___Resources: ...
@@ -397,10 +405,11 @@ class Task(_message.Message):
         sim: Global___SimExecutor | None = ...,
         process: Global___ProcessExecutor | None = ...,
         docker: Global___DockerExecutor | None = ...,
+        predicted_lifetime_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["docker", b"docker", "executor", b"executor", "process", b"process", "resources", b"resources", "sim", b"sim", "timestamps", b"timestamps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "constraints", b"constraints", "cpu_usage_mean_milli", b"cpu_usage_mean_milli", "cpu_usage_std_milli", b"cpu_usage_std_milli", "docker", b"docker", "executor", b"executor", "expected_duration_s", b"expected_duration_s", "job_id", b"job_id", "lifetime_features", b"lifetime_features", "priority", b"priority", "process", b"process", "queue", b"queue", "resources", b"resources", "sim", b"sim", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "constraints", b"constraints", "cpu_usage_mean_milli", b"cpu_usage_mean_milli", "cpu_usage_std_milli", b"cpu_usage_std_milli", "docker", b"docker", "executor", b"executor", "expected_duration_s", b"expected_duration_s", "job_id", b"job_id", "lifetime_features", b"lifetime_features", "predicted_lifetime_s", b"predicted_lifetime_s", "priority", b"priority", "process", b"process", "queue", b"queue", "resources", b"resources", "sim", b"sim", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_executor: _TypeAlias = _typing.Literal["sim", "process", "docker"]  # noqa: Y015
     _WhichOneofArgType_executor: _TypeAlias = _typing.Literal["executor", b"executor"]  # noqa: Y015

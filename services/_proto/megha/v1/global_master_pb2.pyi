@@ -158,6 +158,7 @@ class TaskStatus(_message.Message):
     PENDING_REASON_FIELD_NUMBER: _builtins.int
     TIMESTAMPS_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
+    PREDICTED_LIFETIME_S_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     state: _common_pb2.TaskState.ValueType
     lm_id: _builtins.str
@@ -168,6 +169,10 @@ class TaskStatus(_message.Message):
     node has constraint 7 and 4 GiB free").
     """
     attempt: _builtins.int
+    predicted_lifetime_s: _builtins.float
+    """Task.predicted_lifetime_s: what the predictor sidecar expected at
+    submission; 0 = no prediction.
+    """
     @_builtins.property
     def timestamps(self) -> _common_pb2.TaskTimestamps: ...
     def __init__(
@@ -180,10 +185,11 @@ class TaskStatus(_message.Message):
         pending_reason: _builtins.str = ...,
         timestamps: _common_pb2.TaskTimestamps | None = ...,
         attempt: _builtins.int = ...,
+        predicted_lifetime_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timestamps", b"timestamps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "lm_id", b"lm_id", "node_id", b"node_id", "pending_reason", b"pending_reason", "state", b"state", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "lm_id", b"lm_id", "node_id", b"node_id", "pending_reason", b"pending_reason", "predicted_lifetime_s", b"predicted_lifetime_s", "state", b"state", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
