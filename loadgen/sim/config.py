@@ -60,12 +60,9 @@ class SimConfig:
     Off by default: ``.tr`` traces have no users and the compared simulators no preemption."""
     probe_ratio: float = 2.0
     """Sparrow: probes per task."""
-    lm_delta_history: int = 1024
-    """Ended tasks an LM remembers for delta snapshots (``ClusterState(delta_history=)``);
-    a GM further behind gets a full snapshot. The core's default (100,000) makes every
-    delta scan that whole history (``ClusterState.snapshot``), which dominated the run
-    time; 1024 bounds the scan and only turns rare bursts of >1024 ends per heartbeat
-    interval into full snapshots."""
+    lm_delta_history: int = 100_000
+    """Ended tasks an LM remembers for delta snapshots (``ClusterState(delta_history=)``,
+    the live LM's default); a GM further behind gets a full snapshot."""
     policy: str = "first-fit"
     """Placement policy of GM and LM (``services.core.match.POLICIES``)."""
     seed: int = 0

@@ -221,7 +221,13 @@ class ClusterState:
                     break
                 allocations.append(allocation)
             allocations.reverse()
-            ended = [task_id for version, task_id in self._ended if version > base]
+            # _ended is in version order: walk back from the newest, stop at the base.
+            ended = []
+            for version, task_id in reversed(self._ended):
+                if version <= base:
+                    break
+                ended.append(task_id)
+            ended.reverse()
         return Snapshot(
             lm_id=self.lm_id,
             version=self.version,

@@ -69,8 +69,14 @@ class LMView:
     # ended (lifecycle event) before a snapshot confirmed it.
     inflight: dict[str, tuple[Allocation, float | None]] = field(default_factory=dict)
     ended: dict[str, tuple[int, float | None]] = field(default_factory=dict)  # id -> attempt
+    # Shapes that found no node here while the table stood at ``miss_version``: matching
+    # them again before the table changes would find none again (an overloaded
+    # federation otherwise re-scans every full partition for every task).
+    misses: set[tuple] = field(default_factory=set)
+    miss_at: tuple[NodeTable | None, int] = (None, -1)  # (table, its version)
 
     def refresh_masks(self) -> None:
+        self.misses.clear()
         if self.partition is None:
             self.internal, self.external = None, ones(self.table.size, endian="big")
         else:
@@ -265,14 +271,30 @@ class GlobalView:
     def _search(self, task: TaskSpec, internal: bool) -> Placement | None:
         count = len(self._order)
         start = self._rr_internal if internal else self._rr_external
+        # Everything a policy's verdict depends on besides the table.
+        shape = (
+            internal,
+            task.constraint_mask,
+            task.resources.tobytes(),
+            task.cpu_usage_mean,
+            task.cpu_usage_std,
+        )
         for step in range(count):
             slot = (start + step) % count
             view = self.lms[self._order[slot]]
             within = view.internal if internal else view.external
             if within is None:
                 continue
+            table = view.table
+            if view.miss_at[0] is not table or view.miss_at[1] != table.version:
+                view.misses.clear()
+                view.miss_at = (table, table.version)
+            elif shape in view.misses:
+                continue
             node = match(view.table, task, self.policy, within)
-            if node != NO_NODE:
+            if node == NO_NODE:
+                view.misses.add(shape)
+            else:
                 if internal:
                     self._rr_internal = slot + 1
                 else:

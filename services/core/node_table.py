@@ -78,6 +78,9 @@ class NodeTable:
         self.alive = bitarray(endian="big")
         self.constraint_bits = [bitarray(endian="big") for _ in range(num_constraints)]
         self.members = [bitarray(endian="big") for _ in range(num_partitions)]
+        # Bumped by every mutator: lets a caller remember "no node fits this shape" for as
+        # long as the table has not changed (GlobalView's miss cache).
+        self.version = 0
 
     # ----------------------------------------------------------------- views
     @property
@@ -133,6 +136,7 @@ class NodeTable:
         self._grow(self.size + 1)
         i = self.size
         self.size += 1
+        self.version += 1
         self.node_ids.append(node_id)
         self.addresses.append(address)
         self._index_of[node_id] = i
@@ -151,11 +155,13 @@ class NodeTable:
 
     def set_alive(self, index: int, alive: bool) -> None:
         self.alive[index] = alive
+        self.version += 1
 
     def set_columns(self, columns: NodeColumns) -> None:
         """Overwrite (or append) the static facts of the given rows, vectorised."""
         if len(columns) == 0:
             return
+        self.version += 1
         idx = columns.indices.astype(np.int64)
         new_size = max(self.size, int(idx.max()) + 1)
         if new_size > self.size:
@@ -201,6 +207,7 @@ class NodeTable:
         must be set first (``set_columns``).
         """
         idx = indices.astype(np.int64)
+        self.version += 1
         self._free[:, idx] = free
         if usage_mean is None:
             usage_mean = (self._capacity[CPU, idx] - self._free[CPU, idx]).astype(np.float64)
@@ -211,6 +218,7 @@ class NodeTable:
 
     def take(self, node: int, resources: np.ndarray, usage_mean: float, usage_var: float) -> None:
         """A task starts on ``node``: its resources leave ``free``, its usage joins the sums."""
+        self.version += 1
         self._free[:, node] -= resources
         self._usage_mean[node] += usage_mean
         self._usage_var[node] += usage_var
@@ -219,6 +227,7 @@ class NodeTable:
         self, node: int, resources: np.ndarray, usage_mean: float, usage_var: float
     ) -> None:
         """The inverse of ``take``: a task on ``node`` ended."""
+        self.version += 1
         self._free[:, node] += resources
         self._usage_mean[node] -= usage_mean
         self._usage_var[node] -= usage_var

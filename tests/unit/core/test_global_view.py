@@ -186,3 +186,78 @@ def test_a_launch_never_answered_expires():
     assert view.apply(state.snapshot(), now=60.0) is ApplyResult.APPLIED
     assert "t1" not in view.lms["lm-0"].allocations and not view.lms["lm-0"].inflight
     np.testing.assert_array_equal(view.lms["lm-0"].table.free, state.table.free)
+
+
+# ------------------------------------------------------------------ the miss cache
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from services.core.match import candidates  # noqa: E402
+
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["match", "match", "match", "launch", "end", "heartbeat"]),
+        st.integers(0, 1),  # LM
+        st.sampled_from([2000, 3000, 4000, 5000]),  # cpu of the task
+        st.sampled_from([(), (0,), (1,)]),  # constraints
+    ),
+    min_size=10,
+    max_size=60,
+)
+
+
+def _any_fit(view: GlobalView, spec) -> bool:
+    """Brute force over the view: some node of any partition has room and constraints."""
+    for lmv in view.lms.values():
+        cand = candidates(lmv.table, spec.constraint_mask)
+        for node in cand.search(1):
+            if (lmv.table.free[:, node] >= spec.resources).all():
+                return True
+    return False
+
+
+@settings(max_examples=150, deadline=None)
+@given(_OPS)
+def test_the_miss_cache_never_hides_a_node_that_fits(ops):
+    states = federation(2, 2)  # 4 nodes of 4 CPUs: small enough to fill up often
+    for state in states:  # some nodes carry constraints 0 and 1
+        for i in range(state.table.size):
+            state.table._masks[i] = i % 3
+        state.table._rebuild_bits(np.ones(state.table.size, dtype=bool))
+    view = view_of(states)
+    running: list[tuple[int, str]] = []
+    for n, (op, lm, cpu, constraints) in enumerate(ops):
+        spec = task(f"t{n}", cpu=cpu, constraints=constraints)
+        if op == "match":
+            found = view.match(spec)
+            assert (found is not None) == _any_fit(view, spec)
+            if found is not None:
+                view.reserve(found, spec)
+                states[int(found.lm_id[-1])].launch("gm-a", spec, found.node)
+                running.append((int(found.lm_id[-1]), spec.task_id))
+        elif op == "launch":  # another GM takes room behind this view's back
+            node = states[lm].table.free[0].argmax()
+            if states[lm].launch("gm-b", spec, int(node)).ok:
+                running.append((lm, spec.task_id))
+        elif op == "end" and running:
+            where, task_id = running.pop(0)
+            states[where].release(task_id)
+            view.release(f"lm-{where}", task_id, ended=True)
+        elif op == "heartbeat":
+            view.apply(states[lm].snapshot(), now=float(n))
+
+
+def test_a_shape_that_missed_matches_again_once_a_task_ends():
+    states = federation(2, 2)
+    view = view_of(states)
+    placed = []
+    for n in range(4):
+        spec = task(f"t{n}", cpu=4000)
+        found = view.match(spec)
+        assert found is not None
+        view.reserve(found, spec)
+        placed.append((found.lm_id, spec.task_id))
+    assert view.match(task("late", cpu=4000)) is None  # full: remembered as a miss
+    lm_id, task_id = placed[0]
+    view.release(lm_id, task_id, ended=True)
+    assert view.match(task("late", cpu=4000)) is not None
