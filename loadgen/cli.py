@@ -21,6 +21,7 @@ SUBCOMMAND_MODULES = (
     "simulate",
     "replay",
     "compare",
+    "experiment",
     "gpa_eval",
     "vm_sim",
     "forecast_eval",
