@@ -18,9 +18,11 @@ Model of the world:
   maintained the moment it is empty. Short VMs leave by themselves meanwhile, which is
   how the order saves migrations;
 - metrics are sampled every ``sample_s`` (15 min) after ``warmup_s`` (2 days):
-  empty hosts % (hosts without a VM), and CPU / memory stranding by the inflation
-  method: on each non-empty host the summed shape of its VMs is scaled up until one
-  dimension is full; what is left free of the other dimension is stranded. Reported as a
+  empty hosts % (hosts without a VM), its ceiling (``ceiling``: 1 - the pool's
+  utilisation of the busier dimension, what perfect packing would leave empty), and
+  CPU / memory stranding by the inflation method: on each non-empty host the summed
+  shape of its VMs is scaled up until one dimension is full; what is left free of the
+  other dimension is stranded. Reported as a
   share of the pool's total capacity, averaged over the samples. Migrations are counted
   after the warm-up too.
 
@@ -113,6 +115,7 @@ class SimResult:
     cpu_stranded_pct: float
     mem_stranded_pct: float
     migrations: int
+    empty_ceiling_pct: float = 0.0
     rejected: int = 0
     hosts: int = 0
     vms: int = 0
@@ -120,7 +123,13 @@ class SimResult:
 
     def row(self) -> dict[str, Any]:
         out = asdict(self)
-        for key in ("empty_hosts_pct", "cpu_stranded_pct", "mem_stranded_pct", "wall_s"):
+        for key in (
+            "empty_hosts_pct",
+            "cpu_stranded_pct",
+            "mem_stranded_pct",
+            "empty_ceiling_pct",
+            "wall_s",
+        ):
             out[key] = round(out[key], 2)
         return out
 
@@ -156,6 +165,13 @@ def stranding(pool: HostPool) -> tuple[float, float]:
     return float(stranded[0] / total[0]), float(stranded[1] / total[1])
 
 
+def ceiling(pool: HostPool) -> float:
+    """The most hosts any policy could keep empty now: 1 - the pool's utilisation of its
+    busier dimension (identical hosts, VMs packed perfectly). The gap between a policy's
+    empty hosts and this is its fragmentation; no policy can gain more than it."""
+    return float(1.0 - (pool.used.sum(axis=0) / pool.capacity.sum(axis=0)).max())
+
+
 def simulate(
     trace: VmTrace,
     policy_name: str,
@@ -178,7 +194,7 @@ def simulate(
 
     departures: list[tuple[float, int]] = []
     remaining_now: dict[int, float] = {}
-    samples: list[tuple[float, float, float]] = []
+    samples: list[tuple[float, float, float, float]] = []
     draining: set[int] = set()
     next_drain_host = 0
     migrations = rejected = 0
@@ -215,7 +231,8 @@ def simulate(
         estimate_s = float(predictor(np.array([vm]), np.array([now - start_s[vm]]))[0])
         if place(vm, now, estimate_s) == NO_HOST:  # nowhere to go: stays, try later
             pool.available[host] = True
-            pool.place(vm, host, shapes[vm], policy.tag(LifetimeEstimate(estimate_s)), now, now)
+            tag = policy.tag(LifetimeEstimate(estimate_s))
+            pool.place(vm, host, shapes[vm], tag, now + estimate_s, now)
             pool.available[host] = False
             return False
         return True
@@ -244,7 +261,7 @@ def simulate(
                 pool.advance(now, remaining_now)
                 if now >= options.warmup_s:
                     cpu, mem = stranding(pool)
-                    samples.append((float(pool.empty().mean()), cpu, mem))
+                    samples.append((float(pool.empty().mean()), cpu, mem, ceiling(pool)))
                 next_sample += options.sample_s
             if next_maintenance <= now:
                 host = next_drain_host % hosts
@@ -273,8 +290,8 @@ def simulate(
             progress(i / n)
     if not samples:  # a trace shorter than the warm-up: measure at the end
         cpu, mem = stranding(pool)
-        samples.append((float(pool.empty().mean()), cpu, mem))
-    empty, cpu, mem = (100.0 * x for x in np.mean(samples, axis=0))
+        samples.append((float(pool.empty().mean()), cpu, mem, ceiling(pool)))
+    empty, cpu, mem, most = (100.0 * x for x in np.mean(samples, axis=0))
     return SimResult(
         policy=policy_name,
         predictor=predictor.name,
@@ -282,6 +299,7 @@ def simulate(
         cpu_stranded_pct=float(cpu),
         mem_stranded_pct=float(mem),
         migrations=migrations,
+        empty_ceiling_pct=float(most),
         rejected=rejected,
         hosts=hosts,
         vms=n,
@@ -371,12 +389,13 @@ def _bar_plot(results: Sequence[SimResult], path: Path) -> Path | None:
 
 def render_table(results: Sequence[SimResult]) -> str:
     lines = [
-        f"{'policy':<10} {'predictor':<9} {'empty %':>8} {'cpu str %':>9} {'mem str %':>9} "
-        f"{'migr':>5} {'rejected':>8} {'wall s':>7}"
+        f"{'policy':<10} {'predictor':<9} {'empty %':>8} {'ceiling %':>9} {'cpu str %':>9} "
+        f"{'mem str %':>9} {'migr':>5} {'rejected':>8} {'wall s':>7}"
     ]
     for r in results:
         lines.append(
-            f"{r.policy:<10} {r.predictor:<9} {r.empty_hosts_pct:8.2f} {r.cpu_stranded_pct:9.2f} "
+            f"{r.policy:<10} {r.predictor:<9} {r.empty_hosts_pct:8.2f} "
+            f"{r.empty_ceiling_pct:9.2f} {r.cpu_stranded_pct:9.2f} "
             f"{r.mem_stranded_pct:9.2f} {r.migrations:5d} {r.rejected:8d} {r.wall_s:7.1f}"
         )
     return "\n".join(lines)

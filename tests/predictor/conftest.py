@@ -17,7 +17,7 @@ def tiny_model(train_trace):
     from services.predictor.lifetime_model import train_lifetime_model
 
     return train_lifetime_model(
-        train_trace.features, train_trace.lifetime_s, max_iter=25, quantile_rows=8_000
+        train_trace.features, train_trace.lifetime_s, max_iter=100, quantile_rows=8_000
     )
 
 

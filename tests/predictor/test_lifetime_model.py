@@ -7,24 +7,50 @@ import numpy as np
 import pytest
 
 from services.predictor.lifetime_model import (
+    AUGMENT_GRID_S,
     MODEL_FORMAT,
     FeatureSchema,
     LifetimeModel,
     ModelError,
     UptimePrior,
     augment,
+    augment_weights,
     load_model,
 )
 
 H = 3600.0
 
 
-def test_augment_repeats_each_vm_at_eighths_of_its_lifetime():
-    rows, uptime, remaining = augment(np.array([8.0, 80.0]))
-    assert rows.tolist() == [0] * 8 + [1] * 8
-    assert uptime[:8].tolist() == list(range(8))
-    assert remaining[8:].tolist() == [80.0 - 10 * k for k in range(8)]
-    assert np.all(remaining > 0)
+def test_augment_repeats_each_vm_at_the_grid_uptimes_it_lived_past():
+    rows, uptime, remaining = augment(np.array([250.0, 700.0]), grid_s=np.array([300.0, 600.0]))
+    assert rows.tolist() == [0, 1, 1, 1]
+    assert uptime.tolist() == [0.0, 0.0, 300.0, 600.0]
+    assert remaining.tolist() == [250.0, 700.0, 400.0, 100.0]
+
+
+def test_rows_at_an_uptime_are_the_vms_alive_then_weighted_by_the_time_they_stand_for():
+    life = np.array([0.5, 2.0, 50.0]) * H
+    rows, uptime, _ = augment(life)
+    at_1h = uptime == AUGMENT_GRID_S[np.searchsorted(AUGMENT_GRID_S, H)]
+    assert sorted(rows[at_1h].tolist()) == [1, 2]  # the two VMs alive at ~1 h, long one too
+    weight = augment_weights(rows, uptime, life)
+    assert np.all(weight[uptime == 0] == 1.0)  # one question at placement per VM
+    # After that, in proportion to the time alive, in total as much as the placements.
+    later = uptime > 0
+    assert weight[later].sum() == pytest.approx(3.0)
+    spans = [life[vm] - uptime[(rows == vm) & later].min() for vm in range(3)]
+    per_vm = [weight[(rows == vm) & later].sum() for vm in range(3)]
+    np.testing.assert_allclose(np.array(per_vm) / sum(per_vm), np.array(spans) / sum(spans))
+
+
+def test_re_predictions_of_young_vms_follow_the_survivors(train_trace, tiny_model):
+    """E[remaining | uptime] at 1 h is the mean remaining lifetime of the VMs alive at 1 h
+    (the issue's fraction-of-lifetime augmentation predicted about a sixth of it)."""
+    life = train_trace.lifetime_s
+    alive = np.flatnonzero(life > H)
+    features = train_trace.feature_dicts(alive)
+    predicted = tiny_model.predict(features, np.full(len(alive), H)).expected_remaining_s
+    assert predicted.mean() == pytest.approx((life[alive] - H).mean(), rel=0.25)
 
 
 def test_schema_numeric_and_ranked_categories():
