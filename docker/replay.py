@@ -1,13 +1,13 @@
-"""The compose ``loadgen`` service: replay a trace against the running GMs, print the report.
+"""The compose ``loadgen`` service: wait until the GMs see workers, then replay a trace.
 
-What ``megha up --replay`` does once it has started its own federation, here against the
-containers of docker-compose.yml (the federation file names the GMs and the queues).
-Exit 0 when every task completed.
+``python replay.py TRACE [megha-loadgen replay options]`` waits until every GM of the
+federation file sees every LM with workers (a job submitted before that would find no
+node), then runs ``megha-loadgen replay TRACE --gm <every GM of the file> ...``, which
+prints the report and exits 0 when every task completed.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
@@ -15,14 +15,15 @@ import time
 
 import grpc
 
-from loadgen.replay import replay_trace
 from services.client import GlobalMasterClient
 from services.common.config import ConfigError, FederationConfig, load_config
 
+READY_TIMEOUT_S = float(os.environ.get("MEGHA_READY_TIMEOUT_S", "120"))
+
 
 async def wait_for_workers(config: FederationConfig, timeout_s: float) -> None:
-    """Every GM sees every LM with at least one worker (the counts come from the command
-    lines of the worker containers, not the file, so they are not awaited exactly)."""
+    """Every GM sees every LM with at least one worker (worker counts come from the worker
+    containers' command lines, not from the file, so they are not awaited exactly)."""
     deadline = time.monotonic() + timeout_s
     for gm in config.gms:
         async with GlobalMasterClient(gm.target) as client:
@@ -35,38 +36,25 @@ async def wait_for_workers(config: FederationConfig, timeout_s: float) -> None:
                 except grpc.aio.AioRpcError as err:  # not up yet: retried until the deadline
                     seen = {"error": err.code().name}
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"GM {gm.id} sees {seen} after {timeout_s:.0f} s")
+                    raise SystemExit(f"replay: GM {gm.id} sees {seen} after {timeout_s:.0f} s")
                 await asyncio.sleep(0.5)
 
 
-async def run(args: argparse.Namespace, config: FederationConfig) -> int:
-    await wait_for_workers(config, args.ready_timeout)
-    report = await replay_trace(
-        args.trace,
-        [g.target for g in config.gms],
-        speedup=args.speedup,
-        max_jobs=args.max_jobs,
-        queues=[q.name for q in config.effective_queues()],
-    )
-    print(report.render(), flush=True)
-    return 0 if report.completed == report.tasks else 1
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="replay", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=os.environ.get("MEGHA_CONFIG"))
-    parser.add_argument("--trace", default=os.environ.get("MEGHA_TRACE", "/traces/trace.tr"))
-    parser.add_argument("--max-jobs", type=int, default=10, help="jobs to replay")
-    parser.add_argument("--speedup", type=float, default=20000.0, help="compress time by this")
-    parser.add_argument("--ready-timeout", type=float, default=120.0, help="seconds")
-    args = parser.parse_args()
+def main(argv: list[str]) -> int:
+    if not argv or argv[0].startswith("-"):
+        print("usage: replay.py TRACE [megha-loadgen replay options]", file=sys.stderr)
+        return 2
     try:
-        config = load_config(args.config)
+        config = load_config(os.environ.get("MEGHA_CONFIG"))
     except ConfigError as err:
         print(f"replay: {err}", file=sys.stderr)
         return 2
-    return asyncio.run(run(args, config))
+    asyncio.run(wait_for_workers(config, READY_TIMEOUT_S))
+    if "--gm" not in argv:
+        argv = [*argv, "--gm", ",".join(g.target for g in config.gms)]
+    sys.stdout.flush()
+    os.execvp("megha-loadgen", ["megha-loadgen", "replay", *argv])
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
