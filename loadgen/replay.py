@@ -191,6 +191,15 @@ async def replay_jobs(
         if row["alloc_s"] is not None:
             measured.append(stamps)
     rows.sort(key=lambda r: r["task_id"])
+    jobs_done: dict[str, list[int]] = {}  # job -> [first submit, last finish, tasks left]
+    for row in rows:
+        job = jobs_done.setdefault(row["job_id"], [row["submitted_unix_nanos"], 0, 0])
+        job[0] = min(job[0], row["submitted_unix_nanos"])
+        if row["state"] == "succeeded":
+            job[1] = max(job[1], row["finished_unix_nanos"])
+        else:
+            job[2] += 1
+    job_completion = [(end - start) / 1e9 for start, end, left in jobs_done.values() if not left]
     alloc_values = [report.allocation_s(s) for s in measured]
     starts = [s["started"] for s in measured]
     throughput = 0.0
@@ -219,6 +228,7 @@ async def replay_jobs(
         timeout_s=round(timeout_s, 3),
         skipped_lines=skipped_lines,
         arrival_lag_s=report.percentiles(lags),
+        job_completion_s=report.percentiles(job_completion),
         detail_s=report.detail_percentiles(measured),
         started_unix_nanos=began_ns,
     )

@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--replay", default="", help="after start-up, replay this trace and stop")
     up.add_argument("--max-jobs", type=int, default=10, help="with --replay: jobs to replay")
     up.add_argument(
+        "--out", default="", help="with --replay: write summary.json, tasks.csv and a CDF here"
+    )
+    up.add_argument(
         "--speedup", type=float, default=20000.0, help="with --replay: compress time by this"
     )
 

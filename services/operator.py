@@ -214,6 +214,7 @@ async def wait_until_ready(config: FederationConfig, timeout_s: float = 60.0) ->
 
 async def _replay(config: FederationConfig, args: argparse.Namespace) -> int:
     from loadgen.replay import replay_trace
+    from loadgen.sim.engine import Progress
 
     report = await replay_trace(
         args.replay,
@@ -221,6 +222,8 @@ async def _replay(config: FederationConfig, args: argparse.Namespace) -> int:
         speedup=args.speedup,
         max_jobs=args.max_jobs,
         queues=[q.name for q in config.effective_queues()],
+        out=Path(args.out) if getattr(args, "out", "") else None,
+        progress=Progress(),
     )
     print(report.render(), flush=True)
     return 0 if report.completed == report.tasks else 1

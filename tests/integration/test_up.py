@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -28,14 +29,18 @@ def test_embedded_up_replays_a_trace_and_prints_allocation_times(tmp_path):
     base = free_ports(1)[0]
     out = subprocess.run(
         [*MEGHA, "up", "--embedded", "--base-port", str(base), "--gms", "1", "--lms", "2",
-         "--workers", "2", "--replay", str(small_trace(tmp_path)), "--speedup", "100"],
+         "--workers", "2", "--replay", str(small_trace(tmp_path)), "--speedup", "100",
+         "--out", str(tmp_path / "report")],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     assert "federation up (embedded): 1 GMs, 2 LMs, 4 workers" in out.stdout
-    assert "replayed 3 jobs, 9 tasks" in out.stdout and "9 completed, 0 failed" in out.stdout
-    assert "1 malformed trace lines skipped" in out.stdout
-    assert "allocation time: p50" in out.stdout
+    assert "3 jobs at speedup 100" in out.stdout
+    assert "completed / offered    9 / 9" in out.stdout
+    assert "skipped trace lines    1 malformed" in out.stdout
+    assert "allocation time (ms)   p50" in out.stdout
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["target"] == "live" and summary["completed"] == summary["tasks"] == 9
 
 
 def test_up_runs_processes_and_stops_them_all_on_sigterm(tmp_path):
