@@ -668,8 +668,8 @@ def render(result: BenchResult) -> str:
     lines = [
         report.render_summary(s),
         f"load generator         offered {s['achieved_offer_rate']:.0f} tasks/s "
-        f"(lag p99 {report._ms(lag['p99'])} ms, max {report._ms(lag['max'])} ms), "
-        f"SubmitJob p50 {report._ms(s['submit_rpc_s']['p50'])} ms",
+        f"(lag p99 {report.ms(lag['p99'])} ms, max {report.ms(lag['max'])} ms), "
+        f"SubmitJob p50 {report.ms(s['submit_rpc_s']['p50'])} ms",
         f"percentiles over {s['measured_tasks']} tasks that started after the "
         f"{s['warmup_s']:g} s warm-up ({s['excluded_warmup']} warm-up tasks excluded)",
     ]
