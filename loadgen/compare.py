@@ -113,37 +113,10 @@ def markdown_table(runs: Sequence[Run]) -> str:
 
 def plot(runs: Sequence[Run], path: Path, title: str = "") -> Path | None:
     """Overlaid allocation-time CDFs (log x axis, ms); None when nothing can be drawn."""
-    curves = [r for r in runs if r.alloc_s.size]
-    if not curves:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    try:
-        for run in curves:
-            values = np.sort(run.alloc_s) * 1e3
-            fraction = np.arange(1, values.size + 1) / values.size
-            p99 = run.summary["alloc_s"]["p99"]
-            label = f"{run.label} (p99 {report.ms(p99)} ms)"
-            ax.step(np.maximum(values, 1e-3), fraction, where="post", label=label)
-        ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-        ax.set_xlabel("allocation time (ms)")
-        ax.set_ylabel("fraction of tasks")
-        ax.set_ylim(0, 1.01)
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(loc="lower right", fontsize=8)
-        ax.set_title(title or "allocation time CDF")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-    finally:
-        plt.close(fig)
-    return path
+    curves = [
+        (f"{r.label} (p99 {report.ms(r.summary['alloc_s']['p99'])} ms)", r.alloc_s) for r in runs
+    ]
+    return report.plot_cdfs(curves, path, title or "allocation time CDF")
 
 
 def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:

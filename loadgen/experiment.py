@@ -127,9 +127,7 @@ def sweep_plot(runs: list[compare.Run], field: str, path: Path, title: str) -> P
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
         ax.set_title(title)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        report.save_figure(fig, path)
     finally:
         plt.close(fig)
     return path

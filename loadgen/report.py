@@ -277,7 +277,17 @@ def write_cdf_png(
 
     Returns None, writing nothing, when matplotlib is not installed or there is no value.
     """
-    if len(alloc_values_s) == 0:
+    title = title or f"allocation time CDF ({len(alloc_values_s)} tasks)"
+    return plot_cdfs([("", alloc_values_s)], Path(out_dir) / CDF_FILE, title)
+
+
+def plot_cdfs(curves: Sequence[tuple[str, Sequence[float]]], path: Path, title: str) -> Path | None:
+    """Allocation-time CDFs, one per ``(label, seconds)``, on a log millisecond axis.
+
+    Returns None, writing nothing, when matplotlib is missing or no curve has a value.
+    """
+    curves = [(label, values) for label, values in curves if len(values)]
+    if not curves:
         return None
     try:
         import matplotlib
@@ -287,28 +297,36 @@ def write_cdf_png(
         from matplotlib.ticker import FuncFormatter
     except ImportError:
         return None
-    values_ms = np.sort(np.asarray(alloc_values_s, dtype=float)) * 1e3
-    fraction = np.arange(1, values_ms.size + 1) / values_ms.size
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
     try:
-        ax.step(values_ms, fraction, where="post")
-        if values_ms.min() > 0:
+        positive = True
+        for label, values in curves:
+            values_ms = np.sort(np.asarray(values, dtype=float)) * 1e3
+            fraction = np.arange(1, values_ms.size + 1) / values_ms.size
+            positive = positive and bool(values_ms.min() > 0)
+            ax.step(values_ms, fraction, where="post", label=label or None)
+        if positive:
             ax.set_xscale("log")
             plain = FuncFormatter(lambda v, _pos: f"{v:g}")  # "20", not "2x10^1"
             ax.xaxis.set_major_formatter(plain)
-            ax.xaxis.set_minor_formatter(plain)
         ax.set_xlabel("allocation time (ms)")
         ax.set_ylabel("fraction of tasks")
         ax.set_ylim(0, 1.01)
         ax.grid(True, which="both", alpha=0.3)
-        ax.set_title(title or f"allocation time CDF ({values_ms.size} tasks)")
-        path = Path(out_dir) / CDF_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        if any(label for label, _ in curves):
+            ax.legend(loc="lower right", fontsize=8)
+        ax.set_title(title)
+        save_figure(fig, path)
     finally:
         plt.close(fig)
     return path
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Write a matplotlib figure as a PNG, making its folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 def ms(value: float | None) -> str:
