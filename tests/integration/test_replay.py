@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -12,9 +13,12 @@ from loadgen.sim.config import SimConfig
 from loadgen.sim.run import simulate
 from loadgen.sim.run import write_report as write_sim_report
 from loadgen.trace import TraceJob, TraceTask
-from tests.integration.harness import Federation
+from services._proto.megha.v1 import common_pb2
+from tests.integration.harness import Federation, sim_tasks
 
 pytestmark = pytest.mark.integration
+
+SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
 
 
 def small_trace() -> list[TraceJob]:
@@ -47,3 +51,26 @@ async def test_replay_completes_every_task_and_writes_the_simulators_report(tmp_
     header = (tmp_path / "live" / report.TASKS_FILE).read_text().splitlines()[0]
     assert header == (tmp_path / "sim" / report.TASKS_FILE).read_text().splitlines()[0]
     assert {p.name for p in files} == {report.SUMMARY_FILE, report.TASKS_FILE, report.CDF_FILE}
+
+
+async def test_a_job_submitted_to_a_gm_that_does_not_serve_its_queue_is_followed_there(tmp_path):
+    # q1 is scheduled by gm-1; the user talks to gm-2 only, and must still see the job end.
+    queues = [
+        {"name": "q1", "share": 0.5, "gm": "gm-1"},
+        {"name": "q2", "share": 0.5, "gm": "gm-2"},
+    ]
+    (tmp_path / "fed").mkdir()
+    async with Federation(tmp_path / "fed", workers_per_lm=2, queues=queues) as fed:
+        client = fed.gm("gm-2")
+        reply = await client.submit(sim_tasks(6, 0.2), queue="q1")
+        states = {}
+
+        async def follow():
+            async for event in client.watch(reply.job_id):
+                states[event.task_id] = event.state
+                if len(states) == 6 and all(s == SUCCEEDED for s in states.values()):
+                    return
+
+        await asyncio.wait_for(follow(), timeout=30)
+        job = await client.job(reply.job_id)
+        assert all(t.state == SUCCEEDED for t in job.tasks)
