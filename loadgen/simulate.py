@@ -13,6 +13,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from loadgen.queues import load_queues
 from loadgen.readers.options import add_trace_arguments, jobs_from_args, machines_from_args
 from loadgen.sim.config import FINISH_NOTIFY, SCHEDULERS, SimConfig, SimConfigError
 from loadgen.trace import TraceError
@@ -69,6 +70,14 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         action="store_true",
         help="paper Alg. 2: under-share users may preempt over-share ones",
     )
+    parser.add_argument(
+        "--queues",
+        type=Path,
+        metavar="FILE",
+        help="user queues: a YAML list of name, share, gm (gm-1 or 1); tasks go round-robin "
+        "over them unless the trace names users; implies --fair-share; summary.json gets "
+        "each queue's measured share",
+    )
     parser.add_argument("--out", type=Path, help="write summary.json, tasks.csv and a CDF here")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     add_trace_arguments(parser)
@@ -88,7 +97,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         finish_notify=args.finish_notify,
         policy=args.policy,
         probe_ratio=args.probe_ratio,
-        fair_share=args.fair_share,
+        fair_share=args.fair_share or args.queues is not None,
+        queues=load_queues(args.queues) if args.queues is not None else (),
         seed=args.seed,
     )
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from loadgen.queues import QueueFileError, QueueSpec, check_gms
+
 SCHEDULERS = ("megha", "sparrow", "central")
 FINISH_NOTIFY = ("all", "owner", "none")
 
@@ -58,6 +60,9 @@ class SimConfig:
     fair_share: bool = False
     """Paper Alg. 2: a GM whose user is under its share may preempt over-share users.
     Off by default: ``.tr`` traces have no users and the compared simulators no preemption."""
+    queues: tuple[QueueSpec, ...] = ()
+    """User queues (name, share, serving GM, ``--queues FILE``); tasks go to the GM that
+    serves their queue. Empty: one queue per GM with equal shares, jobs round-robin."""
     probe_ratio: float = 2.0
     """Sparrow: probes per task."""
     lm_delta_history: int = 100_000
@@ -71,7 +76,9 @@ class SimConfig:
     def effective(self) -> SimConfig:
         """``central`` is Megha with one GM and one LM: the counts the run really uses."""
         if self.scheduler == "central":
-            return replace(self, gms=1, lms=1)
+            # The one GM serves every user queue.
+            queues = tuple(replace(q, gm=1) for q in self.queues)
+            return replace(self, gms=1, lms=1, queues=queues)
         return self
 
     def check(self) -> None:
@@ -92,6 +99,13 @@ class SimConfig:
             raise SimConfigError("heartbeat_interval_s must be positive")
         if self.probe_ratio <= 0:
             raise SimConfigError("probe_ratio must be positive")
+        if self.queues:
+            if self.scheduler == "sparrow":
+                raise SimConfigError("the sparrow model has no user queues")
+            try:
+                check_gms(self.queues, self.effective().gms)
+            except QueueFileError as err:
+                raise SimConfigError(str(err)) from None
         if self.scheduler == "megha" and self.lms > self.workers:
             raise SimConfigError(
                 f"{self.lms} LMs need at least as many workers, got {self.workers}"

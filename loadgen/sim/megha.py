@@ -19,17 +19,19 @@ park, not N. Decisions, their order, and the per-round shape cache are the live 
 
 from __future__ import annotations
 
-from collections import defaultdict
+import itertools
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from loadgen.queues import Attempts, QueueSpec, assign_queues, measured_shares, summary_queues
 from loadgen.sim.config import SimConfig, ns
 from loadgen.sim.engine import Engine
 from loadgen.sim.workload import TaskLog, Workload
 from services.core.cluster_state import ClusterState
 from services.core.constraints import DEFAULT_NUM_CONSTRAINTS
-from services.core.fairness import FairShare, QueueShare
+from services.core.fairness import FairShare, QueueShare, usage_by_queue
 from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
 from services.core.match import make_policy
 from services.core.resources import resources
@@ -65,15 +67,19 @@ class SimLM:
 class SimGM:
     index: int
     gm_id: str
-    queue: str
     view: GlobalView
     queues: UserQueues[TaskRun]
     busy_until: int = 0
     round_pending: bool = False
-    # The tail of the parked deque if it waits for "no node" and nothing was unparked
-    # since: a later run of its shape can join it (same order, one item instead of many).
-    last_parked: TaskRun | None = None
+    # Per user queue, the tail of its parked deque if it waits for "no node" and nothing
+    # was unparked since: a later run of its shape can join it (same order, one item
+    # instead of many).
+    last_parked: dict[str, TaskRun] = field(default_factory=dict)
     infeasible_shapes: dict[int, bool] = field(default_factory=dict)
+    pledged: set[str] = field(default_factory=set)  # victims of preemptions under way
+    pledge_epoch: int = 0  # bumped whenever ``pledged`` changes
+    # (queue, shape) -> the view (table versions) and pledge epoch Alg. 2 refused it in
+    refused: dict[tuple[str, int, bytes], tuple] = field(default_factory=dict)
 
 
 @dataclass
@@ -120,23 +126,48 @@ class MeghaSim:
         self.validate_ns = ns(config.lm_validate_s)
         self.heartbeat_ns = ns(config.heartbeat_interval_s)
         self.remaining = workload.tasks
+        self.total_capacity = resources(
+            cpu_milli=config.cores_per_worker * 1000 * config.workers,
+            memory_mb=config.memory_per_worker_mb * config.workers,
+        )
         self.specs: list[TaskSpec | None] = [None] * workload.tasks
         # Victims come back from an LM by task id; only preemption needs the reverse map.
         self._task_index: dict[str, int] | None = {} if config.fair_share else None
         gm_ids = [f"gm{g}" for g in range(config.gms)]
+        # User queues: the configured ones (tasks spread by ``assign_queues``), else one
+        # per GM with equal shares and whole jobs round-robin over the GMs.
+        if config.queues:
+            names = [q.name for q in config.queues]
+            shares = [q.share for q in config.queues]
+            self.queue_gm = np.array([q.gm - 1 for q in config.queues], dtype=np.int32)
+            self.queue_of: np.ndarray | None = assign_queues(
+                workload.users, workload.first, config.queues
+            )
+        else:
+            names = [f"user{g}" for g in range(config.gms)]
+            shares = [1 / config.gms] * config.gms
+            self.queue_gm = np.arange(config.gms, dtype=np.int32)
+            self.queue_of = None
+        self.queue_names = names
         self.fair = FairShare(
-            [QueueShare(f"user{g}", 1 / config.gms, gm_ids[g]) for g in range(config.gms)]
+            [
+                QueueShare(n, s, gm_ids[g])
+                for n, s, g in zip(names, shares, self.queue_gm, strict=True)
+            ]
         )
         self.gms = [
             SimGM(
                 index=g,
                 gm_id=gm_ids[g],
-                queue=f"user{g}",
                 view=GlobalView(gm_ids[g], make_policy(config.policy), num_constraints),
-                queues=UserQueues([f"user{g}"]),
+                queues=UserQueues(n for n, at in zip(names, self.queue_gm, strict=True) if at == g),
             )
             for g in range(config.gms)
         ]
+        # What fairness runs report: per queue, attempts lost to preemption, and every
+        # preempted attempt's (task, queued, started, ended) for the measured shares.
+        self.preempted_by_queue = np.zeros(len(names), dtype=np.int64)
+        self.preempted_attempts: list[tuple[int, int, int, int]] = []
         self.lms = [
             SimLM(
                 index,
@@ -177,20 +208,26 @@ class MeghaSim:
     def _arrive(self, job: int) -> None:
         now = self.engine.now
         wl, log = self.workload, self.log
-        gm = self.gms[job % len(self.gms)]
         lo, hi = int(wl.first[job]), int(wl.first[job + 1])
+        if self.queue_of is None:
+            queue_of = [job % len(self.gms)] * (hi - lo)
+        else:
+            queue_of = self.queue_of[lo:hi].tolist()
         log.stamps["submitted"][lo:hi] = now
         log.stamps["queued"][lo:hi] = now
-        log.gm[lo:hi] = gm.index
+        log.gm[lo:hi] = self.queue_gm[queue_of]
         job_id = wl.job_ids[job]
-        run: TaskRun | None = None
-        for task in range(lo, hi):
+        runs: dict[int, TaskRun] = {}  # the open run of each queue
+        woken: dict[int, SimGM] = {}
+        for task, q in zip(range(lo, hi), queue_of, strict=True):
+            gm = self.gms[self.queue_gm[q]]
+            queue = self.queue_names[q]
             shape = int(wl.shape_of[task])
             spec = TaskSpec(
                 task_id=f"{job_id}.{task - lo}",
                 resources=wl.shapes[shape].resources,
                 constraint_mask=wl.shapes[shape].constraint_mask,
-                queue=gm.queue,
+                queue=queue,
                 job_id=job_id,
                 duration_s=wl.duration_ns[task] / 1e9,
             )
@@ -201,11 +238,14 @@ class MeghaSim:
                 log.infeasible[task] = True
                 self._finish_count()
                 continue
+            run = runs.get(q)
             if run is None or run.shape != shape:
-                run = TaskRun([], shape)
-                gm.queues.push(gm.queue, run)
+                run = runs[q] = TaskRun([], shape)
+                gm.queues.push(queue, run)
             run.tasks.append(task)
-        self._wake(gm)
+            woken[gm.index] = gm
+        for gm in woken.values():
+            self._wake(gm)
 
     def _infeasible(self, gm: SimGM, shape: int, spec: TaskSpec) -> bool:
         """The live GM refuses a task no node could ever hold at submission."""
@@ -230,17 +270,19 @@ class MeghaSim:
         specs, shape_of = self.specs, self.workload.shape_of
         groups: dict[tuple[int, bool], list[tuple[int, TaskSpec, Placement]]] = defaultdict(list)
         preempts: list[tuple[int, TaskSpec, PreemptionPlan]] = []
-        failed: set[int] = set()  # shapes that found no node this round
+        failed: set[tuple[str, int]] = set()  # (queue, shape)s that found no node this round
         budget = self.config.round_size
         matches = 0
         lm_index = {lm.state.lm_id: lm.index for lm in self.lms}
+        popped: deque[tuple[str, TaskRun]] = deque()  # one run from each queue of the GM
         while budget > 0:
-            popped = queues.pop_round(1)
             if not popped:
-                break
-            queue, run = popped[0]
-            if run.shape in failed:
-                self._park(gm, run, no_node=True)
+                popped.extend(queues.pop_round(1))
+                if not popped:
+                    break
+            queue, run = popped.popleft()
+            if (queue, run.shape) in failed:
+                self._park(gm, queue, run, no_node=True)
                 continue
             while budget > 0 and run.pos < len(run.tasks):
                 task = run.tasks[run.pos]
@@ -250,7 +292,7 @@ class MeghaSim:
                 if placement is None:
                     plan = self._preemption_plan(gm, spec)
                     if plan is None:
-                        failed.add(int(shape_of[task]))
+                        failed.add((queue, int(shape_of[task])))
                         break
                     run.pos += 1
                     budget -= 1
@@ -267,10 +309,12 @@ class MeghaSim:
                     (task, spec, placement)
                 )
             if run.pos < len(run.tasks):
-                if run.shape in failed:
-                    self._park(gm, run, no_node=True)
+                if (queue, run.shape) in failed:
+                    self._park(gm, queue, run, no_node=True)
                 else:
                     queues.push_front(queue, run)
+        for queue, run in reversed(popped):  # popped, but the budget ran out first
+            queues.push_front(queue, run)
         end = now + matches * self.match_ns
         gm.busy_until = end
         self.counters.rounds += 1
@@ -287,32 +331,53 @@ class MeghaSim:
             known = view.lms[plan.lm_id].version
             self.counters.preemption_attempts += 1
             self.engine.at(sent, self._lm_preempt, lm, gm, task, spec, plan, known)
-        if queues.ready(gm.queue):
+        if any(queues.ready(name) for name in queues.names):
             self._wake(gm)
 
-    def _park(self, gm: SimGM, run: TaskRun, no_node: bool) -> None:
+    def _park(self, gm: SimGM, queue: str, run: TaskRun, no_node: bool) -> None:
         """``UserQueues.park``, merging into the parked tail when both wait for no node.
 
         Sound because a shape that found no node keeps finding none until the view
         changes, and every view change unparks (and forgets ``last_parked``).
         """
-        last = gm.last_parked
+        last = gm.last_parked.get(queue)
         if no_node and last is not None and last.shape == run.shape:
             last.tasks.extend(run.tasks[run.pos :])
             return
-        gm.queues.park(gm.queue, run)
-        gm.last_parked = run if no_node else None
+        gm.queues.park(queue, run)
+        if no_node:
+            gm.last_parked[queue] = run
+        else:
+            gm.last_parked.pop(queue, None)
 
     def _unpark(self, gm: SimGM) -> int:
-        gm.last_parked = None
+        gm.last_parked.clear()
         return gm.queues.unpark()
 
     def _preemption_plan(self, gm: SimGM, spec: TaskSpec) -> PreemptionPlan | None:
         """The live GM's ``_unplaceable``: Alg. 2 when shares are configured, else wait."""
         if not self.config.fair_share or len(self.fair.queues) < 2:
             return None
-        plan = gm.view.preemption_plan(spec, self.fair)
-        return plan if isinstance(plan, PreemptionPlan) else None
+        # Alg. 2 is a function of the view and the pledged victims: while neither changed,
+        # a (queue, shape) it refused is refused again, so the answer is remembered (the
+        # decisions are the live GM's; only the repeated work is saved).
+        key = (spec.queue, spec.constraint_mask, spec.resources.tobytes())
+        token = (
+            gm.pledge_epoch,
+            tuple((id(v.table), v.table.version) for v in gm.view.lms.values()),
+        )
+        if gm.refused.get(key) == token:
+            return None
+        plan = gm.view.preemption_plan(spec, self.fair, gm.pledged)
+        if not isinstance(plan, PreemptionPlan):
+            gm.refused[key] = token
+            return None
+        gm.pledge_epoch += 1
+        # As the live GM: pledge the victims so no other task picks them while the
+        # request is out, and book the task on the node so nothing else goes there.
+        gm.pledged.update(plan.victims.task_ids)
+        gm.view.reserve(Placement(plan.lm_id, plan.victims.node, plan.node_id, False), spec)
+        return plan
 
     # ------------------------------------------------------------- LM requests
     def _lm_place(
@@ -394,7 +459,12 @@ class MeghaSim:
         state = lm.state
         t = max(now, lm.busy_until) + self.validate_ns
         lm.busy_until = t
-        usage, total = state.queue_usage(), state.table.capacity.sum(axis=1)
+        # The live LM judges shares on its own books plus its peers' heartbeats; here
+        # every LM's books are at hand, so it judges on the exact federation-wide usage.
+        usage = usage_by_queue(
+            itertools.chain.from_iterable(other.state.allocations.values() for other in self.lms)
+        )
+        total = self.total_capacity
         decision = state.preempt(
             gm.gm_id,
             spec,
@@ -408,6 +478,9 @@ class MeghaSim:
                 victims.append(victim.task_id)
                 self._requeue(victim.task_id, t)
             self._start(lm, task, plan.victims.node, now, t)
+            if self.config.finish_notify == "all":  # the PREEMPTED events of the live LM
+                for victim_id in victims:
+                    self.engine.at(t + self.delay, self._gms_learn_end, lm, victim_id, self.gms)
         snap = state.snapshot(known) if not decision.ok else None
         self.engine.at(
             t + self.delay,
@@ -429,6 +502,11 @@ class MeghaSim:
         old = self.specs[task]
         assert old is not None
         log = self.log
+        stamps = log.stamps
+        self.preempted_attempts.append(
+            (task, int(stamps["queued"][task]), int(stamps["started"][task]), now)
+        )
+        self.preempted_by_queue[self.queue_names.index(old.queue)] += 1
         log.attempt[task] += 1
         self.specs[task] = TaskSpec(
             task_id=old.task_id,
@@ -450,7 +528,9 @@ class MeghaSim:
         self.engine.at(now + self.delay, self._requeued, owner, task)
 
     def _requeued(self, gm: SimGM, task: int) -> None:
-        gm.queues.push(gm.queue, TaskRun([task], int(self.workload.shape_of[task])))
+        spec = self.specs[task]
+        assert spec is not None
+        gm.queues.push(spec.queue, TaskRun([task], int(self.workload.shape_of[task])))
         self._wake(gm)
 
     # ------------------------------------------------------------- GM replies
@@ -482,13 +562,16 @@ class MeghaSim:
         victims: list[str],
         state: Snapshot | None,
     ) -> None:
+        gm.pledged.difference_update(plan.victims.task_ids)
+        gm.pledge_epoch += 1
+        if not ok:
+            gm.view.release(plan.lm_id, spec.task_id)  # the booking made with the plan
         if state is not None:
             self._apply(gm, lm, state)
         if ok:
             self.counters.preemptions += len(victims)
             for victim in victims:
                 gm.view.release(plan.lm_id, victim)
-            gm.view.reserve(Placement(plan.lm_id, plan.victims.node, plan.node_id, False), spec)
         else:
             self._rejected(gm, task)
             self._wake(gm)
@@ -496,10 +579,12 @@ class MeghaSim:
     def _rejected(self, gm: SimGM, task: int) -> None:
         self.log.rejections[task] += 1
         run = TaskRun([task], int(self.workload.shape_of[task]))
+        spec = self.specs[task]
+        assert spec is not None
         if self.log.rejections[task] >= self.config.max_rejections:
-            self._park(gm, run, no_node=False)
+            self._park(gm, spec.queue, run, no_node=False)
         else:
-            gm.queues.push_front(gm.queue, run)
+            gm.queues.push_front(spec.queue, run)
 
     # ------------------------------------------------------------- heartbeats
     def _heartbeat(self, lm: SimLM, reschedule: bool = True) -> None:
@@ -534,3 +619,42 @@ class MeghaSim:
     def _get_state(self, gm: SimGM, lm: SimLM) -> None:
         self.counters.full_snapshots += 1
         self.engine.at(self.engine.now + self.delay, self._apply, gm, lm, lm.state.snapshot())
+
+    # ------------------------------------------------------------- reporting
+    def queue_report(self) -> tuple[dict, float]:
+        """summary.json's ``"queues"`` (configured vs measured share, preemptions) and how
+        long every queue was backlogged, from the task log and the preempted attempts."""
+        log, config = self.log, self.config
+        queue_of = (
+            self.queue_of
+            if self.queue_of is not None
+            else np.repeat(
+                np.arange(self.workload.jobs) % len(self.gms), np.diff(self.workload.first)
+            )
+        )
+        feasible = np.flatnonzero(~log.infeasible)
+        shapes = self.workload.shapes
+        cpu_of = np.array([int(s.resources[0]) for s in shapes], dtype=np.int64)
+        mem_of = np.array([int(s.resources[1]) for s in shapes], dtype=np.int64)
+        pre = np.array(self.preempted_attempts, dtype=np.int64).reshape(-1, 4)
+        tasks = np.concatenate([feasible, pre[:, 0]])
+        shape = self.workload.shape_of[tasks]
+        attempts = Attempts(
+            queue=queue_of[tasks],
+            enqueued=np.concatenate([log.stamps["queued"][feasible], pre[:, 1]]),
+            started=np.concatenate([log.stamps["started"][feasible], pre[:, 2]]),
+            ended=np.concatenate([log.stamps["finished"][feasible], pre[:, 3]]),
+            cpu_milli=cpu_of[shape],
+            memory_mb=mem_of[shape],
+        )
+        measured, window = measured_shares(
+            attempts,
+            len(self.queue_names),
+            float(self.total_capacity[0]),
+            float(self.total_capacity[1]),
+        )
+        specs = config.queues or tuple(
+            QueueSpec(name, 1 / len(self.gms), g + 1) for g, name in enumerate(self.queue_names)
+        )
+        counts = np.bincount(queue_of, minlength=len(self.queue_names))
+        return summary_queues(specs, measured, self.preempted_by_queue, counts), window

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from loadgen import report
+from loadgen.queues import render as render_queues
 from loadgen.sim.config import SimConfig, SimConfigError
 from loadgen.sim.engine import Engine, Progress, bar
 from loadgen.sim.megha import MeghaSim
@@ -133,6 +134,8 @@ def summarise(
             "finish_notices": c.finish_notices,
         }
         gms, lms = effective.gms, effective.lms
+        if effective.queues:
+            extra["queues"], extra["queues_backlogged_s"] = model.queue_report()
     else:
         counters = {}
         extra["sparrow"] = {
@@ -242,6 +245,8 @@ def render(result: SimResult) -> str:
         f"{s['virtual_s']:,.0f} virtual s in {s['sim_wall_s']:.1f} wall s "
         f"({s['sim_tasks_per_wall_s']:,.0f} tasks per wall s)"
     )
+    if s.get("queues"):
+        lines.append(render_queues(s["queues"], s["queues_backlogged_s"]))
     if s.get("infeasible"):
         lines.append(f"infeasible tasks       {s['infeasible']} (no node could ever hold them)")
     for path in result.files:

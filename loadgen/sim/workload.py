@@ -40,6 +40,7 @@ class Workload:
     duration_ns: np.ndarray  # int64 (tasks,)
     shape_of: np.ndarray  # int32 (tasks,), index into shapes
     shapes: list[Shape] = field(default_factory=list)
+    users: list[str] = field(default_factory=list)  # per job; "" when the trace names none
 
     @property
     def jobs(self) -> int:
@@ -56,6 +57,7 @@ class Workload:
     @classmethod
     def from_jobs(cls, jobs: Iterable[TraceJob], num_constraints: int = 64) -> Workload:
         job_ids: list[str] = []
+        users: list[str] = []
         arrivals: list[float] = []
         counts: list[int] = []
         durations: list[float] = []
@@ -64,6 +66,7 @@ class Workload:
         index: dict[tuple, int] = {}
         for job in jobs:
             job_ids.append(job.job_id)
+            users.append(job.user)
             arrivals.append(job.arrival_s)
             counts.append(len(job.tasks))
             for task in job.tasks:
@@ -97,6 +100,7 @@ class Workload:
             duration_ns=np.rint(np.asarray(durations, dtype=float) * 1e9).astype(np.int64),
             shape_of=np.asarray(shape_of, dtype=np.int32),
             shapes=shapes,
+            users=users,
         )
 
 

@@ -1,0 +1,211 @@
+"""User queues for fairness runs (``--queues FILE``) and the shares they really got.
+
+    FILE (YAML list of name, share, gm) ──load_queues──▶ QueueSpec per queue
+    trace jobs ──assign_queues──▶ a queue per task: the job's user when the trace names
+        users, else round-robin over the queues, task by task
+    enqueues, starts, ends (sim task log or live events) ──measured_shares──▶ per queue the
+        time-averaged dominant share while every queue had waiting tasks
+
+``megha-loadgen simulate`` and ``bench-live`` both write what ``summary_queues`` returns
+under ``"queues"`` in summary.json, so a live run and a simulation compare key by key.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+_GM_ID = re.compile(r"^gm-?(\d+)$")
+
+
+class QueueFileError(ValueError):
+    """The queue file is malformed; the message names the file and the entry."""
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    name: str
+    """The user queue's name (a trace's user of that name lands in it)."""
+    share: float
+    """Configured dominant-resource share of the federation, in (0, 1]."""
+    gm: int
+    """The GM that serves the queue, numbered from 1 (``gm-1`` in a federation file)."""
+
+    @property
+    def gm_id(self) -> str:
+        """The queue's GM as ``megha`` names GMs (``default_config``: gm-1, gm-2, ...)."""
+        return f"gm-{self.gm}"
+
+
+def parse_queues(data: Any, where: str = "queues") -> tuple[QueueSpec, ...]:
+    """Validate a list of ``{name, share, gm}``; ``gm`` is ``gm-N`` or the number N."""
+    if isinstance(data, dict) and "queues" in data:
+        data = data["queues"]
+    if not isinstance(data, list) or not data:
+        raise QueueFileError(f"{where}: expected a non-empty list of queues (name, share, gm)")
+    out = []
+    for i, entry in enumerate(data, 1):
+        at = f"{where}: queue {i}"
+        if not isinstance(entry, dict):
+            raise QueueFileError(f"{at}: expected a mapping with name, share and gm")
+        unknown = set(entry) - {"name", "share", "gm"}
+        if unknown:
+            raise QueueFileError(f"{at}: unknown keys {sorted(unknown)}; use name, share, gm")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name:
+            raise QueueFileError(f"{at}: 'name' must be a non-empty string")
+        share = entry.get("share")
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+            raise QueueFileError(f"{at} ({name}): 'share' must be a number in (0, 1]")
+        out.append(QueueSpec(name, float(share), _gm_number(entry.get("gm"), f"{at} ({name})")))
+    names = [q.name for q in out]
+    if len(set(names)) != len(names):
+        raise QueueFileError(f"{where}: queue names must be unique, got {names}")
+    total = sum(q.share for q in out)
+    if total > 1 + 1e-9:
+        raise QueueFileError(f"{where}: shares add up to {total:.2f}; they must not exceed 1")
+    return tuple(out)
+
+
+def _gm_number(value: Any, at: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return value
+    if isinstance(value, str):
+        found = _GM_ID.match(value.strip())
+        if found and int(found.group(1)) >= 1:
+            return int(found.group(1))
+    raise QueueFileError(f"{at}: 'gm' must be a GM id gm-N or its number N (from 1), got {value!r}")
+
+
+def load_queues(path: str | Path) -> tuple[QueueSpec, ...]:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise QueueFileError(f"{path}: not YAML: {err}") from None
+    return parse_queues(data, str(path))
+
+
+def check_gms(queues: Sequence[QueueSpec], gms: int) -> None:
+    for q in queues:
+        if q.gm > gms:
+            raise QueueFileError(
+                f"queue {q.name!r} is served by gm-{q.gm}, but there are {gms} GMs"
+            )
+
+
+def assign_queues(
+    users: Sequence[str], first: np.ndarray, queues: Sequence[QueueSpec]
+) -> np.ndarray:
+    """Queue index of every task. A job whose user is a queue's name goes there; other
+    named users go round-robin over the queues in order of first appearance (one user,
+    one queue); tasks of jobs without a user go round-robin over the queues one by one."""
+    counts = np.diff(first)
+    out = np.empty(int(first[-1]), dtype=np.int32)
+    by_name = {q.name: i for i, q in enumerate(queues)}
+    users_seen: dict[str, int] = {}
+    unnamed = 0
+    for job, user in enumerate(users if len(users) else [""] * counts.size):
+        lo, hi = int(first[job]), int(first[job + 1])
+        if user:
+            index = by_name.get(user)
+            if index is None:
+                index = users_seen.setdefault(user, len(users_seen) % len(queues))
+            out[lo:hi] = index
+        else:
+            out[lo:hi] = (np.arange(hi - lo) + unnamed) % len(queues)
+            unnamed += hi - lo
+    return out
+
+
+@dataclass(frozen=True)
+class Attempts:
+    """What a run did, one row per task attempt (any clock in ns, one clock per run)."""
+
+    queue: np.ndarray  # int, index into the queue list
+    enqueued: np.ndarray  # when the attempt joined its user queue
+    started: np.ndarray  # 0: never started
+    ended: np.ndarray  # 0: still running at the end of the run
+    cpu_milli: np.ndarray
+    memory_mb: np.ndarray
+
+
+def measured_shares(
+    attempts: Attempts, queues: int, total_cpu: float, total_memory: float
+) -> tuple[list[float | None], float]:
+    """Per queue, the dominant share it held averaged over the time every queue had a
+    task waiting (enqueued, not yet started); and how long that was, in seconds.
+
+    Shares are None when no queue was ever backlogged at the same time as all others.
+    """
+    a = attempts
+    started = a.started > 0
+    horizon = max(int(a.ended.max(initial=0)), int(a.started.max(initial=0)))
+    ended = np.where(a.ended > 0, a.ended, horizon)
+    times = np.concatenate([a.enqueued, a.started[started], ended[started]])
+    q = np.concatenate([a.queue, a.queue[started], a.queue[started]]).astype(np.int64)
+    n_run = int(started.sum())
+    waiting = np.concatenate([np.ones(a.queue.size), -np.ones(n_run), np.zeros(n_run)])
+    sign = np.concatenate([np.zeros(a.queue.size), np.ones(n_run), -np.ones(n_run)])
+    none = np.zeros(a.queue.size)
+    cpu = sign * np.concatenate([none, a.cpu_milli[started], a.cpu_milli[started]])
+    mem = sign * np.concatenate([none, a.memory_mb[started], a.memory_mb[started]])
+    if times.size == 0:
+        return [None] * queues, 0.0
+    points, slot = np.unique(times, return_inverse=True)
+    cube = np.zeros((3, points.size, queues))
+    for k, delta in enumerate((waiting, cpu, mem)):
+        np.add.at(cube[k], (slot, q), delta)
+    cube = np.cumsum(cube, axis=1)  # the state from each point to the next
+    length = np.diff(points).astype(float)
+    backlogged = (cube[0, :-1] > 0).all(axis=1)
+    weight = length * backlogged
+    window = float(weight.sum())
+    if window <= 0:
+        return [None] * queues, 0.0
+    share = np.zeros((points.size - 1, queues))
+    if total_cpu > 0:
+        share = np.maximum(share, cube[1, :-1] / total_cpu)
+    if total_memory > 0:
+        share = np.maximum(share, cube[2, :-1] / total_memory)
+    averaged = (share * weight[:, None]).sum(axis=0) / window
+    return [round(float(s), 4) for s in averaged], round(window / 1e9, 3)
+
+
+def summary_queues(
+    queues: Sequence[QueueSpec],
+    measured: Sequence[float | None],
+    preempted: Sequence[int],
+    tasks: Sequence[int],
+) -> dict[str, dict[str, Any]]:
+    """The ``"queues"`` entry of summary.json. ``preemptions``: the queue's task attempts
+    that were preempted (the victims it gave up)."""
+    return {
+        q.name: {
+            "share": q.share,
+            "measured_share": measured[i],
+            "preemptions": int(preempted[i]),
+            "gm": q.gm_id,
+            "tasks": int(tasks[i]),
+        }
+        for i, q in enumerate(queues)
+    }
+
+
+def render(summary_entry: dict[str, dict[str, Any]], backlogged_s: float) -> str:
+    """One line per queue: configured vs measured share, preemptions."""
+    lines = [f"queues (shares averaged over {backlogged_s:,.1f} s with every queue backlogged)"]
+    for name, q in summary_entry.items():
+        measured = q["measured_share"]
+        got = "-" if measured is None else f"{measured:.1%}"
+        lines.append(
+            f"  {name:<12} {q['gm']:<6} share {q['share']:.0%}  measured {got:>6}  "
+            f"preempted {q['preemptions']}"
+        )
+    return "\n".join(lines)
