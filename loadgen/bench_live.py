@@ -38,13 +38,22 @@ from aio_pika.exceptions import AMQPError
 
 from loadgen import report
 from loadgen.events import EventLog
+from loadgen.queues import (
+    LiveAttempts,
+    QueueFileError,
+    QueueSpec,
+    check_gms,
+    measured_shares,
+    summary_queues,
+)
+from loadgen.queues import render as render_queues
 from services._proto.megha.v1 import common_pb2
 from services.client import GlobalMasterClient
 from services.common.bus import RabbitBus
 from services.common.config import ConfigError, FederationConfig, default_config, parse_config
 from services.common.convert import resources_to_proto
 from services.common.runner import wait_all_healthy
-from services.core.resources import resources
+from services.core.resources import parse_resources, resources
 from services.local_master.service import EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, user_queue
 from services.operator import ChildDied, Children, broker_reachable, wait_until_ready
 
@@ -79,7 +88,11 @@ class BenchOptions:
     """Empty = the config default (or MEGHA_RABBITMQ_URL)."""
     queues: str = "per-gm"
     """``per-gm``: one user queue per GM, each GM schedules what is submitted to it;
-    ``default``: the one ``default`` queue, scheduled by the first GM alone."""
+    ``default``: the one ``default`` queue, scheduled by the first GM alone; ``file``:
+    ``queue_specs`` (``--queues FILE``), jobs round-robin over them."""
+    queue_specs: tuple[QueueSpec, ...] = ()
+    """The queues of ``--queues FILE``: each job goes to the GM serving its queue, and the
+    summary reports every queue's measured share."""
     cpu_milli: int = 1000
     memory_mb: int = 64
     service_log_level: str = "INFO"
@@ -101,8 +114,15 @@ class BenchOptions:
             problems.append("--task-duration must not be negative")
         if not 0 <= self.warmup_s < self.seconds:
             problems.append("--warmup must be at least 0 and shorter than --seconds")
-        if self.queues not in ("per-gm", "default"):
-            problems.append("--queues must be 'per-gm' or 'default'")
+        if self.queues not in ("per-gm", "default", "file"):
+            problems.append("--queues must be 'per-gm', 'default' or a queue file")
+        if self.queues == "file":
+            try:
+                check_gms(self.queue_specs, self.gms)
+            except QueueFileError as err:
+                problems.append(str(err))
+            if not self.queue_specs:
+                problems.append("--queues FILE names no queue")
         if self.cpu_milli < 1 or self.memory_mb < 0:
             problems.append("task resources must be positive")
         if problems:
@@ -156,7 +176,11 @@ def bench_config(options: BenchOptions, base_port: int, prefix: str) -> Federati
     data["exchange_prefix"] = prefix
     if options.rabbitmq_url:
         data["rabbitmq_url"] = options.rabbitmq_url
-    if options.queues == "per-gm":
+    if options.queues == "file":
+        data["queues"] = [
+            {"name": q.name, "share": q.share, "gm": q.gm_id} for q in options.queue_specs
+        ]
+    elif options.queues == "per-gm":
         share = 1.0 / options.gms
         data["queues"] = [
             {"name": f"q-{gm['id']}", "share": share, "gm": gm["id"]} for gm in data["gms"]
@@ -273,6 +297,7 @@ class Offer:
     jobs: int = 0
     tasks: int = 0
     accepted: dict[str, tuple[str, str]] = field(default_factory=dict)  # task -> (job, gm)
+    attempts: LiveAttempts | None = None  # --queues FILE: when each task was acknowledged
     errors: Counter[str] = field(default_factory=Counter)  # gRPC code -> failed jobs
     lags_s: list[float] = field(default_factory=list)  # send time - deadline, per job
     rpc_s: list[float] = field(default_factory=list)  # SubmitJob round trips
@@ -329,8 +354,11 @@ class LoadOffer:
             self.offer.errors[err.code().name] += 1
             return
         self.offer.rpc_s.append(time.perf_counter() - began)
+        acked = time.time_ns()
         for task_id in reply.task_ids:
             self.offer.accepted[task_id] = (reply.job_id, target.scheduler_gm)
+            if self.offer.attempts is not None:
+                self.offer.attempts.submitted(task_id, target.queue, acked)
 
 
 # ------------------------------------------------------------------------ progress
@@ -510,16 +538,34 @@ async def _measure(
 ) -> BenchResult:
     events = EventLog()
     bus = RabbitBus(config.rabbitmq_url, prefix=config.exchange_prefix)
-    targets = [
-        Target(
-            gm.id,
-            GlobalMasterClient(gm.target),
-            queue=_queue_for(config, gm.id),
-            scheduler_gm=config.queue(_queue_for(config, gm.id)).gm,  # type: ignore[union-attr]
-        )
-        for gm in config.gms
-    ]
+    if options.queue_specs:
+        # Jobs round-robin over the queues, each submitted to the GM that serves it.
+        endpoints = {gm.id: gm.target for gm in config.gms}
+        targets = [
+            Target(q.gm_id, GlobalMasterClient(endpoints[q.gm_id]), q.name, q.gm_id)
+            for q in options.queue_specs
+        ]
+    else:
+        targets = [
+            Target(
+                gm.id,
+                GlobalMasterClient(gm.target),
+                queue=_queue_for(config, gm.id),
+                scheduler_gm=config.queue(_queue_for(config, gm.id)).gm,  # type: ignore[union-attr]
+            )
+            for gm in config.gms
+        ]
     offer = LoadOffer(options, targets)
+    attempts = LiveAttempts(options.queue_specs) if options.queue_specs else None
+    offer.offer.attempts = attempts
+
+    async def on_batch(key: str, body: bytes) -> None:
+        await events.on_batch(key, body)
+        if attempts is not None:
+            now = time.time_ns()
+            for event in common_pb2.TaskEventBatch.FromString(body).events:
+                attempts.add_event(event, now)
+
     phase = ["offering"]
 
     def line() -> str:
@@ -532,7 +578,7 @@ async def _measure(
         )
 
     async with bus:
-        await bus.subscribe_topic(EVENT_EXCHANGE, "task.#", events.on_batch)
+        await bus.subscribe_topic(EVENT_EXCHANGE, "task.#", on_batch)
         reporter = asyncio.create_task(progress.run(line))
         meter = CpuMeter({"loadgen": os.getpid()} | {n: p.pid for n, p in children.procs.items()})
         meter.start()
@@ -557,7 +603,30 @@ async def _measure(
     result = summarise(options, config, offer.offer, events, wall_s, counters)
     result.summary["cpu"] = cpu
     result.summary["drain_timed_out"] = not drained
+    if attempts is not None:
+        add_queue_report(result.summary, options, config, attempts)
     return result
+
+
+def add_queue_report(
+    summary: dict[str, Any],
+    options: BenchOptions,
+    config: FederationConfig,
+    attempts: LiveAttempts,
+) -> None:
+    """summary.json's ``"queues"`` (replacing the mode keyword ``file``): configured vs
+    measured share while every queue was backlogged."""
+    total = sum((parse_resources(g.capacity) * g.count for g in config.workers), start=0)
+    measured, window = measured_shares(
+        attempts.attempts(options.cpu_milli, options.memory_mb),
+        attempts.queues,
+        float(total[0]),
+        float(total[1]),
+    )
+    summary["queues"] = summary_queues(
+        options.queue_specs, measured, attempts.preempted, attempts.tasks_per_queue()
+    )
+    summary["queues_backlogged_s"] = window
 
 
 def _queue_for(config: FederationConfig, gm_id: str) -> str:
@@ -701,6 +770,8 @@ def render(result: BenchResult) -> str:
             f"note: other processes on this host used {100 * other:.0f}% of a core meanwhile; "
             "every hop waits for CPU, so these latencies are pessimistic"
         )
+    if isinstance(s.get("queues"), dict):  # --queues FILE; else the keyword
+        lines.append(render_queues(s["queues"], s["queues_backlogged_s"]))
     if s["counters_source"] != "prometheus":
         lines.append("inconsistency/repartition/preemption counts unavailable (left 0)")
     for path in result.files:

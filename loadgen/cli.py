@@ -66,10 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--queues",
-        choices=("per-gm", "default"),
         default="per-gm",
+        metavar="{per-gm,default,FILE}",
         help="per-gm: one user queue per GM (every GM schedules); default: one queue, "
-        "scheduled by the first GM",
+        "scheduled by the first GM; FILE: a YAML list of name, share, gm (gm-1 or 1), jobs "
+        "round-robin over the queues, summary.json gets each queue's measured share",
     )
     bench.add_argument("--cpu-milli", type=int, default=1000, help="CPU each task requests")
     bench.add_argument("--memory-mb", type=int, default=64, help="memory each task requests")
@@ -95,7 +96,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _bench_live(args: argparse.Namespace) -> int:
     from loadgen.bench_live import BenchError, BenchOptions, run
+    from loadgen.queues import QueueFileError, load_queues
 
+    queues, queue_specs = args.queues, ()
+    if queues not in ("per-gm", "default"):
+        try:
+            queue_specs = load_queues(queues)
+        except (QueueFileError, OSError) as err:
+            print(f"megha-loadgen: --queues: {err}", file=sys.stderr)
+            return 2
+        queues = "file"
     options = BenchOptions(
         rate=args.rate,
         seconds=args.seconds,
@@ -108,7 +118,8 @@ def _bench_live(args: argparse.Namespace) -> int:
         out=args.out,
         log_dir=args.log_dir,
         rabbitmq_url=args.rabbitmq_url,
-        queues=args.queues,
+        queues=queues,
+        queue_specs=queue_specs,
         cpu_milli=args.cpu_milli,
         memory_mb=args.memory_mb,
         service_log_level=args.service_log_level,

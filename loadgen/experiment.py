@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loadgen import compare, report
+from loadgen.experiment_fairness import fig10
 from loadgen.sim.config import SimConfig
 from loadgen.sim.engine import Progress
 from loadgen.trace import ReadStats, TraceError, read_tr
@@ -70,6 +71,11 @@ EXPERIMENTS: dict[str, Experiment] = {
     "fig6": Experiment("decentralized vs centralized (paper Fig. 6)", _fig6, "cdf"),
     "fig8": Experiment("cluster size, 10 GMs x 10 LMs (paper Fig. 8)", _fig8, "sweep:workers"),
     "fig9": Experiment("GM and LM counts at 30,000 workers (paper Fig. 9)", _fig9, "cdf"),
+    "fig10": Experiment(
+        "fairness: 4 user queues on 3 GMs, 200-1,500 workers (paper Fig. 10-11)",
+        fig10,
+        "cdf",
+    ),
 }
 
 

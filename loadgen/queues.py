@@ -209,3 +209,70 @@ def render(summary_entry: dict[str, dict[str, Any]], backlogged_s: float) -> str
             f"preempted {q['preemptions']}"
         )
     return "\n".join(lines)
+
+
+class LiveAttempts:
+    """Task attempts as a live run's lifecycle events tell them (bench-live).
+
+    A task is enqueued when the load generator's submission is acknowledged (attempt 0)
+    or when an LM re-queues it (its ``queued`` stamp); an attempt starts at its
+    ``started`` stamp and ends at ``finished`` (or, preempted or lost, when the event
+    arrives: the LM stamps no end then).
+    """
+
+    def __init__(self, queues: Sequence[QueueSpec]) -> None:
+        self.index = {q.name: i for i, q in enumerate(queues)}
+        self.queues = len(queues)
+        # (task_id, attempt) -> [queue, enqueued, started, ended]
+        self.rows: dict[tuple[str, int], list[int]] = {}
+        self.preempted = [0] * len(queues)
+
+    def submitted(self, task_id: str, queue: str, at_ns: int) -> None:
+        row = self.rows.setdefault((task_id, 0), [self.index.get(queue, -1), at_ns, 0, 0])
+        row[1] = min(row[1], at_ns) if row[1] else at_ns
+
+    def add_event(self, event: Any, now_ns: int) -> None:
+        from services._proto.megha.v1 import common_pb2
+
+        queue = self.index.get(event.queue)
+        if queue is None:
+            return
+        stamps = event.timestamps
+        row = self.rows.setdefault((event.task_id, event.attempt), [queue, 0, 0, 0])
+        if stamps.queued_unix_nanos and (not row[1] or stamps.queued_unix_nanos < row[1]):
+            row[1] = stamps.queued_unix_nanos
+        if event.state == common_pb2.TASK_STATE_RUNNING:
+            row[2] = stamps.started_unix_nanos or now_ns
+        elif event.state in (
+            common_pb2.TASK_STATE_SUCCEEDED,
+            common_pb2.TASK_STATE_FAILED,
+            common_pb2.TASK_STATE_PREEMPTED,
+            common_pb2.TASK_STATE_LOST,
+        ):
+            row[2] = row[2] or stamps.started_unix_nanos
+            row[3] = stamps.finished_unix_nanos or now_ns
+            if event.state == common_pb2.TASK_STATE_PREEMPTED:
+                self.preempted[queue] += 1
+
+    def attempts(self, cpu_milli: int, memory_mb: int) -> Attempts:
+        """Every attempt seen, each holding ``cpu_milli`` and ``memory_mb`` while it ran."""
+        rows = np.array(
+            [r for r in self.rows.values() if r[0] >= 0 and r[1]], dtype=np.int64
+        ).reshape(-1, 4)
+        # An end without a start (the start event was missed) holds nothing.
+        rows[rows[:, 2] == 0, 3] = 0
+        return Attempts(
+            queue=rows[:, 0],
+            enqueued=rows[:, 1],
+            started=rows[:, 2],
+            ended=rows[:, 3],
+            cpu_milli=np.full(len(rows), cpu_milli),
+            memory_mb=np.full(len(rows), memory_mb),
+        )
+
+    def tasks_per_queue(self) -> list[int]:
+        counts = [0] * self.queues
+        for (_, attempt), row in self.rows.items():
+            if attempt == 0 and row[0] >= 0:
+                counts[row[0]] += 1
+        return counts

@@ -1,0 +1,105 @@
+"""Global fairness (paper Alg. 2) in the simulator: user queues with shares on several
+GMs, measured from the task log while every queue is backlogged."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from loadgen.cli import main
+from loadgen.experiment import EXPERIMENTS
+from loadgen.queues import QueueSpec
+from loadgen.sim.config import SimConfig
+from loadgen.sim.run import WALL_KEYS, simulate
+from loadgen.trace import TraceJob, TraceTask
+
+PAPER = (
+    QueueSpec("q1", 0.10, 1),
+    QueueSpec("q2", 0.25, 2),
+    QueueSpec("q3", 0.15, 2),
+    QueueSpec("q4", 0.50, 3),
+)
+CONFIG = SimConfig(workers=60, gms=3, lms=2, fair_share=True, queues=PAPER, seed=1)
+
+
+def backlog(jobs: int = 30, tasks: int = 40, duration_s: float = 20.0) -> list[TraceJob]:
+    """Far more work than 60 cores hold: every queue stays backlogged for minutes."""
+    rng = np.random.default_rng(5)
+    return [
+        TraceJob(
+            f"j{j}",
+            j * 1.0,
+            tuple(TraceTask(float(d)) for d in rng.uniform(5, duration_s, size=tasks)),
+        )
+        for j in range(jobs)
+    ]
+
+
+def test_backlogged_queues_get_their_shares_and_every_task_runs_to_the_end_once():
+    result = simulate(CONFIG, backlog())
+    s = result.summary
+    assert s["completed"] == s["tasks"] == 1200
+    assert s["preemptions"] > 0 and s["preemption_attempts"] >= s["preemptions"]
+    assert s["queues_backlogged_s"] > 60
+    for spec in PAPER:
+        q = s["queues"][spec.name]
+        assert q["share"] == spec.share and q["tasks"] == 300
+        assert abs(q["measured_share"] - spec.share) <= 0.05, (spec.name, q)
+    # the queue with the smallest share and equal demand gives up the most
+    assert s["queues"]["q1"]["preemptions"] == max(q["preemptions"] for q in s["queues"].values())
+    assert sum(q["preemptions"] for q in s["queues"].values()) == s["preemptions"]
+    # every preempted task came back as a later attempt and finished
+    assert (result.log.attempt > 0).sum() > 0
+    assert result.log.finished().all()
+
+
+def test_tasks_go_to_the_gm_that_serves_their_queue():
+    result = simulate(CONFIG, backlog(jobs=4))
+    gm_of_queue = {"q1": 0, "q2": 1, "q3": 1, "q4": 2}
+    # no user in the trace: tasks go round-robin over the queues, one by one
+    for task in range(result.workload.tasks):
+        assert result.log.gm[task] == gm_of_queue[PAPER[task % 4].name]
+
+
+def test_no_contention_no_preemption():
+    light = [TraceJob(f"j{j}", j * 10.0, (TraceTask(1.0),) * 8) for j in range(10)]
+    s = simulate(CONFIG, light).summary
+    assert s["completed"] == s["tasks"] == 80
+    assert s["preemption_attempts"] == 0 and s["preemptions"] == 0
+
+
+def test_fair_share_runs_are_deterministic():
+    first = simulate(CONFIG, backlog(jobs=10)).summary
+    second = simulate(CONFIG, backlog(jobs=10)).summary
+    assert {k: v for k, v in first.items() if k not in WALL_KEYS} == {
+        k: v for k, v in second.items() if k not in WALL_KEYS
+    }
+
+
+def test_simulate_queues_file_writes_queue_shares(tmp_path, capsys):
+    trace = tmp_path / "t.tr"
+    trace.write_text(
+        "\n".join(f"{j} 40 10 " + " ".join(["10"] * 40) for j in range(0, 30, 2)) + "\n"
+    )
+    queues = tmp_path / "queues.yaml"
+    queues.write_text("- {name: a, share: 0.25, gm: gm-1}\n- {name: b, share: 0.75, gm: gm-2}\n")
+    out = tmp_path / "out"
+    argv = ["simulate", str(trace), "--workers", "40", "--gms", "2", "--lms", "2"]
+    code = main([*argv, "--queues", str(queues), "--out", str(out), "--quiet"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["queues"]) == {"a", "b"}
+    assert summary["queues"]["a"]["share"] == 0.25
+    assert abs(summary["queues"]["a"]["measured_share"] - 0.25) <= 0.05
+    assert "measured" in capsys.readouterr().out
+    # a queue on a GM that does not exist is refused with the reason
+    queues.write_text("- {name: a, share: 0.5, gm: gm-3}\n")
+    assert main([*argv, "--queues", str(queues), "--quiet"]) == 2
+    assert "gm-3" in capsys.readouterr().err
+
+
+def test_fig10_is_registered_with_the_paper_sizes():
+    runs = EXPERIMENTS["fig10"].runs()
+    assert [c.workers for c in runs.values()] == [200, 500, 1500]
+    assert all(c.queues == PAPER and c.fair_share and c.gms == 3 for c in runs.values())
