@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 
 from loadgen import report
-from loadgen.events import EventLog
+from loadgen.events import ENDED, EventLog
 from loadgen.sim.engine import Progress, bar
 from loadgen.trace import TraceError, TraceJob
 from services._proto.megha.v1 import common_pb2
@@ -129,16 +129,12 @@ async def replay_jobs(
         )
 
     async def follow(client: GlobalMasterClient, job_id: str, tasks: int) -> None:
-        ended = 0
+        ended: set[str] = set()
         async for event in client.watch(job_id):
             events.add_event(event)
-            if event.state in (
-                common_pb2.TASK_STATE_SUCCEEDED,
-                common_pb2.TASK_STATE_FAILED,
-                common_pb2.TASK_STATE_REJECTED,
-            ):
-                ended += 1
-                if ended >= tasks:
+            if event.state in ENDED:
+                ended.add(event.task_id)
+                if len(ended) >= tasks:
                     return
 
     async def redraw() -> None:

@@ -204,21 +204,26 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r} known here")
         updates: asyncio.Queue = asyncio.Queue()
         job.watchers.append(updates)
+        # Copy every status now, with no await between subscribing and copying: an event
+        # applied later reaches this watcher through ``updates`` only, so none comes twice
+        # (the statuses are updated in place while the stream yields).
+        current = [
+            common_pb2.TaskEvent(
+                task_id=status.task_id,
+                job_id=job.job_id,
+                queue=job.queue,
+                state=status.state,
+                lm_id=status.lm_id,
+                node_id=status.node_id,
+                reason=status.pending_reason,
+                timestamps=status.timestamps,
+                attempt=status.attempt,
+            )
+            for status in job.tasks.values()
+        ]
         try:
-            for status in list(job.tasks.values()):
-                yield global_master_pb2.WatchJobResponse(
-                    event=common_pb2.TaskEvent(
-                        task_id=status.task_id,
-                        job_id=job.job_id,
-                        queue=job.queue,
-                        state=status.state,
-                        lm_id=status.lm_id,
-                        node_id=status.node_id,
-                        reason=status.pending_reason,
-                        timestamps=status.timestamps,
-                        attempt=status.attempt,
-                    )
-                )
+            for event in current:
+                yield global_master_pb2.WatchJobResponse(event=event)
             # The record may turn done while events are still queued for this watcher:
             # deliver everything queued before ending the stream.
             while not (job.done and updates.empty()):
