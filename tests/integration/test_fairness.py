@@ -86,3 +86,34 @@ async def test_pending_tasks_say_why(tmp_path):
             await fed.gm().submit(sim_tasks(1, 1.0, cpu_milli=2000), queue="small")
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert "no node is large enough" in err.value.details()
+
+
+async def test_preempted_tasks_run_again_and_complete_exactly_once(tmp_path):
+    groups = [{"lm": "lm-1", "count": 4, "capacity": "cpu=1,mem=1Gi"}]
+    queues = [
+        {"name": "big", "share": 0.5, "gm": "gm-1"},
+        {"name": "small", "share": 0.5, "gm": "gm-1"},
+    ]
+    async with Federation(tmp_path, gms=1, lms=1, worker_groups=groups, queues=queues) as fed:
+        hog = await fed.gm().submit(sim_tasks(8, 2.0), queue="big")
+        await asyncio.sleep(1.0)  # the hog holds all 4 cores: 100 % of a 50 % share
+        small = await fed.gm().submit(sim_tasks(2, 1.0), queue="small")
+        ids = set(hog.task_ids) | set(small.task_ids)
+        await fed.events.wait_succeeded(ids, timeout_s=40)
+        preempted = fed.events.states(common_pb2.TASK_STATE_PREEMPTED)
+        assert preempted, "the under-share queue never preempted"
+        # Only the over-share queue loses tasks, and only while the other is under share:
+        # its two one-core tasks bring it to 2 of 4 cores, its share, so at most two.
+        assert set(preempted) <= set(hog.task_ids) and sum(preempted.values()) <= 2
+        assert all(n == 1 for n in fed.events.succeeded().values())
+        for task_id in preempted:
+            trail = [
+                (e.state, e.attempt)
+                for e in fed.events.events
+                if e.task_id == task_id and e.state != common_pb2.TASK_STATE_QUEUED
+            ]
+            at = trail.index((common_pb2.TASK_STATE_PREEMPTED, 0))
+            assert (common_pb2.TASK_STATE_RUNNING, 1) in trail[at:], trail
+            assert trail[-1] == (common_pb2.TASK_STATE_SUCCEEDED, 1), trail
+        await asyncio.sleep(0.5)
+        await fed.assert_books_balanced()
