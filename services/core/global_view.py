@@ -74,6 +74,17 @@ class LMView:
     # federation otherwise re-scans every full partition for every task).
     misses: set[tuple] = field(default_factory=set)
     miss_at: tuple[NodeTable | None, int] = (None, -1)  # (table, its version)
+    # Resources held per queue on this LM, as of ``usage_at``: every change to the
+    # allocations comes with a change to the table, so its version dates the sums.
+    usage: dict[str, np.ndarray] = field(default_factory=dict)
+    usage_at: tuple[NodeTable | None, int] = (None, -1)
+
+    def queue_usage(self) -> dict[str, np.ndarray]:
+        table = self.table
+        if self.usage_at[0] is not table or self.usage_at[1] != table.version:
+            self.usage = usage_by_queue(self.allocations.values())
+            self.usage_at = (table, table.version)
+        return self.usage
 
     def refresh_masks(self) -> None:
         self.misses.clear()
@@ -318,7 +329,13 @@ class GlobalView:
         return total
 
     def queue_usage(self) -> dict[str, np.ndarray]:
-        return usage_by_queue(self.allocations())
+        """Resources held per queue over every LM (fresh arrays: callers may keep them)."""
+        total: dict[str, np.ndarray] = {}
+        for view in self.lms.values():
+            for queue, held in view.queue_usage().items():
+                known = total.get(queue)
+                total[queue] = held.copy() if known is None else known + held
+        return total
 
     # ----------------------------------------------------------- fairness
     def preemption_plan(

@@ -192,6 +192,7 @@ def test_a_launch_never_answered_expires():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from services.core.fairness import usage_by_queue  # noqa: E402
 from services.core.match import candidates  # noqa: E402
 
 _OPS = st.lists(
@@ -218,7 +219,7 @@ def _any_fit(view: GlobalView, spec) -> bool:
 
 @settings(max_examples=150, deadline=None)
 @given(_OPS)
-def test_the_miss_cache_never_hides_a_node_that_fits(ops):
+def test_the_view_caches_never_hide_a_node_or_misstate_usage(ops):
     states = federation(2, 2)  # 4 nodes of 4 CPUs: small enough to fill up often
     for state in states:  # some nodes carry constraints 0 and 1
         for i in range(state.table.size):
@@ -227,7 +228,7 @@ def test_the_miss_cache_never_hides_a_node_that_fits(ops):
     view = view_of(states)
     running: list[tuple[int, str]] = []
     for n, (op, lm, cpu, constraints) in enumerate(ops):
-        spec = task(f"t{n}", cpu=cpu, constraints=constraints)
+        spec = task(f"t{n}", cpu=cpu, constraints=constraints, queue=f"q{n % 3}")
         if op == "match":
             found = view.match(spec)
             assert (found is not None) == _any_fit(view, spec)
@@ -245,6 +246,12 @@ def test_the_miss_cache_never_hides_a_node_that_fits(ops):
             view.release(f"lm-{where}", task_id, ended=True)
         elif op == "heartbeat":
             view.apply(states[lm].snapshot(), now=float(n))
+        # the per-LM usage cache agrees with summing every allocation afresh
+        fresh = usage_by_queue(view.allocations())
+        cached = view.queue_usage()
+        assert set(cached) == set(fresh)
+        for queue, held in fresh.items():
+            np.testing.assert_array_equal(cached[queue], held)
 
 
 def test_a_shape_that_missed_matches_again_once_a_task_ends():
