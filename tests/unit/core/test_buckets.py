@@ -111,8 +111,10 @@ def test_every_embedded_task_fits_its_bucket_and_counts_cover_the_demand(tasks, 
     order = increasing_order(buckets).tolist()
     for task, b, units in zip(tasks, result.bucket, result.units, strict=True):
         if b == UNFIT:
-            # nothing holds it: some dimension it needs is offered by no shape at all
-            assert np.any((task > 0) & ~np.any(buckets > 0, axis=0))
+            # nothing holds it: no shape offers every dimension it needs (not even spread
+            # over several nodes of one shape)
+            needs = task > 0
+            assert not np.any(np.all(~needs | (buckets > 0), axis=1))
             continue
         assert units >= 1 and np.all(task <= units * buckets[b])
         if units == 1:  # no cheaper shape would have held it
