@@ -431,7 +431,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 self.view.reserve(node, item.spec, now=time.monotonic())
                 self._spawn(self._preempt(queue, item, plan))
                 return None
-            reason = plan
+            # Why fairness cannot help, then what the task waits for: "queue q1 is over
+            # share (32% of 25%); waiting for resources: needs ...; largest free ...".
+            room = self.view.assess(item.spec).reason
+            if plan.endswith("waiting for resources") and room:
+                reason = plan.removesuffix("waiting for resources") + room
+            else:
+                reason = f"{plan}; {room}" if room else plan
         else:
             reason = self.view.assess(item.spec).reason or "waiting for resources"
         self._wait(queue, item, reason)

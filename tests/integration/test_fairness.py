@@ -80,7 +80,9 @@ async def test_pending_tasks_say_why(tmp_path):
         waiting = [t for t in job.tasks if t.state == common_pb2.TASK_STATE_QUEUED]
         assert len(waiting) == 2
         for t in waiting:
-            assert t.pending_reason == "queue big is over share (100% of 50%)", t.pending_reason
+            reason = t.pending_reason
+            assert reason.startswith("queue big is over share (100% of 50%); "), reason
+            assert "largest free on a matching node: cpu=0" in reason, reason
         # a task that needs more than any node has is refused at submit, never queued
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await fed.gm().submit(sim_tasks(1, 1.0, cpu_milli=2000), queue="small")
