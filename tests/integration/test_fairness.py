@@ -43,13 +43,21 @@ async def measure_shares(fed: Federation, seconds: float, warmup: float) -> dict
 
 async def test_backlogged_queues_converge_to_their_shares(tmp_path):
     groups = [{"lm": f"lm-{i}", "count": 10, "capacity": "cpu=1,mem=1Gi"} for i in (1, 2)]
-    async with Federation(tmp_path, gms=3, lms=2, worker_groups=groups, queues=QUEUES) as fed:
+    async with Federation(
+        tmp_path, gms=3, lms=2, worker_groups=groups, queues=QUEUES, metrics=True
+    ) as fed:
         for q in QUEUES:
-            await fed.gm(q["gm"]).submit(sim_tasks(400, 0.5), queue=q["name"])
+            await fed.gm(q["gm"]).submit(sim_tasks(400, 1.0), queue=q["name"])
         shares = await measure_shares(fed, seconds=12, warmup=4)
         print({q: round(s, 3) for q, s in shares.items()})
         for queue, share in SHARES.items():
             assert abs(shares[queue] - share) <= 0.05, f"{queue}: {shares[queue]:.3f} vs {share}"
+        # The serving GM's gauges say the same: its view of the share, and a backlog left.
+        for q in QUEUES:
+            name, gm = q["name"], q["gm"]
+            gauge = await fed.metric(gm, f'megha_queue_usage_share{{queue="{name}"}}')
+            assert abs(gauge - SHARES[name]) <= 0.15, f"{name}: gauge {gauge:.3f}"
+            assert await fed.metric(gm, f'megha_queue_pending_tasks{{queue="{name}"}}') > 0
 
 
 async def test_no_contention_means_no_preemption(tmp_path):
