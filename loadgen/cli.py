@@ -3,6 +3,9 @@
 Subcommands:
 - ``bench-live``: start a private federation, offer short tasks at a fixed rate, and report
   allocation time and placement throughput (``loadgen/bench_live.py``).
+- ``simulate``, ``replay``, ``compare``, ``experiment``: a trace through the in-process
+  simulator or against a live federation, their reports side by side, the paper's figures.
+- ``gpa-eval``, ``vm-sim``, ``forecast-eval``: the predictor's evaluations (issue 5).
 
 Without a subcommand it describes itself. Errors come out as one line and exit code 2.
 """
