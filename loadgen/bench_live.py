@@ -672,9 +672,7 @@ def summarise(
             starts.append(stamps["started"])
     rows.sort(key=lambda r: r["task_id"])
     alloc_values = [report.allocation_s(s) for s in measured]
-    throughput = 0.0
-    if len(starts) > 1 and max(starts) > min(starts):
-        throughput = len(starts) / ((max(starts) - min(starts)) / 1e9)
+    throughput = report.placement_rate(starts)
     offer_s = max(1e-9, (offer.ended_ns - offer.started_ns) / 1e9)
     failed = sum(1 for t in offer.accepted if t in events.ended and t not in events.successes)
     summary = report.make_summary(

@@ -197,10 +197,7 @@ async def replay_jobs(
             job[2] += 1
     job_completion = [(end - start) / 1e9 for start, end, left in jobs_done.values() if not left]
     alloc_values = [report.allocation_s(s) for s in measured]
-    starts = [s["started"] for s in measured]
-    throughput = 0.0
-    if len(starts) > 1 and max(starts) > min(starts):
-        throughput = len(starts) / ((max(starts) - min(starts)) / 1e9)
+    throughput = report.placement_rate(s["started"] for s in measured)
     summary = report.make_summary(
         target="live",
         scheduler="megha",

@@ -157,6 +157,15 @@ def detail_s(stamps: Stamps) -> dict[str, float]:
     }
 
 
+def placement_rate(started_ns: Iterable[int]) -> float:
+    """Placements per second: tasks started over the span from the first start to the last
+    (0 with fewer than two distinct start times)."""
+    starts = np.fromiter(started_ns, dtype=np.int64)
+    if starts.size < 2 or starts.max() <= starts.min():
+        return 0.0
+    return starts.size / ((starts.max() - starts.min()) / 1e9)
+
+
 def component_medians(tasks: Iterable[Stamps]) -> dict[str, float | None]:
     """Median of each eq. 2 component over the tasks that have all their stamps."""
     columns: dict[str, list[float]] = {key: [] for key in COMPONENT_KEYS}

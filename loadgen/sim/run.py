@@ -110,10 +110,7 @@ def summarise(
     started = log.started()
     finished = log.finished()
     alloc = (stamps["started"][started] - stamps["submitted"][started]) / 1e9
-    starts = stamps["started"][started]
-    throughput = 0.0
-    if starts.size > 1 and starts.max() > starts.min():
-        throughput = starts.size / ((starts.max() - starts.min()) / 1e9)
+    throughput = report.placement_rate(stamps["started"][started])
     measured = list(_stamp_dicts(log, np.flatnonzero(started)))
     extra: dict[str, Any] = {}
     if isinstance(model, MeghaSim):
