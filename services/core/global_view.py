@@ -80,10 +80,10 @@ class LMView:
     usage_at: tuple[NodeTable | None, int] = (None, -1)
 
     def queue_usage(self) -> dict[str, np.ndarray]:
-        table = self.table
-        if self.usage_at[0] is not table or self.usage_at[1] != table.version:
+        stamp = (self.table, self.table.version)  # NodeTable compares by identity
+        if self.usage_at != stamp:
             self.usage = usage_by_queue(self.allocations.values())
-            self.usage_at = (table, table.version)
+            self.usage_at = stamp
         return self.usage
 
     def refresh_masks(self) -> None:
@@ -297,12 +297,13 @@ class GlobalView:
             if within is None:
                 continue
             table = view.table
-            if view.miss_at[0] is not table or view.miss_at[1] != table.version:
+            stamp = (table, table.version)  # NodeTable compares by identity
+            if view.miss_at != stamp:
                 view.misses.clear()
-                view.miss_at = (table, table.version)
+                view.miss_at = stamp
             elif shape in view.misses:
                 continue
-            node = match(view.table, task, self.policy, within)
+            node = match(table, task, self.policy, within)
             if node == NO_NODE:
                 view.misses.add(shape)
             else:
@@ -352,7 +353,7 @@ class GlobalView:
             return f"queue {task.queue} is {fair.describe(task.queue, usage, total)}"
         victim_queue = fair.most_over_share(usage, total, exclude=task.queue)
         if victim_queue is None:
-            return "no queue is over its share; waiting for resources"
+            return "no queue is over its share"
         best: PreemptionPlan | None = None
         for lm_id in self._order:
             view = self.lms[lm_id]

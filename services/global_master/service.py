@@ -433,11 +433,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 return None
             # Why fairness cannot help, then what the task waits for: "queue q1 is over
             # share (32% of 25%); waiting for resources: needs ...; largest free ...".
-            room = self.view.assess(item.spec).reason
-            if plan.endswith("waiting for resources") and room:
-                reason = plan.removesuffix("waiting for resources") + room
-            else:
-                reason = f"{plan}; {room}" if room else plan
+            room = self.view.assess(item.spec).reason or "waiting for resources"
+            reason = f"{plan}; {room}"
         else:
             reason = self.view.assess(item.spec).reason or "waiting for resources"
         self._wait(queue, item, reason)
