@@ -87,6 +87,14 @@ class FederationConfig(_Model):
     full_state_every: int = Field(10, ge=1, description="Every Nth heartbeat is a full state.")
     worker_heartbeat_interval_s: float = Field(1.0, gt=0, le=60)
     worker_timeout_s: float = Field(5.0, gt=0, description="Silence before a worker is dead.")
+    event_batch_s: float = Field(
+        0.02,
+        ge=0,
+        le=1,
+        description="An LM gathers task lifecycle events this long into one message: fewer, "
+        "larger messages for the broker and every subscriber (events are observations; "
+        "no placement waits for them).",
+    )
     num_constraints: int = Field(DEFAULT_NUM_CONSTRAINTS, ge=1, le=MAX_CONSTRAINTS)
     policy: Literal["first-fit", "best-fit", "gpa"] = Field(
         "first-fit",

@@ -26,7 +26,7 @@ from services.core.match import NO_NODE, FirstFit, PlacementPolicy, assess, matc
 from services.core.node_table import NodeTable
 from services.core.resources import NUM_RESOURCES
 from services.core.snapshot import Allocation, Snapshot
-from services.core.status import Verdict
+from services.core.status import Schedulability, Verdict
 from services.core.task import TaskSpec
 
 
@@ -100,6 +100,9 @@ class LMView:
 KNOWLEDGE_TTL_S = 30.0
 
 
+_FEASIBLE_CACHE = 4096  # shapes remembered by GlobalView.infeasible
+
+
 def _expired(since: float | None, now: float) -> bool:
     return since is not None and now - since > KNOWLEDGE_TTL_S
 
@@ -118,6 +121,10 @@ class GlobalView:
         self.num_constraints = num_constraints
         self.lms: dict[str, LMView] = {}
         self._order: list[str] = []
+        # Shape -> why it can never run (None: it can), valid while no LM's nodes,
+        # capacities or constraints change (``_feasible_at``).
+        self._feasible: dict[tuple[int, bytes], str | None] = {}
+        self._feasible_at: tuple = ()
         self._rr_internal = 0
         self._rr_external = 0
 
@@ -317,6 +324,23 @@ class GlobalView:
     def assess(self, task: TaskSpec) -> Verdict:
         """Placeable now, later (with why), or never, judged on this view."""
         return assess((v.table for v in self.lms.values()), task, self.policy)
+
+    def infeasible(self, task: TaskSpec) -> str | None:
+        """Why no node of this view could ever hold ``task``, or None if one could.
+
+        The same answer as ``assess(task)`` being INFEASIBLE, remembered per shape until
+        an LM's nodes change: every submission asks, and a full ``assess`` scans every node.
+        """
+        stamp = tuple((v.table, v.table.static_version) for v in self.lms.values())
+        if stamp != self._feasible_at or len(self._feasible) > _FEASIBLE_CACHE:
+            self._feasible.clear()
+            self._feasible_at = stamp
+        shape = (task.constraint_mask, task.resources.tobytes())
+        if shape not in self._feasible:
+            verdict = self.assess(task)
+            infeasible = verdict.schedulability is Schedulability.INFEASIBLE
+            self._feasible[shape] = verdict.reason if infeasible else None
+        return self._feasible[shape]
 
     # ----------------------------------------------------------- accounting
     def allocations(self) -> Iterator[Allocation]:

@@ -81,6 +81,9 @@ class NodeTable:
         # Bumped by every mutator: lets a caller remember "no node fits this shape" for as
         # long as the table has not changed (GlobalView's miss cache).
         self.version = 0
+        # Bumped only when nodes, capacities or constraints change: what a task could
+        # ever get here (GlobalView's feasibility cache).
+        self.static_version = 0
 
     # ----------------------------------------------------------------- views
     @property
@@ -137,6 +140,7 @@ class NodeTable:
         i = self.size
         self.size += 1
         self.version += 1
+        self.static_version += 1
         self.node_ids.append(node_id)
         self.addresses.append(address)
         self._index_of[node_id] = i
@@ -162,6 +166,7 @@ class NodeTable:
         if len(columns) == 0:
             return
         self.version += 1
+        self.static_version += 1
         idx = columns.indices.astype(np.int64)
         new_size = max(self.size, int(idx.max()) + 1)
         if new_size > self.size:

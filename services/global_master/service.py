@@ -46,7 +46,7 @@ from services.core.constraints import ConstraintError
 from services.core.fairness import FairShare, QueueShare, dominant_share
 from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
 from services.core.resources import ResourceError
-from services.core.status import PlacementStatus, Schedulability
+from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
 from services.global_master.jobs import JobBook
@@ -62,10 +62,20 @@ MAX_REJECTIONS = 20  # an LM rejecting a task this often parks it until the view
 
 @dataclass(eq=False)
 class Batch:
-    """One broker message; acked when every task in it has launched."""
+    """One broker message; acked when every task in it has launched.
 
-    delivery: Delivery
+    ``delivery`` is None while a job this GM enqueued and scheduled from memory waits for
+    its message to come back from the broker.
+    """
+
+    delivery: Delivery | None
     remaining: int
+    cancelled: bool = False  # the broker refused it: its unlaunched tasks are dropped
+
+
+def _message_key(batch: common_pb2.TaskBatch) -> tuple:
+    """Tells one queue message from any other: a re-queued task is a new attempt."""
+    return (batch.job_id, tuple((t.task_id, t.attempt) for t in batch.tasks))
 
 
 @dataclass(eq=False)
@@ -95,6 +105,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self.my_queues = [q.name for q in config.queues_of(gm_id)]
         self.queues: UserQueues[Pending] = UserQueues(self.my_queues)
         self.jobs = JobBook()
+        # Jobs submitted here to our own queues, scheduled from memory, whose broker
+        # delivery has not arrived yet (see SubmitJob).
+        self._local: dict[tuple, Batch] = {}
         self.recent = Recent()
         self._stubs = {
             lm.id: local_master_pb2_grpc.LocalMasterStub(channel(lm.target)) for lm in config.lms
@@ -163,6 +176,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         job_id = request.job_id or uuid.uuid4().hex[:12]
         batch = common_pb2.TaskBatch(job_id=job_id, queue=queue)
         batch.tasks.extend(request.tasks)
+        specs: list[TaskSpec] = []
         for i, task in enumerate(batch.tasks):
             task.task_id = task.task_id or f"{job_id}.{i}"
             task.job_id, task.queue = job_id, queue
@@ -170,12 +184,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 spec = task_to_spec(task, self.config.num_constraints)
             except (ResourceError, ConstraintError, ValueError) as err:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"task {task.task_id}: {err}")
-            verdict = self.view.assess(spec)
-            if verdict.schedulability is Schedulability.INFEASIBLE:
+            never = self.view.infeasible(spec)
+            if never is not None:
                 await context.abort(
                     grpc.StatusCode.FAILED_PRECONDITION,
-                    f"task {task.task_id} can never run here: {verdict.reason}",
+                    f"task {task.task_id} can never run here: {never}",
                 )
+            specs.append(spec)
             if not task.timestamps.submitted_unix_nanos:
                 task.timestamps.submitted_unix_nanos = now
         ids = [t.task_id for t in batch.tasks]
@@ -187,9 +202,44 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         queued = time.time_ns()
         for task in batch.tasks:
             task.timestamps.queued_unix_nanos = queued
-        await self.bus.enqueue(user_queue(queue), batch.SerializeToString())
-        for task in batch.tasks:
+        body = batch.SerializeToString()
+        if queue not in self.my_queues:
+            await self.bus.enqueue(user_queue(queue), body)
+            for task in batch.tasks:
+                self.jobs.queued(task)
+            return global_master_pb2.SubmitJobResponse(job_id=job_id, task_ids=ids)
+        # Our own queue: schedule from memory while the broker stores the message, instead
+        # of after its delivery comes back to us. The client is still answered only once
+        # the broker confirmed, and the message is still acked only once every task in it
+        # has launched: its delivery, whenever it arrives, just joins this Batch. A task
+        # an LM launched before the confirm is as safe as any launched task; if the
+        # broker refuses the message, the tasks not launched yet are dropped and the
+        # client told. Registered before publishing: the delivery may overtake the confirm.
+        key = _message_key(batch)
+        local = self._local[key] = Batch(None, remaining=len(batch.tasks))
+        for task, spec in zip(batch.tasks, specs, strict=True):
             self.jobs.queued(task)
+            self.queues.push(queue, Pending(task, spec, local))
+        self._wake.set()
+        try:
+            await self.bus.enqueue(user_queue(queue), body)
+        except BaseException as err:
+            local.cancelled = True
+            if local.delivery is None:
+                self._local.pop(key, None)
+            started = len(batch.tasks) - local.remaining
+            log.warning(
+                "enqueue failed; dropping the job's unlaunched tasks",
+                extra={"job_id": job_id, "launched": started, "error": repr(err)},
+            )
+            if isinstance(err, Exception):
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"the broker did not store job {job_id} ({err!r}); {started} of its "
+                    f"{len(batch.tasks)} tasks had already launched and run, the rest were "
+                    "dropped: retry those",
+                )
+            raise
         return global_master_pb2.SubmitJobResponse(job_id=job_id, task_ids=ids)
 
     async def GetJob(self, request, context):
@@ -273,6 +323,12 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
     # ------------------------------------------------------------ broker input
     async def _on_delivery(self, delivery: Delivery) -> None:
         batch_msg = common_pb2.TaskBatch.FromString(delivery.body)
+        local = self._local.pop(_message_key(batch_msg), None)
+        if local is not None:  # submitted here and already scheduled from memory
+            local.delivery = delivery
+            if local.remaining == 0:
+                await delivery.ack()
+            return
         batch = Batch(delivery, remaining=len(batch_msg.tasks))
         launched = await self._already_launched(batch_msg) if delivery.redelivered else set()
         if batch.remaining == len(launched):
@@ -398,6 +454,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         failed: dict[tuple[str, int, bytes], str] = {}
         now = time.time_ns()
         for queue, item in round_:
+            if item.batch.cancelled:
+                self._event(item.task, common_pb2.TASK_STATE_REJECTED, "the broker refused it")
+                continue
             item.task.timestamps.dequeued_unix_nanos = now
             shape = (queue, item.spec.constraint_mask, item.spec.resources.tobytes())
             if shape in failed:
@@ -556,7 +615,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
     async def _launched(self, batch: Batch) -> None:
         batch.remaining -= 1
-        if batch.remaining == 0:
+        if batch.remaining == 0 and batch.delivery is not None:
             await batch.delivery.ack()
 
     def _event(self, task: common_pb2.Task, state: int, reason: str) -> None:

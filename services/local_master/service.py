@@ -399,7 +399,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
     async def _event_loop(self) -> None:
         while True:
             await self._events_ready.wait()
-            await asyncio.sleep(0.005)  # gather a few ms of events into one message
+            await asyncio.sleep(self.config.event_batch_s)  # gather events into one message
             try:
                 await self._flush_events()
             except Exception:

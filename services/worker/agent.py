@@ -413,7 +413,7 @@ class WorkerAgent:
         runner.add_done_callback(functools.partial(self._runner_done, task_id))
         stamps.started_unix_nanos = time.time_ns()
         self._send(_report(task, RUNNING))
-        log.info(
+        log.debug(
             "task started",
             extra={"node_id": self.node_id, "task_id": task_id, "executor": executor.name},
         )
@@ -444,7 +444,7 @@ class WorkerAgent:
         self._running.pop(task_id, None)
         task.timestamps.finished_unix_nanos = time.time_ns()
         self._send(_report(task, result.state, result.exit_code, result.message))
-        log.info(
+        log.debug(
             "task ended",
             extra={
                 "node_id": self.node_id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import time
@@ -39,6 +40,13 @@ async def test_500_tasks_all_finish_exactly_once(tmp_path):
         await fed.assert_books_balanced()
         job = await fed.gm("gm-2").job(reply.job_id)
         assert all(t.state == common_pb2.TASK_STATE_SUCCEEDED for t in job.tasks)
+        # Every queue message was acked once its tasks had launched, also those a GM
+        # scheduled from memory before their delivery came back: with both GMs stopped,
+        # no message returns to its queue.
+        for gm in ("gm-gm-1", "gm-gm-2"):
+            fed.children.kill(gm, signal.SIGTERM)
+        for queue in ("q1", "q2"):
+            assert await fed.bus.queue_depth(f"user.{queue}") == 0, queue
 
 
 async def test_full_partitions_place_through_repartition(tmp_path):

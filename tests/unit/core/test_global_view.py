@@ -268,3 +268,41 @@ def test_a_shape_that_missed_matches_again_once_a_task_ends():
     lm_id, task_id = placed[0]
     view.release(lm_id, task_id, ended=True)
     assert view.match(task("late", cpu=4000)) is not None
+
+
+# ------------------------------------------------------------ the feasibility cache
+from services.core.constraints import to_mask  # noqa: E402
+from services.core.resources import resources  # noqa: E402
+
+_GROWTH = st.lists(
+    st.tuples(
+        st.sampled_from(["ask", "ask", "add", "fill", "heartbeat", "full"]),
+        st.integers(0, 1),  # LM
+        st.sampled_from([2000, 4000, 8000, 16000]),  # cpu: of a new node, or asked for
+        st.sampled_from([(), (0,), (1,), (0, 1)]),  # constraints
+    ),
+    min_size=5,
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_GROWTH)
+def test_the_feasibility_cache_follows_nodes_joining(ops):
+    states = federation(2, 1)
+    view = view_of(states)
+    for n, (op, lm, cpu, constraints) in enumerate(ops):
+        state = states[lm]
+        if op == "add":  # a node joins: only a heartbeat tells the view
+            capacity = resources(cpu_milli=cpu, memory_mb=8192, disk_mb=1000, net_mbps=1000)
+            state.add_node(f"new{n}", capacity, to_mask(constraints))
+        elif op == "fill":  # busy nodes change nothing about what could ever run
+            state.launch("gm-a", task(f"busy{n}", cpu=1000), 0)
+        elif op == "heartbeat":
+            view.apply(state.snapshot(view.lms[f"lm-{lm}"].version), now=float(n))
+        elif op == "full":
+            view.apply(state.snapshot(), now=float(n))
+        else:
+            spec = task(f"t{n}", cpu=cpu, constraints=constraints)
+            never = view.assess(spec).schedulability is Schedulability.INFEASIBLE
+            assert (view.infeasible(spec) is not None) == never
