@@ -85,8 +85,13 @@ class FederationConfig(_Model):
     rabbitmq_url: str = Field("amqp://guest:guest@127.0.0.1:5672/", description="Broker URL.")
     heartbeat_interval_s: float = Field(1.0, gt=0, le=60, description="LM state broadcast.")
     full_state_every: int = Field(10, ge=1, description="Every Nth heartbeat is a full state.")
-    worker_heartbeat_interval_s: float = Field(1.0, gt=0, le=60)
-    worker_timeout_s: float = Field(5.0, gt=0, description="Silence before a worker is dead.")
+    worker_heartbeat_interval_s: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        description="A worker agent idle this long sends a heartbeat (task reports go at once).",
+    )
+    worker_timeout_s: float = Field(10.0, gt=0, description="Silence before a worker is dead.")
     event_batch_s: float = Field(
         0.02,
         ge=0,

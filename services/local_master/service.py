@@ -16,7 +16,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 import grpc
@@ -64,7 +64,8 @@ class WorkerSession:
     node: int
     node_id: str
     last_seen: float
-    commands: asyncio.Queue[local_master_pb2.WorkerCommand] = field(default_factory=asyncio.Queue)
+    commands: deque[local_master_pb2.WorkerCommand] = field(default_factory=deque)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)  # set when commands wait
     streams: int = 0
 
 
@@ -241,18 +242,30 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                     return
                 await self._on_heartbeat(session, beat)
 
+        async def write() -> None:
+            commands = session.commands
+            while True:
+                if not commands:
+                    session.ready.clear()
+                    await session.ready.wait()
+                    continue
+                # Leaves the queue only once written: a stream that breaks mid-write
+                # leaves it for the worker's next stream (a repeated start is ignored).
+                await context.write(commands[0])
+                if commands:
+                    commands.popleft()
+
         reader = asyncio.create_task(read())
+        writer = asyncio.create_task(write())
         try:
-            while not reader.done():
-                getter = asyncio.ensure_future(session.commands.get())
-                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
-                if getter in done:
-                    await context.write(getter.result())
-                else:
-                    getter.cancel()
+            done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
+            for finished in done:  # a broken stream just ends the call
+                if not finished.cancelled():
+                    finished.exception()
         finally:
             session.streams -= 1
             reader.cancel()
+            writer.cancel()
 
     async def ReportTask(self, request, context):
         node = self.state.table.index_of(request.node_id)
@@ -330,7 +343,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             command = local_master_pb2.WorkerCommand(
                 kill=local_master_pb2.KillTask(task_id=kill[0], reason=kill[1])
             )
-        session.commands.put_nowait(command)
+        session.commands.append(command)
+        session.ready.set()
 
     async def _requeue(self, allocation: Allocation, state: int, reason: str) -> None:
         """A task that lost its place goes back to its user queue as the next attempt."""

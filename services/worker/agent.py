@@ -373,8 +373,10 @@ class WorkerAgent:
             if closing:
                 await call.done_writing()
                 return
+            # asyncio.timeout, not wait_for: no task per heartbeat (hundreds of agents).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), self.heartbeat_interval_s)
+                async with asyncio.timeout(self.heartbeat_interval_s):
+                    await wake.wait()
 
     async def _receive_loop(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
