@@ -50,6 +50,7 @@ from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
 from services.global_master.jobs import JobBook
+from services.global_master.launcher import Launcher
 from services.global_master.predictions import LifetimePredictions
 from services.local_master.service import EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, user_queue
 
@@ -112,6 +113,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self._stubs = {
             lm.id: local_master_pb2_grpc.LocalMasterStub(channel(lm.target)) for lm in config.lms
         }
+        self._launchers = {lm_id: Launcher(stub) for lm_id, stub in self._stubs.items()}
         predictor = config.predictor.target if config.predictor is not None else None
         self.predictions = LifetimePredictions(gm_id, predictor)
         self._wake = asyncio.Event()
@@ -151,6 +153,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         for loop in [*self._loops, *self._inflight]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await loop
+        for launcher in self._launchers.values():
+            await launcher.close()
         await self.predictions.close()
 
     # ------------------------------------------------------------ client API
@@ -528,7 +532,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     timeout=10,
                 )
             else:
-                reply = await stub.Launch(
+                reply = await self._launchers[lm_id].launch(
                     local_master_pb2.LaunchRequest(
                         gm_id=self.gm_id, placements=placements, known_version=known
                     ),

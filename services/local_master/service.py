@@ -126,6 +126,14 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         results = await self._place_all(request, context, "launch")
         return local_master_pb2.LaunchResponse(**results)
 
+    async def LaunchStream(self, request_iterator, context):
+        async for request in request_iterator:
+            results = await self._place_all(request.launch, context, "launch")
+            yield local_master_pb2.LaunchStreamResponse(
+                request_id=request.request_id,
+                launch=local_master_pb2.LaunchResponse(**results),
+            )
+
     async def Repartition(self, request, context):
         results = await self._place_all(request, context, "repartition")
         return local_master_pb2.RepartitionResponse(**results)

@@ -185,6 +185,54 @@ class LaunchResponse(_message.Message):
 Global___LaunchResponse: _TypeAlias = LaunchResponse  # noqa: Y015
 
 @_typing.final
+class LaunchStreamRequest(_message.Message):
+    """One launch on a LaunchStream; request_id pairs it with its response."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    LAUNCH_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
+    @_builtins.property
+    def launch(self) -> Global___LaunchRequest: ...
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.int = ...,
+        launch: Global___LaunchRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["launch", b"launch"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["launch", b"launch", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LaunchStreamRequest: _TypeAlias = LaunchStreamRequest  # noqa: Y015
+
+@_typing.final
+class LaunchStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    LAUNCH_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
+    @_builtins.property
+    def launch(self) -> Global___LaunchResponse: ...
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.int = ...,
+        launch: Global___LaunchResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["launch", b"launch"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["launch", b"launch", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___LaunchStreamResponse: _TypeAlias = LaunchStreamResponse  # noqa: Y015
+
+@_typing.final
 class RepartitionRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

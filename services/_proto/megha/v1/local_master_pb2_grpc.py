@@ -39,6 +39,11 @@ class LocalMasterStub:
                 request_serializer=megha_dot_v1_dot_local__master__pb2.LaunchRequest.SerializeToString,
                 response_deserializer=megha_dot_v1_dot_local__master__pb2.LaunchResponse.FromString,
                 _registered_method=True)
+        self.LaunchStream = channel.stream_stream(
+                '/megha.v1.LocalMaster/LaunchStream',
+                request_serializer=megha_dot_v1_dot_local__master__pb2.LaunchStreamRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_local__master__pb2.LaunchStreamResponse.FromString,
+                _registered_method=True)
         self.Repartition = channel.unary_unary(
                 '/megha.v1.LocalMaster/Repartition',
                 request_serializer=megha_dot_v1_dot_local__master__pb2.RepartitionRequest.SerializeToString,
@@ -81,6 +86,14 @@ class LocalMasterServicer:
 
     def Launch(self, request, context):
         """Called by a GM: launch tasks on nodes of the GM's own partition.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LaunchStream(self, request_iterator, context):
+        """The same as Launch on one long-lived stream per GM: a launch costs a stream message
+        instead of a call. Requests are answered one by one, in order; request_id pairs them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -149,6 +162,11 @@ def add_LocalMasterServicer_to_server(servicer, server):
                     request_deserializer=megha_dot_v1_dot_local__master__pb2.LaunchRequest.FromString,
                     response_serializer=megha_dot_v1_dot_local__master__pb2.LaunchResponse.SerializeToString,
             ),
+            'LaunchStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.LaunchStream,
+                    request_deserializer=megha_dot_v1_dot_local__master__pb2.LaunchStreamRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_local__master__pb2.LaunchStreamResponse.SerializeToString,
+            ),
             'Repartition': grpc.unary_unary_rpc_method_handler(
                     servicer.Repartition,
                     request_deserializer=megha_dot_v1_dot_local__master__pb2.RepartitionRequest.FromString,
@@ -212,6 +230,33 @@ class LocalMaster:
             '/megha.v1.LocalMaster/Launch',
             megha_dot_v1_dot_local__master__pb2.LaunchRequest.SerializeToString,
             megha_dot_v1_dot_local__master__pb2.LaunchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LaunchStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/megha.v1.LocalMaster/LaunchStream',
+            megha_dot_v1_dot_local__master__pb2.LaunchStreamRequest.SerializeToString,
+            megha_dot_v1_dot_local__master__pb2.LaunchStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

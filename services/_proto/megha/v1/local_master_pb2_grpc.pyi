@@ -35,6 +35,10 @@ class LocalMasterStub:
     def __new__(cls, channel: _aio.Channel) -> LocalMasterAsyncStub: ...
     Launch: _grpc.UnaryUnaryMultiCallable[_local_master_pb2.LaunchRequest, _local_master_pb2.LaunchResponse]
     """Called by a GM: launch tasks on nodes of the GM's own partition."""
+    LaunchStream: _grpc.StreamStreamMultiCallable[_local_master_pb2.LaunchStreamRequest, _local_master_pb2.LaunchStreamResponse]
+    """The same as Launch on one long-lived stream per GM: a launch costs a stream message
+    instead of a call. Requests are answered one by one, in order; request_id pairs them.
+    """
     Repartition: _grpc.UnaryUnaryMultiCallable[_local_master_pb2.RepartitionRequest, _local_master_pb2.RepartitionResponse]
     """Called by a GM: launch tasks on nodes of other partitions, moving exactly
     each task's resources into a logical node of the caller's partition.
@@ -65,6 +69,10 @@ class LocalMasterAsyncStub(LocalMasterStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Launch: _aio.UnaryUnaryMultiCallable[_local_master_pb2.LaunchRequest, _local_master_pb2.LaunchResponse]  # type: ignore[assignment]
     """Called by a GM: launch tasks on nodes of the GM's own partition."""
+    LaunchStream: _aio.StreamStreamMultiCallable[_local_master_pb2.LaunchStreamRequest, _local_master_pb2.LaunchStreamResponse]  # type: ignore[assignment]
+    """The same as Launch on one long-lived stream per GM: a launch costs a stream message
+    instead of a call. Requests are answered one by one, in order; request_id pairs them.
+    """
     Repartition: _aio.UnaryUnaryMultiCallable[_local_master_pb2.RepartitionRequest, _local_master_pb2.RepartitionResponse]  # type: ignore[assignment]
     """Called by a GM: launch tasks on nodes of other partitions, moving exactly
     each task's resources into a logical node of the caller's partition.
@@ -98,6 +106,16 @@ class LocalMasterServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_local_master_pb2.LaunchResponse, _abc.Awaitable[_local_master_pb2.LaunchResponse]]:
         """Called by a GM: launch tasks on nodes of the GM's own partition."""
+
+    @_abc_1.abstractmethod
+    def LaunchStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_local_master_pb2.LaunchStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_local_master_pb2.LaunchStreamResponse], _abc.AsyncIterator[_local_master_pb2.LaunchStreamResponse]]:
+        """The same as Launch on one long-lived stream per GM: a launch costs a stream message
+        instead of a call. Requests are answered one by one, in order; request_id pairs them.
+        """
 
     @_abc_1.abstractmethod
     def Repartition(

@@ -1,0 +1,97 @@
+"""The GM's launch stream against a real LM server: pairing, and an LM that goes away."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
+from services.common.bus import make_bus
+from services.common.config import parse_config
+from services.common.convert import resources_to_proto
+from services.common.runner import running_lm
+from services.common.server import channel
+from services.core.resources import resources
+from services.global_master.launcher import Launcher
+from tests.integration.harness import free_ports
+
+pytestmark = pytest.mark.integration
+
+NODE = resources(cpu_milli=64_000, memory_mb=64_000)
+
+
+def config():
+    (port,) = free_ports(1)
+    data = {
+        "gms": [{"id": "gm-1", "port": 1}],
+        "lms": [{"id": "lm-1", "port": port}],
+        "workers": [],
+        "exchange_prefix": "launch-stream-test",
+    }
+    return parse_config(data, env={})
+
+
+def launch_of(task_id: str, cpu_milli: int = 1000) -> local_master_pb2.LaunchRequest:
+    task = common_pb2.Task(
+        task_id=task_id,
+        job_id="j",
+        queue="default",
+        resources=resources_to_proto(resources(cpu_milli, 10)),
+    )
+    task.sim.duration_s = 1.0
+    return local_master_pb2.LaunchRequest(
+        gm_id="gm-1", placements=[local_master_pb2.Placement(task=task, node_index=0)]
+    )
+
+
+async def register(stub) -> None:
+    await stub.RegisterWorker(
+        local_master_pb2.RegisterWorkerRequest(node_id="w0", capacity=resources_to_proto(NODE)),
+        timeout=10,
+        wait_for_ready=True,  # after a restart the channel may still be backing off
+    )
+
+
+async def test_concurrent_launches_each_get_their_own_answer_and_a_gone_lm_fails_them_fast():
+    cfg = config()
+    target = cfg.lm("lm-1").target
+    async with channel(target) as ch:
+        stub = local_master_pb2_grpc.LocalMasterStub(ch)
+        launcher = Launcher(stub)
+        try:
+            async with make_bus("memory://", prefix="t") as bus, running_lm(cfg, "lm-1", bus):
+                await register(stub)
+                # 64 fit on the node (1 CPU each), the rest are refused: every reply must
+                # belong to its own request.
+                ids = [f"t{i}" for i in range(80)]
+                replies = await asyncio.gather(
+                    *(launcher.launch(launch_of(i), timeout=10) for i in ids)
+                )
+                assert [r.results[0].task_id for r in replies] == ids
+                accepted = [r for r in replies if r.results[0].status == 1]
+                assert len(accepted) == 64
+                assert all(r.HasField("state") for r in replies if r.results[0].status != 1)
+            # The LM is gone: a launch fails as a unary call would, without hanging.
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await launcher.launch(launch_of("late"), timeout=5)
+            assert failed.value.code() in (
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.StatusCode.CANCELLED,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+            )
+            # A new LM on the same address: the next launch opens a new stream.
+            async with make_bus("memory://", prefix="t") as bus, running_lm(cfg, "lm-1", bus):
+                await register(stub)
+                for _ in range(50):
+                    try:
+                        reply = await launcher.launch(launch_of("again"), timeout=5)
+                        break
+                    except grpc.aio.AioRpcError:
+                        await asyncio.sleep(0.1)  # the channel is still reconnecting
+                else:
+                    raise AssertionError("the launcher never reached the restarted LM")
+                assert reply.results[0].task_id == "again" and reply.results[0].status == 1
+        finally:
+            await launcher.close()
