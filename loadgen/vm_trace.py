@@ -16,14 +16,20 @@ The synthetic trace (``synthetic_vm_trace``):
 - a population of users of three kinds: ``batch`` (almost only short VMs), ``service``
   (mostly long VMs) and ``mixed`` (both, from the *same* features: the lifetimes of one
   feature group are bimodal, so only uptime can tell the two modes apart);
-- short VMs live minutes (log-normal, median 3-20 min per user), long ones hours to
-  weeks (log-normal, median 5-200 h per user);
+- short VMs live minutes (log-normal, median 1.5-12 min per user), long ones hours to
+  weeks (log-normal, median 4-72 h per user, sigma 1);
+- VMs come in deployments, as in Azure, where a deployment's VMs are created together
+  and torn down together: P(k VMs) ~ 1/k^2 up to 32 (62 % single VMs), one user, shape
+  and lifetime draw per deployment, each VM created within a minute and living within a
+  log-normal spread of 0.1 around the deployment's lifetime (``deployments=False``: every
+  VM on its own, the trace before deployments, draw for draw);
 - about 88 % of VMs live under 1 h, yet about 98 % of core-hours are in VMs of 1 h or
   more (the paper's production numbers; ``trace_properties`` measures both);
 - arrivals are Poisson with a +-30 % diurnal swing; shapes are Azure-like (1-16 cores,
   2-8 GiB per core), a few per user;
 - features: ``user``, ``category`` (interactive / delay-insensitive / unknown, noisy),
-  ``priority`` (regular / spot), ``cores``, ``memory_gb``.
+  ``priority`` (regular / spot), ``cores``, ``memory_gb``, ``deployment_size``; VM ids
+  are ``d<deployment>-<k>``.
 The user population comes from ``population_seed`` and the VMs from ``seed``, so a model
 can be trained on one sample and evaluated on another of the same population.
 """
@@ -55,6 +61,12 @@ KINDS = {
 }
 SHORT_MEDIAN_MIN = (1.5, 12.0)  # per-user median of the short mode, minutes
 LONG_MEDIAN_H = (4.0, 72.0)  # per-user median of the long mode, hours
+SHORT_SIGMA, LONG_SIGMA = 0.9, 1.0  # log-normal spread of one deployment's lifetime
+# Deployments (VMs one user creates together): P(k VMs) proportional to 1 / k^2 for k = 1..32
+# (62 % single VMs, mean 2.5); the VMs of one deployment live alike, within this spread
+# (the sigma of a log-normal factor per VM around the deployment's lifetime).
+DEPLOYMENT_MAX = 32
+DEPLOYMENT_SPREAD = 0.1
 CATEGORY = {"batch": "delay-insensitive", "mixed": "unknown", "service": "interactive"}
 
 
@@ -130,6 +142,7 @@ def synthetic_vm_trace(
     population_seed: int = 42,
     users: int = 80,
     prehistory_days: int = 30,
+    deployments: bool = True,
 ) -> VmTrace:
     """A synthetic VM trace with the properties in the module doc.
 
@@ -141,23 +154,36 @@ def synthetic_vm_trace(
         raise ValueError("need vms >= 1, days > 0, users >= 3 and prehistory_days >= 0")
     pop = _population(np.random.default_rng(population_seed), users)
     rng = np.random.default_rng(seed)
-    arrival = _diurnal_arrivals(rng, vms, days * DAY_S)
+    sizes = _deployment_sizes(rng, vms, deployments)
+    starts = _diurnal_arrivals(rng, len(sizes), days * DAY_S)
     if prehistory_days:
-        before = round(vms * prehistory_days / days)
-        earlier = _diurnal_arrivals(rng, before, prehistory_days * DAY_S) - prehistory_days * DAY_S
-        arrival = np.concatenate([earlier, arrival])
-    vms = len(arrival)
-    user = rng.choice(users, size=vms, p=pop["weight"])
-    long = rng.random(vms) < pop["p_long"][user]
-    median_h = np.where(long, pop["long_median_h"][user], pop["short_median_h"][user])
-    sigma = np.where(long, 1.0, 0.9)
-    lifetime = median_h * HOUR_S * np.exp(sigma * rng.standard_normal(vms))
+        before = _deployment_sizes(rng, round(vms * prehistory_days / days), deployments)
+        earlier = _diurnal_arrivals(rng, len(before), prehistory_days * DAY_S)
+        starts = np.concatenate([earlier - prehistory_days * DAY_S, starts])
+        sizes = np.concatenate([before, sizes])
+    # Per deployment: one user, one mode, one lifetime draw and one shape; its VMs are
+    # created within a minute and live alike (a small per-VM spread).
+    nd = len(sizes)
+    dep = np.repeat(np.arange(nd), sizes)
+    vms = len(dep)
+    d_user = rng.choice(users, size=nd, p=pop["weight"])
+    d_long = rng.random(nd) < pop["p_long"][d_user]
+    median_h = np.where(d_long, pop["long_median_h"][d_user], pop["short_median_h"][d_user])
+    sigma = np.where(d_long, LONG_SIGMA, SHORT_SIGMA)
+    d_life = median_h * HOUR_S * np.exp(sigma * rng.standard_normal(nd))
+    lifetime, arrival = d_life[dep], starts[dep]
+    if deployments:
+        lifetime = lifetime * np.exp(DEPLOYMENT_SPREAD * rng.standard_normal(vms))
+        # Created within a minute of each other, on the same side of time 0.
+        offset = rng.uniform(0, 60.0, vms)
+        arrival = arrival + np.where(arrival < 0, -offset, offset)
     lifetime = np.clip(lifetime, 60.0, 2000 * HOUR_S)
-    # Each user has a few shapes; one is picked per VM.
+    user = d_user[dep]
+    # Each user has a few shapes; one is picked per deployment.
     # Long-lived VMs lean to a user's bigger shapes (services are sized up, batch is not).
-    pick = rng.integers(0, 3, size=vms)
-    pick = np.where(long, np.maximum(pick, rng.integers(0, 3, size=vms)), pick)
-    shape = pop["shapes"][user, pick]
+    pick = rng.integers(0, 3, size=nd)
+    pick = np.where(d_long, np.maximum(pick, rng.integers(0, 3, size=nd)), pick)
+    shape = pop["shapes"][d_user, pick][dep]
     cores = np.array(SHAPES)[shape, 0]
     gib = np.array(SHAPES)[shape, 1]
     kind = pop["kind"][user]
@@ -166,6 +192,7 @@ def synthetic_vm_trace(
     noisy = rng.random(vms) < 0.15
     category[noisy] = rng.choice(list(CATEGORY.values()), size=int(noisy.sum()))
     priority = np.where(pop["spot"][user] & (rng.random(vms) < 0.7), "spot", "regular")
+    nth = np.arange(vms) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # "d<deployment>-<nth>"
     trace = VmTrace(
         arrival_s=arrival,
         lifetime_s=lifetime,
@@ -177,9 +204,12 @@ def synthetic_vm_trace(
             "priority": priority.astype(object),
             "cores": cores.astype(str).astype(object),
             "memory_gb": gib.astype(str).astype(object),
+            "deployment_size": sizes[dep].astype(str).astype(object),
         },
+        vm_ids=np.array([f"d{d}-{k}" for d, k in zip(dep, nth, strict=True)], dtype=object),
     )
-    return trace.subset(np.flatnonzero(arrival + lifetime > 0))
+    # VmTrace sorted the VMs by arrival: filter on its columns, not on the arrays above.
+    return trace.subset(np.flatnonzero(trace.arrival_s + trace.lifetime_s > 0))
 
 
 def _population(rng: np.random.Generator, users: int) -> dict[str, np.ndarray]:
@@ -210,6 +240,20 @@ def _population(rng: np.random.Generator, users: int) -> dict[str, np.ndarray]:
         "shapes": np.sort(rng.choice(len(SHAPES), (users, 3), replace=True), axis=1),
         "spot": (kind == "batch") & (rng.random(users) < 0.5),
     }
+
+
+def _deployment_sizes(rng: np.random.Generator, vms: int, deployments: bool) -> np.ndarray:
+    """Sizes of deployments that add up to exactly ``vms`` VMs (the last one cut)."""
+    if not deployments or vms <= 0:
+        return np.ones(max(vms, 0), dtype=np.int64)
+    k = np.arange(1, DEPLOYMENT_MAX + 1)
+    p = 1.0 / k**2
+    sizes = rng.choice(k, size=vms, p=p / p.sum())  # at least one VM each: enough
+    total = np.cumsum(sizes)
+    last = int(np.searchsorted(total, vms))
+    sizes = sizes[: last + 1].copy()
+    sizes[-1] -= total[last] - vms
+    return sizes
 
 
 def _diurnal_arrivals(rng: np.random.Generator, n: int, span_s: float) -> np.ndarray:

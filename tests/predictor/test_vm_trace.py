@@ -43,6 +43,48 @@ def test_lifetimes_are_bimodal_within_one_feature_group(trace):
     assert between < (life < H).mean() / 3 and between < (life >= 3 * H).mean()
 
 
+def deployments_of(trace):
+    """VM rows per deployment, from the synthetic ids ``d<deployment>-<k>``."""
+    groups = {}
+    for i, vm_id in enumerate(trace.vm_ids):
+        groups.setdefault(vm_id.split("-")[0], []).append(i)
+    return {d: np.array(rows) for d, rows in groups.items()}
+
+
+def test_vms_of_a_deployment_come_together_and_live_alike(trace):
+    groups = deployments_of(trace)
+    sizes = np.array([len(rows) for rows in groups.values()])
+    assert 0.55 <= (sizes == 1).mean() <= 0.7 and sizes.max() <= 32  # P(k) ~ 1/k^2
+    spread, across = [], []
+    for rows in groups.values():
+        if len(rows) < 4:
+            continue
+        # One user, one shape, created within a minute, one size feature.
+        for column in ("user", "cores", "memory_gb", "deployment_size"):
+            assert len(set(trace.features[column][rows])) == 1
+        assert np.ptp(trace.arrival_s[rows]) <= 60.0
+        # All of it, unless some of a prehistory deployment had ended before time 0.
+        size = int(trace.features["deployment_size"][rows[0]])
+        assert size == len(rows) or (size > len(rows) and trace.arrival_s[rows[0]] < 0)
+        spread.append(np.std(np.log(trace.lifetime_s[rows])))
+    # Alike within a deployment (sigma 0.1), far apart across one user's deployments.
+    users = trace.features["user"]
+    for user in set(users[:500]):
+        first = [rows[0] for rows in groups.values() if users[rows[0]] == user]
+        if len(first) >= 20:
+            across.append(np.std(np.log(trace.lifetime_s[first])))
+    assert spread and across
+    assert np.median(spread) < 0.15 and np.median(across) > 1.0
+
+
+def test_without_deployments_every_vm_is_its_own():
+    trace = synthetic_vm_trace(vms=2_000, days=2, seed=3, deployments=False)
+    assert set(trace.features["deployment_size"]) == {"1"}
+    assert len(deployments_of(trace)) == len(trace)
+    props = trace_properties(trace)
+    assert 0.85 <= props["vms_under_1h"] <= 0.92
+
+
 def test_prehistory_vms_are_running_at_time_zero(trace):
     early = trace.arrival_s < 0
     assert early.any()
