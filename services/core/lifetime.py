@@ -95,14 +95,45 @@ def lars_order(expected_remaining_s: Sequence[float] | np.ndarray) -> np.ndarray
     return np.argsort(-remaining, kind="stable")
 
 
+def extension_curve(horizons_s: np.ndarray, mean_residual_s: np.ndarray) -> np.ndarray:
+    """Expected host-life extension ``E[max(R - h, 0)]`` at each horizon ``h`` of a VM
+    whose remaining lifetime ``R`` has, at the uptimes ``now + h``, the mean residual
+    lifetimes ``mean_residual_s`` (``horizons_s[0]`` must be 0; rows are VMs).
+
+    The mean residual life m(u) = E[T - u | T > u] determines the distribution:
+    E[max(R - h, 0)] = P(R > h) m(h) = m(0) exp(-integral_0^h du / m(u)). So a model of
+    E[remaining | uptime] alone gives LAS the *expected* extension over the predicted
+    distribution (the integral by the trapezoid rule on the horizons). A point mass
+    (m(u) = T - u, an oracle) gives back max(T - h, 0).
+    """
+    h = np.asarray(horizons_s, dtype=np.float64)
+    m = np.maximum(np.asarray(mean_residual_s, dtype=np.float64), 1e-9)
+    inv = 1.0 / m
+    steps = 0.5 * (inv[..., 1:] + inv[..., :-1]) * np.diff(h)
+    integral = np.concatenate([np.zeros((*m.shape[:-1], 1)), np.cumsum(steps, axis=-1)], axis=-1)
+    return m[..., :1] * np.exp(-integral)
+
+
 @dataclass(frozen=True)
 class LifetimeEstimate:
     """What a predictor says about one VM: the expected remaining lifetime and, where the
-    predictor has them, remaining-lifetime quantiles."""
+    predictor has them, remaining-lifetime quantiles and the expected extension curve
+    ``E[max(R - h, 0)]`` at horizons ``h`` (``extension_curve``)."""
 
     expected_remaining_s: float
     quantiles_s: tuple[float, ...] = ()
     quantile_levels: tuple[float, ...] = ()
+    extension_horizons_s: np.ndarray | None = None
+    extension_s: np.ndarray | None = None
+
+    def expected_extension_s(self, horizon_s: np.ndarray) -> np.ndarray:
+        """How long past ``horizon_s`` from now the VM is expected to live,
+        ``E[max(R - h, 0)]``: from the curve when the predictor gave one, else from the
+        expectation alone, ``max(E[R] - h, 0)``."""
+        h = np.maximum(np.asarray(horizon_s, dtype=np.float64), 0.0)
+        if self.extension_s is None or self.extension_horizons_s is None:
+            return np.maximum(self.expected_remaining_s - h, 0.0)
+        return np.interp(h, self.extension_horizons_s, self.extension_s)
 
     def quantile(self, level: float) -> float:
         """The quantile at ``level``; the expectation when the predictor gave none."""
@@ -393,8 +424,8 @@ class Las:
         idx = np.flatnonzero(candidates)
         if len(idx) == 0:
             return NO_HOST
-        host_exit = np.maximum(hosts.exit_s[idx], vm.now_s)
-        bucket = quantise_cost(temporal_cost_s(vm.now_s + estimate.expected_remaining_s, host_exit))
+        horizon = np.maximum(hosts.exit_s[idx], vm.now_s) - vm.now_s
+        bucket = quantise_cost(estimate.expected_extension_s(horizon))
         left = ((hosts.free[idx] - vm.shape) / hosts.capacity[idx]).sum(axis=1)  # in [0, 2]
         return int(idx[np.argmin(bucket * 4.0 + left)])
 

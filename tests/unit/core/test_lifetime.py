@@ -20,6 +20,7 @@ from services.core.lifetime import (
     LifetimeEstimate,
     VmRequest,
     class_upper_s,
+    extension_curve,
     lars_order,
     lifetime_class,
     make_lifetime_policy,
@@ -255,3 +256,56 @@ def test_make_lifetime_policy_names_and_errors():
     assert make_lifetime_policy("lava").adaptive and not make_lifetime_policy("las").adaptive
     with pytest.raises(ValueError, match="unknown policy 'nope'"):
         make_lifetime_policy("nope")
+
+
+# --- the expected extension over a predicted distribution -------------------------------
+
+
+def test_extension_curve_of_a_point_mass_is_the_plain_extension():
+    # An oracle: R = 10 h exactly, so m(u) = 10 h - u and E[max(R - h, 0)] = max(10 h - h, 0).
+    horizons = np.linspace(0, 20 * H, 2001)
+    curve = extension_curve(horizons, np.maximum(10 * H - horizons, 0.0))
+    for h in (0, 1, 5, 9, 10, 15):
+        expected = max(10 - h, 0) * H
+        assert curve[int(h * 100)] == pytest.approx(expected, abs=0.01 * H)
+
+
+def test_extension_curve_of_an_exponential_lifetime():
+    # Memoryless: m(u) = 3 h everywhere, and E[max(R - h, 0)] = P(R > h) * 3 h = 3 h e^(-h/3h).
+    horizons = np.array([0, 0.5, 1, 3, 6, 12]) * H
+    curve = extension_curve(horizons, np.full(len(horizons), 3 * H))
+    assert curve == pytest.approx(3 * H * np.exp(-horizons / (3 * H)))
+
+
+def test_extension_curve_recovers_a_bimodal_distribution_from_its_mean_residual_life():
+    # 90 % of such VMs live 6 min, 10 % live 24 h: E[R] = 2.49 h.
+    horizons = np.linspace(0, 30 * H, 30_001)
+    short, long = 0.1 * H, 24 * H
+    true = 0.9 * np.maximum(short - horizons, 0) + 0.1 * np.maximum(long - horizons, 0)
+    alive = 0.9 * (horizons < short) + 0.1 * (horizons < long)
+    mean_residual = np.where(alive > 0, true / np.maximum(alive, 1e-12), 0.0)
+    curve = extension_curve(horizons, mean_residual)
+    for h in (0, 0.05, 1, 3, 12, 23):
+        k = int(h * 1000)
+        assert curve[k] == pytest.approx(true[k], rel=0.02, abs=0.01 * H)
+
+
+def test_las_on_the_distribution_sends_an_uncertain_vm_to_the_long_lived_host():
+    # Host 0 (fuller) ends in 3 h, host 1 in 40 h. The VM's mean, 2.49 h, extends neither:
+    # on the mean, best-fit picks host 0. Over the distribution, host 0 is extended by
+    # 0.1 * (24 h - 3 h) = 2.1 h in expectation, host 1 by nothing: host 1.
+    p = pool(n=2)
+    p.place(0, 0, shape(40), tag=0, exit_s=3 * H, now_s=0)
+    p.place(1, 1, shape(8), tag=0, exit_s=40 * H, now_s=0)
+    horizons = np.linspace(0, 50 * H, 5001)
+    curve = 0.9 * np.maximum(0.1 * H - horizons, 0) + 0.1 * np.maximum(24 * H - horizons, 0)
+    mean_only = LifetimeEstimate(curve[0])
+    with_curve = LifetimeEstimate(curve[0], extension_horizons_s=horizons, extension_s=curve)
+    vm = VmRequest(shape(4), now_s=0.0)
+    assert Las().choose_host(p, vm, mean_only) == 0
+    assert Las().choose_host(p, vm, with_curve) == 1
+    assert with_curve.expected_extension_s(np.array([3 * H]))[0] == pytest.approx(2.1 * H)
+    assert mean_only.expected_extension_s(np.array([1 * H, 3 * H])).tolist() == [
+        pytest.approx(1.49 * H),
+        0.0,
+    ]
