@@ -26,10 +26,10 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import aio_pika
 import grpc
@@ -57,6 +57,7 @@ from services.core.resources import parse_resources, resources
 from services.local_master.service import EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, user_queue
 from services.operator import ChildDied, Children, broker_reachable, wait_until_ready
 
+T = TypeVar("T")
 DRAIN_EXTRA_S = 30.0  # the wait after the offer is bounded by seconds + this
 STARTUP_TIMEOUT_S = 90.0
 PORT_RANGE = (20_000, 60_000)
@@ -779,14 +780,22 @@ def render(result: BenchResult) -> str:
 
 def run(options: BenchOptions) -> int:
     """The CLI entry: 0 = every task completed exactly once, 1 = not, 2 = could not run."""
+    return run_main(lambda: run_bench(options), lambda result: (render(result), result.ok))
 
-    async def main() -> BenchResult:
+
+def run_main(
+    measure: Callable[[], Coroutine[Any, Any, T]], show: Callable[[T], tuple[str, bool]]
+) -> int:
+    """Run ``measure()`` with SIGTERM/Ctrl-C stopping the federation, then print ``show``'s
+    text; 0 when it says ok, 1 when not, 130 when interrupted."""
+
+    async def main() -> T:
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
         loop.add_signal_handler(signal.SIGTERM, task.cancel)  # SIGINT: asyncio.run cancels
         try:
-            return await run_bench(options)
+            return await measure()
         finally:
             loop.remove_signal_handler(signal.SIGTERM)
 
@@ -795,5 +804,6 @@ def run(options: BenchOptions) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("megha-loadgen: interrupted; the federation was stopped", file=sys.stderr)
         return 130
-    print(render(result), flush=True)
-    return 0 if result.ok else 1
+    text, ok = show(result)
+    print(text, flush=True)
+    return 0 if ok else 1

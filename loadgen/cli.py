@@ -47,7 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
             "once, 1 when not, 2 when the benchmark could not run."
         ),
     )
-    bench.add_argument("--rate", type=float, default=200.0, help="tasks offered per second")
+    bench.add_argument(
+        "--rate",
+        default="200",
+        help="tasks offered per second; a comma-separated list (e.g. 50,100,150,200) runs "
+        "the benchmark once per rate and writes sweep.json and sweep.png",
+    )
     bench.add_argument("--seconds", type=float, default=10.0, help="how long load is offered")
     bench.add_argument("--gms", type=int, default=2, help="Global Masters")
     bench.add_argument("--lms", type=int, default=3, help="Local Masters")
@@ -98,8 +103,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _bench_live(args: argparse.Namespace) -> int:
+    from loadgen import bench_sweep
     from loadgen.bench_live import BenchError, BenchOptions, run
     from loadgen.queues import QueueFileError, load_queues
+
+    try:
+        rates = bench_sweep.parse_rates(args.rate)
+    except BenchError as err:
+        print(f"megha-loadgen: {err}", file=sys.stderr)
+        return 2
 
     queues, queue_specs = args.queues, ()
     if queues not in ("per-gm", "default"):
@@ -110,7 +122,7 @@ def _bench_live(args: argparse.Namespace) -> int:
             return 2
         queues = "file"
     options = BenchOptions(
-        rate=args.rate,
+        rate=rates[0],
         seconds=args.seconds,
         gms=args.gms,
         lms=args.lms,
@@ -128,7 +140,7 @@ def _bench_live(args: argparse.Namespace) -> int:
         service_log_level=args.service_log_level,
     )
     try:
-        return run(options)
+        return run(options) if len(rates) == 1 else bench_sweep.run(options, rates)
     except BenchError as err:
         print(f"megha-loadgen: {err}", file=sys.stderr)
         return 2

@@ -4,6 +4,7 @@ small end-to-end run against real processes and RabbitMQ."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import subprocess
@@ -13,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from loadgen import cli, report
-from loadgen.bench_live import BenchOptions, Offer, bench_config, summarise
+from loadgen.bench_live import BenchError, BenchOptions, Offer, bench_config, summarise
+from loadgen.bench_sweep import parse_rates
 from loadgen.events import EventLog
 from services._proto.megha.v1 import common_pb2
 
@@ -140,3 +142,38 @@ def test_bench_live_end_to_end(tmp_path: Path) -> None:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 40 and all(float(r["alloc_s"]) > 0 for r in rows)
     assert "completed / offered    40 / 40" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("0,10", "--rate must be positive"), ("10,x", "not a number"), ("5,5", "twice")],
+)
+def test_a_bad_rate_list_is_refused_before_anything_starts(text, message) -> None:
+    with pytest.raises(BenchError, match=message):
+        parse_rates(text)
+
+
+@pytest.mark.integration
+def test_a_rate_sweep_runs_each_rate_and_draws_the_curve(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "loadgen.cli", "bench-live", "--gms", "1", "--lms", "1"]
+    argv += ["--workers-per-lm", "4", "--rate", "10,20", "--seconds", "2", "--warmup", "0"]
+    argv += ["--out", str(out)]
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "MEGHA_RABBITMQ_URL": RABBIT_URL},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads((out / "sweep.json").read_text())
+    assert [r["offered_rate"] for r in rows] == [10, 20]
+    assert [r["tasks"] for r in rows] == [20, 40]
+    assert all(r["completed"] == r["tasks"] and r["duplicates"] == 0 for r in rows)
+    assert all(r["alloc_s"]["p99"] > 0 for r in rows)
+    for rate in ("10", "20"):
+        assert json.loads((out / f"rate-{rate}" / "summary.json").read_text())["tasks"] > 0
+    assert "offered/s" in done.stdout and "p99 ms" in done.stdout
+    if importlib.util.find_spec("matplotlib"):
+        assert (out / "sweep.png").stat().st_size > 0
