@@ -216,9 +216,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # of after its delivery comes back to us. The client is still answered only once
         # the broker confirmed, and the message is still acked only once every task in it
         # has launched: its delivery, whenever it arrives, just joins this Batch. A task
-        # an LM launched before the confirm is as safe as any launched task; if the
-        # broker refuses the message, the tasks not launched yet are dropped and the
-        # client told. Registered before publishing: the delivery may overtake the confirm.
+        # an LM launched before the confirm is as safe as any launched task. Registered
+        # before publishing: the delivery may overtake the confirm.
         key = _message_key(batch)
         local = self._local[key] = Batch(None, remaining=len(batch.tasks))
         for task, spec in zip(batch.tasks, specs, strict=True):
@@ -228,20 +227,19 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         try:
             await self.bus.enqueue(user_queue(queue), body)
         except BaseException as err:
+            # Unknown whether the broker stored it (a lost confirm, a client gone). Tasks
+            # not launched yet are dropped here; if the message was stored after all, its
+            # delivery is then scheduled like a redelivered one, skipping what launched.
             local.cancelled = True
-            if local.delivery is None:
-                self._local.pop(key, None)
-            started = len(batch.tasks) - local.remaining
             log.warning(
                 "enqueue failed; dropping the job's unlaunched tasks",
-                extra={"job_id": job_id, "launched": started, "error": repr(err)},
+                extra={"job_id": job_id, "error": repr(err)},
             )
             if isinstance(err, Exception):
                 await context.abort(
                     grpc.StatusCode.UNAVAILABLE,
-                    f"the broker did not store job {job_id} ({err!r}); {started} of its "
-                    f"{len(batch.tasks)} tasks had already launched and run, the rest were "
-                    "dropped: retry those",
+                    f"the broker did not confirm job {job_id} ({err!r}); its tasks that "
+                    "had not launched yet were dropped (GetJob shows which ran): retry those",
                 )
             raise
         return global_master_pb2.SubmitJobResponse(job_id=job_id, task_ids=ids)
@@ -328,13 +326,16 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
     async def _on_delivery(self, delivery: Delivery) -> None:
         batch_msg = common_pb2.TaskBatch.FromString(delivery.body)
         local = self._local.pop(_message_key(batch_msg), None)
-        if local is not None:  # submitted here and already scheduled from memory
+        if local is not None and not local.cancelled:  # scheduled from memory at submit
             local.delivery = delivery
             if local.remaining == 0:
                 await delivery.ack()
             return
         batch = Batch(delivery, remaining=len(batch_msg.tasks))
-        launched = await self._already_launched(batch_msg) if delivery.redelivered else set()
+        # Redelivered, or stored although its submission failed here: some of its tasks
+        # may already run.
+        check = delivery.redelivered or local is not None
+        launched = await self._already_launched(batch_msg) if check else set()
         if batch.remaining == len(launched):
             await delivery.ack()
             return
