@@ -28,7 +28,12 @@ Model of the world:
 
 Predictors: ``oracle`` knows each VM's true remaining lifetime; ``model`` is the trained
 ``LifetimeModel`` (given with ``--model``, or trained first on a separate sample of the
-same synthetic population, or on the first 30 % of a CSV trace).
+same synthetic population, or on the first 30 % of a CSV trace). With the model, LAS
+(and LAVA's LAS step) score a host by the VM's *expected* extension of it over the
+predicted distribution, E[max(R - h, 0)], read off the model's E[remaining] at the
+uptimes ``now + h`` (``services.core.lifetime.extension_curve``); ``--extension mean``
+scores the extension of the mean instead. ``--seeds N`` repeats the run on N samples of
+the synthetic trace and reports the mean of each row.
 """
 
 from __future__ import annotations
@@ -51,11 +56,16 @@ from services.core.lifetime import (
     HostPool,
     LifetimeEstimate,
     VmRequest,
+    extension_curve,
     lars_order,
     make_lifetime_policy,
 )
+from services.predictor.lifetime_model import AUGMENT_GRID_S
 
 POLICY_NAMES = ("best_fit", "la_binary", "las", "lava")
+# Horizons at which a VM's expected host-life extension is tabulated: 0 and the model's
+# uptime grid (5 min x sqrt(2)^k, up to ~2,000 h).
+EXTENSION_HORIZONS_S = np.concatenate([[0.0], AUGMENT_GRID_S])
 PREDICTOR_NAMES = ("model", "oracle")
 
 
@@ -91,6 +101,15 @@ class ModelPredictor:
             return np.empty(0)
         return self.model.predict_expected(self.X[vms], uptime_s)
 
+    def extension(self, vms: np.ndarray, uptime_s: np.ndarray) -> np.ndarray:
+        """Per VM, ``E[max(R - h, 0)]`` at the horizons ``EXTENSION_HORIZONS_S``, from the
+        model's E[remaining] at the uptimes ``uptime + h`` (``extension_curve``)."""
+        k = len(EXTENSION_HORIZONS_S)
+        rows = np.repeat(vms, k)
+        uptimes = (np.asarray(uptime_s, dtype=np.float64)[:, None] + EXTENSION_HORIZONS_S).ravel()
+        mean_residual = self(rows, uptimes).reshape(len(vms), k)
+        return extension_curve(EXTENSION_HORIZONS_S, mean_residual)
+
 
 @dataclass(frozen=True)
 class SimOptions:
@@ -104,6 +123,9 @@ class SimOptions:
     maintenance_interval_s: float = 6 * HOUR_S  # 0: no maintenance
     migration_interval_s: float = 900.0
     drain_order: str = "lars"  # or "random"
+    # LAS / LAVA extension cost: "distribution" (E[max(R - h, 0)] over the predicted
+    # distribution, when the predictor has one) or "mean" (max(E[R] - h, 0))
+    extension: str = "distribution"
     seed: int = 0
 
 
@@ -120,6 +142,7 @@ class SimResult:
     hosts: int = 0
     vms: int = 0
     wall_s: float = 0.0
+    empty_hosts_pct_by_seed: list[float] | None = None  # with --seeds N > 1
 
     def row(self) -> dict[str, Any]:
         out = asdict(self)
@@ -131,6 +154,8 @@ class SimResult:
             "wall_s",
         ):
             out[key] = round(out[key], 2)
+        if out["empty_hosts_pct_by_seed"] is None:
+            del out["empty_hosts_pct_by_seed"]
         return out
 
 
@@ -204,9 +229,24 @@ def simulate(
     next_migration = options.migration_interval_s
     report_every = max(1, n // 100)
 
-    def place(vm: int, now: float, estimate_s: float) -> int:
+    # LAS / LAVA with the model: the expected extension over the predicted distribution.
+    curves = None
+    if (
+        policy.uses_exits
+        and options.extension == "distribution"
+        and hasattr(predictor, "extension")
+    ):
+        curves = predictor.extension(np.arange(n), np.zeros(n))  # uptime 0, one batch
+
+    def place(vm: int, now: float, estimate_s: float, curve: np.ndarray | None = None) -> int:
         request = VmRequest(shapes[vm], now)
-        estimate = LifetimeEstimate(estimate_s)
+        if curve is None and curves is not None and now == start_s[vm]:
+            curve = curves[vm]  # a new VM
+        estimate = LifetimeEstimate(
+            estimate_s,
+            extension_horizons_s=None if curve is None else EXTENSION_HORIZONS_S,
+            extension_s=curve,
+        )
         host = policy.choose_host(pool, request, estimate)
         if host != NO_HOST:
             pool.place(vm, host, shapes[vm], policy.tag(estimate), now + estimate_s, now)
@@ -228,8 +268,10 @@ def simulate(
             order = rng.permutation(len(vms))
         vm = int(vms[order[0]])
         pool.release(vm, now)
-        estimate_s = float(predictor(np.array([vm]), np.array([now - start_s[vm]]))[0])
-        if place(vm, now, estimate_s) == NO_HOST:  # nowhere to go: stays, try later
+        uptime = np.array([now - start_s[vm]])
+        estimate_s = float(predictor(np.array([vm]), uptime)[0])
+        curve = None if curves is None else predictor.extension(np.array([vm]), uptime)[0]
+        if place(vm, now, estimate_s, curve) == NO_HOST:  # nowhere to go: stays, try later
             pool.available[host] = True
             tag = policy.tag(LifetimeEstimate(estimate_s))
             pool.place(vm, host, shapes[vm], tag, now + estimate_s, now)
@@ -329,6 +371,37 @@ def run_all(
     return results
 
 
+def average_runs(runs: Sequence[Sequence[SimResult]]) -> list[SimResult]:
+    """One row per policy x predictor: the mean over runs (seeds) of every metric, with
+    the per-run empty hosts % kept in ``empty_hosts_pct_by_seed``."""
+    out = []
+    for rows in zip(*runs, strict=True):
+        first = rows[0]
+        mean = {
+            key: float(np.mean([getattr(r, key) for r in rows]))
+            for key in (
+                "empty_hosts_pct",
+                "cpu_stranded_pct",
+                "mem_stranded_pct",
+                "empty_ceiling_pct",
+                "wall_s",
+            )
+        }
+        out.append(
+            SimResult(
+                policy=first.policy,
+                predictor=first.predictor,
+                migrations=round(float(np.mean([r.migrations for r in rows]))),
+                rejected=sum(r.rejected for r in rows),
+                hosts=round(float(np.mean([r.hosts for r in rows]))),
+                vms=round(float(np.mean([r.vms for r in rows]))),
+                empty_hosts_pct_by_seed=[round(r.empty_hosts_pct, 2) for r in rows],
+                **mean,
+            )
+        )
+    return out
+
+
 def _progress_line(label: str) -> Callable[[float], None]:
     def show(fraction: float) -> None:
         sys.stderr.write(f"\rvm-sim {label:<18} {100 * fraction:5.1f} %")
@@ -397,6 +470,7 @@ def render_table(results: Sequence[SimResult]) -> str:
             f"{r.policy:<10} {r.predictor:<9} {r.empty_hosts_pct:8.2f} "
             f"{r.empty_ceiling_pct:9.2f} {r.cpu_stranded_pct:9.2f} "
             f"{r.mem_stranded_pct:9.2f} {r.migrations:5d} {r.rejected:8d} {r.wall_s:7.1f}"
+            + (f"  by seed {r.empty_hosts_pct_by_seed}" if r.empty_hosts_pct_by_seed else "")
         )
     return "\n".join(lines)
 
@@ -424,6 +498,8 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     p.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated")
     p.add_argument("--predictors", default=",".join(PREDICTOR_NAMES), help="model,oracle")
     p.add_argument("--hosts", type=int, default=0, help="pool size (default: from the trace)")
+    p.add_argument("--host-cores", type=int, default=64, help="cores per host")
+    p.add_argument("--host-memory-gib", type=int, default=256, help="memory per host, GiB")
     p.add_argument("--warmup-hours", type=float, default=48.0)
     p.add_argument("--repredict-minutes", type=float, default=60.0)
     p.add_argument(
@@ -433,6 +509,24 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         help="a host starts draining this often (0: no maintenance)",
     )
     p.add_argument("--drain-order", choices=("lars", "random"), default="lars")
+    p.add_argument(
+        "--extension",
+        choices=("distribution", "mean"),
+        default="distribution",
+        help="LAS/LAVA with the model: expected extension over the predicted distribution "
+        "(default) or the extension of the mean",
+    )
+    p.add_argument(
+        "--no-deployments",
+        action="store_true",
+        help="synthetic trace: independent VMs instead of deployments that live alike",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="synthetic trace: run seeds SEED..SEED+N-1 and report the mean of each row",
+    )
     p.add_argument("--out", type=Path, help="write vm.json and vm.png here")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     return p
@@ -448,20 +542,32 @@ def main(args: argparse.Namespace) -> int:
     if bad:
         print(f"megha-loadgen: unknown policy or predictor {', '.join(bad)}", file=sys.stderr)
         return 2
+    need_model = "model" in predictors
     try:
-        trace, model = _inputs(args, need_model="model" in predictors)
+        trace, model = _inputs(args, need_model)
     except (OSError, ValueError) as err:
         print(f"megha-loadgen: {err}", file=sys.stderr)
         return 2
-    options = SimOptions(
-        hosts=args.hosts,
-        warmup_s=args.warmup_hours * HOUR_S,
-        repredict_s=args.repredict_minutes * 60.0,
-        maintenance_interval_s=args.maintenance_hours * HOUR_S,
-        drain_order=args.drain_order,
-        seed=args.seed,
-    )
-    results = run_all(trace, model, options, policies, predictors, progress=sys.stderr.isatty())
+    if args.seeds < 1 or (args.seeds > 1 and (args.trace or args.model)):
+        print("megha-loadgen: --seeds N needs N >= 1 and the synthetic trace", file=sys.stderr)
+        return 2
+    runs = []
+    for seed in range(args.seed, args.seed + args.seeds):
+        if seed != args.seed:
+            trace, model = _inputs(argparse.Namespace(**{**vars(args), "seed": seed}), need_model)
+        options = SimOptions(
+            host_cpu_milli=args.host_cores * 1000,
+            host_memory_mb=args.host_memory_gib * 1024,
+            hosts=args.hosts,
+            warmup_s=args.warmup_hours * HOUR_S,
+            repredict_s=args.repredict_minutes * 60.0,
+            maintenance_interval_s=args.maintenance_hours * HOUR_S,
+            drain_order=args.drain_order,
+            extension=args.extension,
+            seed=seed,
+        )
+        runs.append(run_all(trace, model, options, policies, predictors, sys.stderr.isatty()))
+    results = runs[0] if len(runs) == 1 else average_runs(runs)
     if args.json:
         print(json.dumps([r.row() for r in results], indent=2))
     else:
@@ -485,12 +591,19 @@ def _inputs(args: argparse.Namespace, need_model: bool) -> tuple[VmTrace, Any]:
             trace = trace.subset(np.flatnonzero(trace.arrival_s >= cut))
             trace.arrival_s = trace.arrival_s - cut
     else:
-        trace = synthetic_vm_trace(vms=args.vms, days=args.days, seed=args.seed)
+        deployments = not args.no_deployments
+        trace = synthetic_vm_trace(
+            vms=args.vms, days=args.days, seed=args.seed, deployments=deployments
+        )
         train = None
         if need_model and not args.model:
             # Another sample (seed) of the same user population.
             train = synthetic_vm_trace(
-                vms=args.train_vms, days=args.days, seed=args.seed + 1_000, prehistory_days=0
+                vms=args.train_vms,
+                days=args.days,
+                seed=args.seed + 1_000,
+                prehistory_days=0,
+                deployments=deployments,
             )
     if not need_model:
         return trace, None

@@ -20,7 +20,14 @@ def test_predictor_train_writes_a_loadable_model(tmp_path, capsys):
         r"lifetime model on 600 VMs \(\d+ uptime-augmented rows\)", capsys.readouterr().out
     )
     model = load_model(out)
-    assert model.schema.names == ["category", "cores", "memory_gb", "priority", "user"]
+    assert model.schema.names == [
+        "category",
+        "cores",
+        "deployment_size",
+        "memory_gb",
+        "priority",
+        "user",
+    ]
 
 
 def test_predictor_train_explains_bad_input(tmp_path, capsys):

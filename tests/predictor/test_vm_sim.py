@@ -107,3 +107,43 @@ def test_vm_sim_command_rejects_unknown_names(capsys):
     vm_sim.add_subcommand(parser.add_subparsers(dest="command"))
     assert vm_sim.main(parser.parse_args(["vm-sim", "--policies", "first_fit"])) == 2
     assert "unknown policy or predictor first_fit" in capsys.readouterr().err
+
+
+def test_model_extension_curve_starts_at_the_mean_and_falls(small_trace, tiny_model):
+    predictor = vm_sim.ModelPredictor(tiny_model, small_trace)
+    vms = np.arange(50)
+    uptime = np.linspace(0, 5 * H, 50)
+    curve = predictor.extension(vms, uptime)
+    assert curve.shape == (50, len(vm_sim.EXTENSION_HORIZONS_S))
+    assert curve[:, 0] == pytest.approx(predictor(vms, uptime))
+    assert np.all(np.diff(curve, axis=1) <= 1e-6) and np.all(curve >= 0)
+
+
+@pytest.mark.parametrize("extension", ["distribution", "mean"])
+def test_las_runs_on_the_distribution_or_the_mean(small_trace, tiny_model, extension):
+    predictor = vm_sim.ModelPredictor(tiny_model, small_trace)
+    options = SimOptions(warmup_s=H, extension=extension)
+    result = simulate(small_trace, "las", predictor, options)
+    assert result.rejected == 0 and 0 < result.empty_hosts_pct <= 100
+
+
+def test_vm_sim_seeds_reports_the_mean_over_seeds(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    vm_sim.add_subcommand(parser.add_subparsers(dest="command"))
+    common = ["vm-sim", "--vms", "800", "--days", "1.5", "--warmup-hours", "1"]
+    common += ["--predictors", "oracle", "--policies", "best_fit,las", "--json"]
+    singles = []
+    for seed in (5, 6):
+        assert vm_sim.main(parser.parse_args([*common, "--seed", str(seed)])) == 0
+        singles.append(json.loads(capsys.readouterr().out))
+    out = tmp_path / "out"
+    args = parser.parse_args([*common, "--seed", "5", "--seeds", "2", "--out", str(out)])
+    assert vm_sim.main(args) == 0
+    rows = json.loads((out / "vm.json").read_text())
+    for k, row in enumerate(rows):
+        by_seed = [singles[0][k]["empty_hosts_pct"], singles[1][k]["empty_hosts_pct"]]
+        assert row["empty_hosts_pct_by_seed"] == by_seed
+        assert row["empty_hosts_pct"] == pytest.approx(np.mean(by_seed), abs=0.01)
+    assert "empty_hosts_pct_by_seed" not in singles[0][0]
+    bad = parser.parse_args([*common, "--trace", "x.csv", "--seeds", "2"])
+    assert vm_sim.main(bad) == 2
