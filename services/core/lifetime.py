@@ -404,8 +404,10 @@ class Las:
 
     Assumes ``hosts.exit_s`` holds each host's latest *re-predicted* VM exit (the
     simulator or GM refreshes it periodically). Algorithm: cost = quantised
-    ``max(vm_exit - host_exit, 0)`` with an empty host's exit taken as now; lowest
-    bucket wins, best-fit breaks ties (so a non-empty host wins a tie with an empty one).
+    ``max(vm_exit - host_exit, 0)`` with an empty host's exit taken as now, or, when the
+    estimate carries an extension curve, the expected extension ``E[max(R - h, 0)]``
+    over the predicted distribution (h: time to the host's exit); lowest bucket wins,
+    best-fit breaks ties (so a non-empty host wins a tie with an empty one).
     """
 
     name = "las"
