@@ -58,6 +58,9 @@ log = logging.getLogger("megha.gm")
 
 MAX_TASKS_PER_JOB = 100_000
 ROUND_PER_QUEUE = 512  # tasks taken from each queue per scheduling round
+# Jobs of up to this many tasks are scheduled while the broker confirms them, bigger ones
+# once it has (see SubmitJob).
+SCHEDULE_BEFORE_CONFIRM = 16
 MAX_REJECTIONS = 20  # an LM rejecting a task this often parks it until the view changes
 
 
@@ -218,14 +221,23 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # has launched: its delivery, whenever it arrives, just joins this Batch. A task
         # an LM launched before the confirm is as safe as any launched task. Registered
         # before publishing: the delivery may overtake the confirm.
+        # A big job is scheduled after the confirm instead: its scheduling rounds would
+        # otherwise delay the answer (a client submitting one job after another waits for
+        # it), and the confirm is small next to the time its own tasks take to place.
         key = _message_key(batch)
         local = self._local[key] = Batch(None, remaining=len(batch.tasks))
-        for task, spec in zip(batch.tasks, specs, strict=True):
+        pending = [
+            Pending(task, spec, local) for task, spec in zip(batch.tasks, specs, strict=True)
+        ]
+        for task in batch.tasks:
             self.jobs.queued(task)
-            self.queues.push(queue, Pending(task, spec, local))
-        self._wake.set()
+        early = len(pending) <= SCHEDULE_BEFORE_CONFIRM
+        if early:
+            self._push(queue, pending)
         try:
             await self.bus.enqueue(user_queue(queue), body)
+            if not early:
+                self._push(queue, pending)
         except BaseException as err:
             # Unknown whether the broker stored it (a lost confirm, a client gone). Tasks
             # not launched yet are dropped here; if the message was stored after all, its
@@ -243,6 +255,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 )
             raise
         return global_master_pb2.SubmitJobResponse(job_id=job_id, task_ids=ids)
+
+    def _push(self, queue: str, items: list[Pending]) -> None:
+        for item in items:
+            self.queues.push(queue, item)
+        self._wake.set()
 
     async def GetJob(self, request, context):
         job = self.jobs.get(request.job_id)
