@@ -50,13 +50,13 @@ class Launcher:
                     call = self._open()
                     try:
                         await call.write(message)
-                    except grpc.aio.AioRpcError:
+                    except Exception as err:
+                        # The stream broke (gRPC reports a write on a dead call as
+                        # INTERNAL "execute_batch" or as a state error): the LM is away.
                         self._close(call)
-                        raise
-                    except Exception as err:  # the call ended between open and write
-                        self._close(call)
+                        details = err.details() if isinstance(err, grpc.aio.AioRpcError) else err
                         raise rpc_error(
-                            grpc.StatusCode.UNAVAILABLE, f"launch stream: {err!r}"
+                            grpc.StatusCode.UNAVAILABLE, f"launch stream broke: {details!r}"
                         ) from None
                 return await reply
         except TimeoutError:
@@ -82,7 +82,10 @@ class Launcher:
                 if waiting is not None and not waiting.done():
                     waiting.set_result(reply.launch)
         except grpc.aio.AioRpcError as err:
-            error = err
+            error = rpc_error(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the launch stream ended: {err.code().name}: {err.details()}",
+            )
         except asyncio.CancelledError:
             error = rpc_error(grpc.StatusCode.CANCELLED, "the GM is shutting down")
             raise

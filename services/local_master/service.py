@@ -259,8 +259,11 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                     continue
                 # Leaves the queue only once written: a stream that breaks mid-write
                 # leaves it for the worker's next stream (a repeated start is ignored).
-                await context.write(commands[0])
-                if commands:
+                # Two streams of one worker (a reconnect overlapping the old stream) may
+                # both write it; only the one that finds it still at the head removes it.
+                command = commands[0]
+                await context.write(command)
+                if commands and commands[0] is command:
                     commands.popleft()
 
         reader = asyncio.create_task(read())
