@@ -129,6 +129,16 @@ class SimOptions:
     seed: int = 0
 
 
+# The measured (float) fields of a SimResult: rounded in vm.json, averaged over seeds.
+_MEASURED = (
+    "empty_hosts_pct",
+    "cpu_stranded_pct",
+    "mem_stranded_pct",
+    "empty_ceiling_pct",
+    "wall_s",
+)
+
+
 @dataclass
 class SimResult:
     policy: str
@@ -146,13 +156,7 @@ class SimResult:
 
     def row(self) -> dict[str, Any]:
         out = asdict(self)
-        for key in (
-            "empty_hosts_pct",
-            "cpu_stranded_pct",
-            "mem_stranded_pct",
-            "empty_ceiling_pct",
-            "wall_s",
-        ):
+        for key in _MEASURED:
             out[key] = round(out[key], 2)
         if out["empty_hosts_pct_by_seed"] is None:
             del out["empty_hosts_pct_by_seed"]
@@ -377,16 +381,7 @@ def average_runs(runs: Sequence[Sequence[SimResult]]) -> list[SimResult]:
     out = []
     for rows in zip(*runs, strict=True):
         first = rows[0]
-        mean = {
-            key: float(np.mean([getattr(r, key) for r in rows]))
-            for key in (
-                "empty_hosts_pct",
-                "cpu_stranded_pct",
-                "mem_stranded_pct",
-                "empty_ceiling_pct",
-                "wall_s",
-            )
-        }
+        mean = {key: float(np.mean([getattr(r, key) for r in rows])) for key in _MEASURED}
         out.append(
             SimResult(
                 policy=first.policy,

@@ -117,19 +117,18 @@ def test_cli_without_a_subcommand_describes_itself(capsys) -> None:
     assert "bench-live" in capsys.readouterr().out
 
 
+def run_cli(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "MEGHA_RABBITMQ_URL": RABBIT_URL}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
+
+
 @pytest.mark.integration
 def test_bench_live_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "out"
     argv = [sys.executable, "-m", "loadgen.cli", "bench-live", "--gms", "1", "--lms", "1"]
     argv += ["--workers-per-lm", "4", "--rate", "20", "--seconds", "2", "--warmup", "0"]
     argv += ["--out", str(out), "--log-dir", str(tmp_path / "logs")]
-    done = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env={**os.environ, "MEGHA_RABBITMQ_URL": RABBIT_URL},
-    )
+    done = run_cli(argv, timeout_s=90)
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert list(summary)[: len(report.SUMMARY_KEYS)] == list(report.SUMMARY_KEYS)
@@ -159,13 +158,7 @@ def test_a_rate_sweep_runs_each_rate_and_draws_the_curve(tmp_path: Path) -> None
     argv = [sys.executable, "-m", "loadgen.cli", "bench-live", "--gms", "1", "--lms", "1"]
     argv += ["--workers-per-lm", "4", "--rate", "10,20", "--seconds", "2", "--warmup", "0"]
     argv += ["--out", str(out)]
-    done = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "MEGHA_RABBITMQ_URL": RABBIT_URL},
-    )
+    done = run_cli(argv, timeout_s=180)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads((out / "sweep.json").read_text())
     assert [r["offered_rate"] for r in rows] == [10, 20]
