@@ -450,6 +450,11 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
     async def mark_dead(self, node: int, reason: str) -> None:
         lost = self.state.set_alive(node, False)
         self._count_workers()
+        session = self.sessions.get(node)
+        if session is not None:
+            # Its tasks go back to their queues: a start still waiting for the worker's
+            # stream must not reach it if it comes back, or the task would run twice.
+            session.commands.clear()
         log.warning(
             "worker lost",
             extra={"node_id": self.state.table.node_ids[node], "tasks": len(lost), "why": reason},
