@@ -15,6 +15,7 @@ import dataclasses
 import itertools
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,35 +63,43 @@ def sweep_row(result: BenchResult) -> dict[str, Any]:
     }
 
 
+@dataclass
+class Sweep:
+    results: list[BenchResult]
+    files: list[Path] = field(default_factory=list)  # sweep.json and sweep.png
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+
 async def run_sweep(
     options: BenchOptions, rates: Sequence[float], say: Callable[[str], None] = print
-) -> list[BenchResult]:
+) -> Sweep:
     """``bench-live`` once per rate, each against a federation of its own."""
     for rate in rates:  # every option error before the first federation starts
         dataclasses.replace(options, rate=rate, out=None).check()
-    results = []
+    sweep = Sweep([])
     for rate in rates:
         out = options.out / f"rate-{rate:g}" if options.out is not None else None
         say(f"bench-live sweep: {rate:g} tasks/s")
         result = await run_bench(dataclasses.replace(options, rate=rate, out=out), say=say)
         say(render(result))
-        results.append(result)
+        sweep.results.append(result)
     if options.out is not None:
-        rows = [sweep_row(r) for r in results]
+        rows = [sweep_row(r) for r in sweep.results]
         path = options.out / SWEEP_FILE
         path.write_text(json.dumps(rows, indent=2) + "\n")
-        for result in results:
-            result.files = []  # already listed per rate
         plot = plot_sweep(rows, options.out / PLOT_FILE)
-        results[-1].files = [path, *([plot] if plot else [])]
-    return results
+        sweep.files = [path, *([plot] if plot else [])]
+    return sweep
 
 
-def render_sweep(results: Sequence[BenchResult]) -> str:
+def render_sweep(sweep: Sweep) -> str:
     lines = [
         "offered/s  placed/s  alloc p50 ms  p90 ms  p99 ms  completed      CPU cores  ms/task",
     ]
-    for row in map(sweep_row, results):
+    for row in map(sweep_row, sweep.results):
         alloc = row["alloc_s"]
         cores = "-" if row["cpu_cores"] is None else f"{row['cpu_cores']:.2f}"
         if row["other_cores"]:
@@ -102,7 +111,7 @@ def render_sweep(results: Sequence[BenchResult]) -> str:
             f"{report.ms(alloc['p99']):>6}  {row['completed']:>6}/{row['tasks']:<6}  "
             f"{cores:<10} {per_task}"
         )
-    for path in results[-1].files if results else []:
+    for path in sweep.files:
         lines.append(f"wrote {path}")
     return "\n".join(lines)
 
@@ -151,5 +160,5 @@ def run(options: BenchOptions, rates: Sequence[float]) -> int:
     """The CLI entry of a sweep: 0 = every task of every rate completed exactly once."""
     return run_main(
         lambda: run_sweep(options, rates),
-        lambda results: (render_sweep(results), all(r.ok for r in results)),
+        lambda sweep: (render_sweep(sweep), sweep.ok),
     )

@@ -23,6 +23,12 @@ QUEUES = [
     {"name": "q4", "share": 0.50, "gm": "gm-3"},
 ]
 
+# Two queues of half the pool each, both served by gm-1.
+BIG_SMALL = [
+    {"name": "big", "share": 0.5, "gm": "gm-1"},
+    {"name": "small", "share": 0.5, "gm": "gm-1"},
+]
+
 
 async def measure_shares(fed: Federation, seconds: float, warmup: float) -> dict[str, float]:
     """Time-averaged share of the federation's CPU each queue holds, from the LMs' books."""
@@ -86,11 +92,7 @@ async def test_no_contention_means_no_preemption(tmp_path):
 
 async def test_pending_tasks_say_why(tmp_path):
     groups = [{"lm": "lm-1", "count": 2, "capacity": "cpu=1,mem=1Gi"}]
-    queues = [
-        {"name": "big", "share": 0.5, "gm": "gm-1"},
-        {"name": "small", "share": 0.5, "gm": "gm-1"},
-    ]
-    async with Federation(tmp_path, gms=1, lms=1, worker_groups=groups, queues=queues) as fed:
+    async with Federation(tmp_path, gms=1, lms=1, worker_groups=groups, queues=BIG_SMALL) as fed:
         hog = await fed.gm().submit(sim_tasks(4, 5.0), queue="big")
         await asyncio.sleep(1.0)
         job = await fed.gm().job(hog.job_id)
@@ -109,11 +111,7 @@ async def test_pending_tasks_say_why(tmp_path):
 
 async def test_preempted_tasks_run_again_and_complete_exactly_once(tmp_path):
     groups = [{"lm": "lm-1", "count": 4, "capacity": "cpu=1,mem=1Gi"}]
-    queues = [
-        {"name": "big", "share": 0.5, "gm": "gm-1"},
-        {"name": "small", "share": 0.5, "gm": "gm-1"},
-    ]
-    async with Federation(tmp_path, gms=1, lms=1, worker_groups=groups, queues=queues) as fed:
+    async with Federation(tmp_path, gms=1, lms=1, worker_groups=groups, queues=BIG_SMALL) as fed:
         hog = await fed.gm().submit(sim_tasks(8, 2.0), queue="big")
         await asyncio.sleep(1.0)  # the hog holds all 4 cores: 100 % of a 50 % share
         small = await fed.gm().submit(sim_tasks(2, 1.0), queue="small")
