@@ -137,16 +137,54 @@ class FeatureSchema:
                 X[:, j] = [lookup(v, np.nan) for v in values]
         return X
 
-    def encode(self, features: Sequence[Mapping[str, str]]) -> np.ndarray:
-        """Row input (one dict per query) to a float matrix without uptime."""
-        X = np.full((len(features), len(self.names)), np.nan)
-        for j, name in enumerate(self.names):
-            if self.numeric[j]:
-                X[:, j] = [_number(f.get(name, "")) for f in features]
-            else:
-                lookup = self.vocab[j].get
-                X[:, j] = [lookup(f.get(name, ""), np.nan) for f in features]
-        return X
+    ROW_WISE_MAX = 64  # see ``encode``
+
+    def encode(
+        self, features: Sequence[Mapping[str, str]], uptime_h: Sequence[float] | None = None
+    ) -> np.ndarray:
+        """Row input (one mapping per query, a dict or a protobuf map) to a float matrix;
+        with ``uptime_h`` that column is appended (the model's input, no copy to add it).
+
+        Small batches (the sidecar's usual query is one VM) are built row by row from one
+        list, a few microseconds; large ones column by column, faster per row there."""
+        encoders = self._encoders()
+        if len(features) > self.ROW_WISE_MAX:
+            X = np.empty((len(features), len(encoders) + (uptime_h is not None)))
+            for j, (name, encode) in enumerate(encoders):
+                X[:, j] = [encode(f.get(name, "")) for f in features]
+            if uptime_h is not None:
+                X[:, -1] = uptime_h
+            return X
+        rows = [[encode(f.get(name, "")) for name, encode in encoders] for f in features]
+        width = len(encoders)
+        if uptime_h is not None:
+            for row, u in zip(rows, uptime_h, strict=True):
+                row.append(u)
+            width += 1
+        return np.array(rows, dtype=np.float64).reshape(len(rows), width)
+
+    def _encoders(self) -> list:
+        """(feature, value -> float) per column; cached, not pickled (rebuilt on load)."""
+        encoders = self.__dict__.get("_encoder_cache")
+        if encoders is None:
+            encoders = [
+                (name, _number if is_num else _Codes(codes).__getitem__)
+                for name, is_num, codes in zip(self.names, self.numeric, self.vocab, strict=True)
+            ]
+            self.__dict__["_encoder_cache"] = encoders
+        return encoders
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_encoder_cache", None)
+        return state
+
+
+class _Codes(dict):
+    """A category's code; rare and unseen values are missing (NaN), and not inserted."""
+
+    def __missing__(self, key: str) -> float:
+        return np.nan
 
 
 def _is_number(value: str) -> bool:
@@ -158,6 +196,8 @@ def _is_number(value: str) -> bool:
 
 
 def _number(value: str) -> float:
+    if not value:
+        return np.nan
     try:
         return float(value)
     except (TypeError, ValueError):
@@ -165,73 +205,120 @@ def _number(value: str) -> float:
 
 
 class CompiledForest:
-    """The trees of several fitted ``HistGradientBoostingRegressor`` as flat numpy arrays,
-    evaluated for all trees at once.
+    """The trees of several fitted ``HistGradientBoostingRegressor`` (here the mean and
+    the three quantile models) fused into one set of flat numpy arrays, evaluated for all
+    trees of all models at once.
 
     scikit-learn's own ``predict`` costs milliseconds for a single row (input validation
     plus an OpenMP fork per tree), too slow for a sidecar answering one VM at a time. For
-    small batches this walks every tree in lock-step: at most ``depth`` rounds of a few
-    numpy operations over (rows x trees). Large batches go to scikit-learn, which is
-    faster per row there. Reads the fitted trees' node records (``_predictors``), which are
-    scikit-learn internals: ``compile`` raises ``ModelError`` if they are not as expected,
-    and the model then keeps using scikit-learn throughout.
+    small batches this walks every tree in lock-step, one round per tree level, with a
+    handful of numpy calls per round whatever the number of trees:
+
+    - the nodes of each tree are renumbered breadth-first so that an internal node's two
+      children are neighbours (right, then left): the next node is
+      ``right_child[node] + (x <= threshold[node])``, one gather fewer than choosing
+      between two child arrays;
+    - missing values need no test of their own: each row is widened to
+      ``[X with NaN as -inf, X]`` and a node reads the first copy of its feature if
+      missing values go left (-inf <= any threshold), the second if they go right
+      (NaN <= anything is false). Leaves have threshold NaN and are their own right
+      child, so a finished tree stays put;
+    - the trees are ordered deepest first, so round r only touches the leading trees
+      deeper than r (a view, no copy).
+
+    Large batches go to scikit-learn, which is faster per row there. Reads the fitted
+    trees' node records (``_predictors``), which are scikit-learn internals: ``compile``
+    raises ``ModelError`` if they are not as expected, and the model then keeps using
+    scikit-learn throughout.
     """
 
     def __init__(self, models: Sequence) -> None:
-        feature, threshold, missing_left, left, right, leaf, value = [], [], [], [], [], [], []
-        roots, owner, baseline = [], [], []
-        offset = 0
+        trees, baseline, widths = [], [], set()
         for m, model in enumerate(models):
             try:
-                base = float(np.asarray(model._baseline_prediction).ravel()[0])
-                trees = [p for it in model._predictors for p in it]
-                for tree in trees:
-                    nodes = tree.nodes
-                    if np.any(nodes["is_categorical"][~nodes["is_leaf"].astype(bool)]):
-                        raise ModelError("categorical splits are not compiled")
-                    feature.append(nodes["feature_idx"].astype(np.int64))
-                    threshold.append(nodes["num_threshold"].astype(np.float64))
-                    missing_left.append(nodes["missing_go_to_left"].astype(bool))
-                    left.append(nodes["left"].astype(np.int64) + offset)
-                    right.append(nodes["right"].astype(np.int64) + offset)
-                    leaf.append(nodes["is_leaf"].astype(bool))
-                    value.append(nodes["value"].astype(np.float64))
-                    roots.append(offset)
-                    owner.append(m)
-                    offset += len(nodes)
+                baseline.append(float(np.asarray(model._baseline_prediction).ravel()[0]))
+                widths.add(int(model.n_features_in_))
+                for it in model._predictors:
+                    for tree in it:
+                        nodes = tree.nodes
+                        inner = ~nodes["is_leaf"].astype(bool)
+                        if np.any(nodes["is_categorical"][inner]):
+                            raise ModelError("categorical splits are not compiled")
+                        thresholds = nodes["num_threshold"][inner].astype(np.float64)
+                        if np.any(np.isnan(thresholds)) or np.any(thresholds == -np.inf):
+                            raise ModelError("a split threshold is NaN or -inf")
+                        trees.append((m, nodes, int(nodes["depth"].max())))
             except (AttributeError, KeyError, ValueError, TypeError) as err:
                 raise ModelError(f"cannot compile the trees ({type(err).__name__}: {err})") from err
-            baseline.append(base)
-        self.feature = np.concatenate(feature)
-        self.threshold = np.concatenate(threshold)
-        self.missing_left = np.concatenate(missing_left)
-        self.left = np.concatenate(left)
-        self.right = np.concatenate(right)
-        self.leaf = np.concatenate(leaf)
-        self.value = np.concatenate(value)
+        if len(widths) != 1:
+            raise ModelError(f"the models take different numbers of features: {sorted(widths)}")
+        self.n_features = widths.pop()
+        trees.sort(key=lambda t: -t[2])  # deepest first (stable: model order otherwise)
+        feature, threshold, right, value, roots, owner = [], [], [], [], [], []
+        offset = 0
+        for m, nodes, _ in trees:
+            is_leaf = nodes["is_leaf"].astype(bool)
+            order, pos = [0], {0: 0}  # breadth-first; pos: old node -> new position
+            for old in order:
+                if not is_leaf[old]:
+                    for child in (int(nodes["right"][old]), int(nodes["left"][old])):
+                        pos[child] = len(order)
+                        order.append(child)
+            for old in order:
+                if is_leaf[old]:
+                    feature.append(0)
+                    threshold.append(np.nan)
+                    right.append(offset + pos[old])
+                    value.append(float(nodes["value"][old]))
+                else:
+                    f = int(nodes["feature_idx"][old])
+                    feature.append(f if nodes["missing_go_to_left"][old] else f + self.n_features)
+                    threshold.append(float(nodes["num_threshold"][old]))
+                    right.append(offset + pos[int(nodes["right"][old])])
+                    value.append(0.0)
+            roots.append(offset)
+            owner.append(m)
+            offset += len(order)
+        self.feature = np.array(feature, dtype=np.int64)
+        self.threshold = np.array(threshold, dtype=np.float64)
+        self.right = np.array(right, dtype=np.int64)
+        self.value = np.array(value, dtype=np.float64)
         self.roots = np.array(roots, dtype=np.int64)
         self.owner = np.array(owner, dtype=np.int64)
         self.baseline = np.array(baseline)
         self.models = len(models)
-        # Leaves point to themselves, so a finished tree stays put in later rounds.
-        self.left[self.leaf] = np.flatnonzero(self.leaf)
-        self.right[self.leaf] = np.flatnonzero(self.leaf)
-        depth = [int(p.nodes["depth"].max()) for m in models for it in m._predictors for p in it]
-        self.depth = max(depth, default=0)
+        depth = np.array([d for _, _, d in trees], dtype=np.int64)
+        # Round r advances the trees deeper than r: the first active[r] of them.
+        self.active = [int(np.count_nonzero(depth > r)) for r in range(int(depth.max(initial=0)))]
+        self.depth = len(self.active)
 
     def raw(self, X: np.ndarray) -> np.ndarray:
         """Raw (link-space) predictions, shape (rows, models)."""
-        rows = np.arange(len(X))[:, None]
-        idx = np.broadcast_to(self.roots, (len(X), len(self.roots))).copy()
-        for _ in range(self.depth):
-            x = X[rows, self.feature[idx]]
-            go_left = np.where(np.isnan(x), self.missing_left[idx], x <= self.threshold[idx])
-            idx = np.where(go_left, self.left[idx], self.right[idx])
-        out = np.zeros((len(X), self.models))
-        leaf_values = self.value[idx]
-        for m in range(self.models):
-            out[:, m] = self.baseline[m] + leaf_values[:, self.owner == m].sum(axis=1)
-        return out
+        n, width = X.shape
+        if width != self.n_features:
+            raise ValueError(f"expected {self.n_features} feature columns, got {width}")
+        wide = np.empty((n, 2 * width))
+        wide[:, width:] = X
+        wide[:, :width] = X
+        np.copyto(wide[:, :width], -np.inf, where=np.isnan(X))
+        flat = wide.ravel()
+        feature, threshold, right = self.feature, self.threshold, self.right
+        add = np.add
+        if n == 1:
+            idx = self.roots.copy()
+            for k in self.active:
+                at = idx[:k]
+                add(right[at], flat[feature[at]] <= threshold[at], out=at)
+            keys = self.owner
+        else:
+            idx = np.tile(self.roots, (n, 1))
+            row_start = (np.arange(n) * (2 * width))[:, None]
+            for k in self.active:
+                at = idx[:, :k]
+                add(right[at], flat[feature[at] + row_start] <= threshold[at], out=at)
+            keys = (self.owner + self.models * np.arange(n)[:, None]).ravel()
+        sums = np.bincount(keys, weights=self.value[idx].ravel(), minlength=n * self.models)
+        return sums.reshape(n, self.models) + self.baseline
 
 
 class LifetimeModel:
@@ -266,7 +353,8 @@ class LifetimeModel:
     def predict(
         self, features: Sequence[Mapping[str, str]], uptime_s: Sequence[float] | np.ndarray
     ) -> LifetimeEstimates:
-        return self.predict_encoded(self.schema.encode(features), uptime_s)
+        uptime_h = np.asarray(uptime_s, dtype=np.float64) / HOUR_S
+        return self._predict(self.schema.encode(features, uptime_h.tolist()))
 
     def predict_expected(self, X: np.ndarray, uptime_s: Sequence[float] | np.ndarray):
         """Only E[remaining] (seconds) for encoded rows: what the placement policies use,
@@ -278,7 +366,10 @@ class LifetimeModel:
     def predict_encoded(self, X: np.ndarray, uptime_s: Sequence[float] | np.ndarray):
         """``X`` from ``schema.encode*``; re-predicting a VM reuses its row, new uptime."""
         uptime_h = np.asarray(uptime_s, dtype=np.float64).reshape(-1, 1) / HOUR_S
-        Xu = np.hstack([X, uptime_h])
+        return self._predict(np.hstack([X, uptime_h]))
+
+    def _predict(self, Xu: np.ndarray) -> LifetimeEstimates:
+        """Encoded rows with the uptime (hours) as the last column."""
         forest = self.compiled() if len(Xu) <= self.COMPILED_MAX_ROWS else None
         if forest is not None:
             raw = forest.raw(Xu)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -73,6 +74,9 @@ class PredictorService(predictor_pb2_grpc.PredictorServicer):
         self.model = model
         self.prior = UptimePrior()
         self.source = "model" if model is not None else "fallback"
+        # Metric children looked up once, not per call.
+        self._predictions = PREDICTIONS.labels(self.source)
+        self._predict_seconds = RPC_SECONDS.labels("PredictLifetime")
         if model is None:
             log.warning(
                 f"no lifetime model configured (set {MODEL_ENV}); answering with the "
@@ -86,7 +90,7 @@ class PredictorService(predictor_pb2_grpc.PredictorServicer):
     ) -> LifetimeEstimates:
         predictor = self.model if self.model is not None else self.prior
         estimates = predictor.predict(features, np.asarray(uptime_s, dtype=np.float64))
-        PREDICTIONS.labels(self.source).inc(len(features))
+        self._predictions.inc(len(features))
         return estimates
 
     @staticmethod
@@ -119,10 +123,12 @@ class PredictorService(predictor_pb2_grpc.PredictorServicer):
         queries = request.queries
         if not queries:
             return predictor_pb2.PredictLifetimeResponse()
-        features = [dict(q.features) for q in queries]
-        uptime = np.array([q.uptime_s for q in queries], dtype=np.float64)
-        if not np.all(np.isfinite(uptime)) or np.any(uptime < 0):
+        # The model reads the request's feature maps as they are (``.get`` only), no copy.
+        features = [q.features for q in queries]
+        uptimes = [q.uptime_s for q in queries]
+        if not all(0.0 <= u < math.inf for u in uptimes):  # NaN fails too
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "uptime_s must be >= 0")
+        uptime = np.array(uptimes, dtype=np.float64)
         if len(queries) > OFFLOAD_ROWS:
             est = await asyncio.to_thread(self.predict, features, uptime)
         else:
@@ -147,7 +153,7 @@ class PredictorService(predictor_pb2_grpc.PredictorServicer):
                 )
             ]
         )
-        RPC_SECONDS.labels("PredictLifetime").observe(time.perf_counter() - started)
+        self._predict_seconds.observe(time.perf_counter() - started)
         return reply
 
     async def FitGpa(self, request, context):

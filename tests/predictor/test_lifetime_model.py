@@ -9,6 +9,7 @@ import pytest
 from services.predictor.lifetime_model import (
     AUGMENT_GRID_S,
     MODEL_FORMAT,
+    CompiledForest,
     FeatureSchema,
     LifetimeModel,
     ModelError,
@@ -100,6 +101,53 @@ def test_compiled_trees_agree_with_scikit_learn(tiny_model, train_trace):
     assert np.allclose(fast.expected_remaining_s, slow.expected_remaining_s, rtol=1e-9)
     assert np.allclose(fast.quantiles_s, slow.quantiles_s, rtol=1e-9, atol=1e-6)
     assert np.allclose(tiny_model.predict_expected(X, uptime), slow.expected_remaining_s, rtol=1e-9)
+
+
+def test_fused_forest_equals_each_scikit_learn_model(tiny_model, train_trace):
+    """The four models' trees fused into one lock-step pass give each model's own raw
+    prediction, for one row and for batches, with values missing on either side."""
+    models = [tiny_model.mean_model, *tiny_model.quantile_models]
+    forest = CompiledForest(models)
+    assert forest.models == 4 and forest.active == sorted(forest.active, reverse=True)
+    X = tiny_model.schema.encode(
+        train_trace.feature_dicts(np.arange(64)),
+        np.random.default_rng(1).uniform(0, 100, 64).tolist(),
+    )
+    X[::5, 0] = np.nan
+    X[::7, :] = np.nan  # every feature and the uptime missing
+    X[1::9, -1] = np.nan
+    expected = np.stack([m._raw_predict(X)[:, 0] for m in models], axis=1)
+    one_by_one = np.concatenate([forest.raw(X[i : i + 1]) for i in range(len(X))])
+    np.testing.assert_allclose(one_by_one, expected, rtol=1e-9, atol=1e-12)
+    for rows in (2, 7, 32):
+        batched = np.concatenate([forest.raw(X[i : i + rows]) for i in range(0, len(X), rows)])
+        np.testing.assert_allclose(batched, expected, rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="feature columns"):
+        forest.raw(X[:1, :-1])
+
+
+def test_encode_with_uptime_is_the_encoding_plus_the_uptime_column(tiny_model, train_trace):
+    feats = [*train_trace.feature_dicts(np.arange(5)), {}, {"cores": "x", "user": "nobody"}]
+    uptime_h = [0.0, 1.0, 2.5, 3.0, 100.0, 4.0, 5.0]
+    X = tiny_model.schema.encode(feats)
+    np.testing.assert_array_equal(
+        tiny_model.schema.encode(feats, uptime_h), np.hstack([X, np.c_[uptime_h]])
+    )
+    assert np.isnan(X[5:]).all()  # missing, unseen and unparsable values
+    assert tiny_model.schema.encode([]).shape == (0, len(tiny_model.schema.names))
+    many = [*train_trace.feature_dicts(np.arange(100)), *feats]  # past ROW_WISE_MAX
+    hours = np.arange(len(many), dtype=np.float64).tolist()
+    assert len(many) > tiny_model.schema.ROW_WISE_MAX
+    np.testing.assert_array_equal(
+        tiny_model.schema.encode(many, hours),
+        np.vstack(
+            [tiny_model.schema.encode(many[i : i + 9], hours[i : i + 9]) for i in range(0, 107, 9)]
+        ),
+    )
+    fast = tiny_model.predict(feats, np.array(uptime_h) * H)
+    via_encoded = tiny_model.predict_encoded(X, np.array(uptime_h) * H)
+    np.testing.assert_array_equal(fast.quantiles_s, via_encoded.quantiles_s)
+    np.testing.assert_array_equal(fast.expected_remaining_s, via_encoded.expected_remaining_s)
 
 
 def test_save_and_load_round_trip(tiny_model, tiny_model_path, train_trace):
