@@ -100,3 +100,69 @@ def test_main_reads_usage_from_csv(tmp_path: Path, capsys):
     assert "30 tasks x 12 realisations" in capsys.readouterr().out
     assert gpa_eval.main(_args("--usage-csv", str(tmp_path / "missing.csv"))) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def _row(method: str, param: float, m: float, q: float, violations: int = 100) -> dict:
+    rel = (q - param) / param if method == "gpa" else None
+    return {"method": method, "param": param, "m": m, "q": q, "rel_error": rel,
+            "machines": 10 * m, "violations": violations}  # fmt: skip
+
+
+def test_at_comparable_q_reads_gpa_curve_at_perc_95s_q():
+    rows = [
+        _row("gpa", 1e-3, 1.5, 1e-3),
+        _row("gpa", 1e-6, 1.9, 1e-5),
+        _row("gpa", 1e-9, 2.5, 0.0, violations=0),  # no place on a log-q curve
+        _row("perc", 90.0, 1.9, 1e-4),
+        _row("perc", 95.0, 2.3, 1e-4, violations=12),
+    ]
+    cmp = gpa_eval.at_comparable_q(rows)
+    assert cmp["nearest"]["param"] == 1e-3  # 1 decade away; 1e-6 is 1 decade too, later
+    assert cmp["gpa_m_at_q"] == pytest.approx(1.7)  # halfway in log q between 1e-3 and 1e-5
+    assert cmp["gpa_q_range"] == (1e-5, 1e-3)
+    lines = gpa_eval.format_comparable_q(cmp)
+    assert "12 violating machine-steps, few: a rough q" in lines[0]
+    assert lines[1].endswith("m=1.700 vs perc 95 m=2.300: 26.1% fewer machines")
+    target = gpa_eval.check_targets(rows)[-1]
+    assert target[0] == "GPA fewer machines than perc 95 at comparable q" and target[1] is True
+    # Out of GPA's range: no interpolation, no verdict unless a row is within 2x.
+    rows[-1] = _row("perc", 95.0, 2.3, 1e-7)
+    cmp = gpa_eval.at_comparable_q(rows)
+    assert (
+        cmp["gpa_m_at_q"] is None and "cannot interpolate" in gpa_eval.format_comparable_q(cmp)[1]
+    )
+    assert gpa_eval.check_targets(rows)[-1][1] is None
+    assert gpa_eval.at_comparable_q([r for r in rows if r["method"] != "perc"]) is None
+    no_violation = [_row("gpa", 1e-3, 1.5, 0.0, violations=0), rows[-1]]
+    cmp = gpa_eval.at_comparable_q(no_violation)
+    assert (
+        cmp["nearest"] is None
+        and "no GPA row has a violation" in gpa_eval.format_comparable_q(cmp)[0]
+    )
+    assert gpa_eval.check_targets(no_violation) == []
+
+
+def test_extra_rho_adds_gpa_rows_of_the_same_schema(tmp_path: Path, capsys):
+    out = tmp_path / "out"
+    args = _args("--instances", "2", "--tasks", "400", "--realisations", "40",
+                 "--extra-rho", "1e-5,1e-7", "--out", str(out))  # fmt: skip
+    assert args.extra_rho == [1e-5, 1e-7]
+    assert gpa_eval.main(args) == 0
+    rows = json.loads((out / "gpa.json").read_text())
+    assert len(rows) == 18
+    assert [r["param"] for r in rows if r["method"] == "gpa"] == [
+        0.1,
+        0.05,
+        0.01,
+        0.001,
+        1e-5,
+        1e-7,
+    ]
+    assert {frozenset(r) for r in rows} == {frozenset(rows[0])}
+    for row in rows:
+        assert (row["violations"] > 0) == (row["q"] > 0)
+    printed = capsys.readouterr().out
+    assert "1e-07" in printed and "at comparable q: perc 95 m=" in printed
+    for bad in ("0", "1e-5,x", "2"):
+        with pytest.raises(SystemExit):
+            _args("--extra-rho", bad)
