@@ -43,6 +43,6 @@ def test_bench_predict_json(tiny_model_path, capsys):
     assert main([*argv, "--rpcs", "50", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["inprocess_batch"] == 300 and result["sidecar_rpcs"] == 50
-    assert result["inprocess_us_per_vm"] > 0
+    assert result["inprocess_us_per_vm"] > 0 and result["inprocess_one_vm_us"] > 0
     assert 0 < result["sidecar_p50_ms"] <= result["sidecar_p99_ms"]
     assert main(["bench", "predict", "--model", str(tiny_model_path), "--batch", "0"]) == 2
