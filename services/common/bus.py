@@ -158,6 +158,12 @@ class Bus(abc.ABC):
     async def enqueue(self, queue: str, body: bytes) -> None:
         """Store ``body`` durably at the tail of ``queue``; returns once the broker confirmed."""
 
+    @property
+    @abc.abstractmethod
+    def can_enqueue(self) -> bool:
+        """Whether an enqueue could be sent now (connected, channel open). A cheap check
+        before work that assumes the enqueue will be tried; True promises no confirm."""
+
     async def enqueue_many(self, queue: str, bodies: Sequence[bytes]) -> None:
         """Enqueue concurrently; returns once every body is confirmed, or raises the first error.
 
@@ -244,6 +250,11 @@ class RabbitBus(Bus):
         with contextlib.suppress(*_GONE):
             async with asyncio.timeout(_CLOSE_TIMEOUT_S):
                 await connection.close()
+
+    @property
+    def can_enqueue(self) -> bool:
+        # A robust channel reads as closed while its connection is being re-established.
+        return self._confirmed is not None and not self._confirmed.is_closed
 
     def _require(self) -> AbstractRobustConnection:
         if self._connection is None:
@@ -627,6 +638,10 @@ class InMemoryBus(Bus):
         await asyncio.gather(
             *(sub.cancel() for sub in list(self._subscriptions)), return_exceptions=True
         )
+
+    @property
+    def can_enqueue(self) -> bool:
+        return self._connected
 
     def _require(self) -> None:
         if not self._connected:

@@ -6,7 +6,7 @@ never spins on a full federation; a state change puts them back, oldest first.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -48,6 +48,19 @@ class UserQueues(Generic[T]):
                 parked.extend(self._ready[name])
                 self._ready[name], self._parked[name] = parked, deque()
         return moved
+
+    def remove(self, queue: str, drop: Callable[[T], bool]) -> list[T]:
+        """Take out every item of ``queue``, ready or parked, for which ``drop`` is true
+        (a job withdrawn); the rest keep their order. O(items in the queue)."""
+        dropped: list[T] = []
+        for held in (self._ready, self._parked):
+            items = held.get(queue)
+            if items:
+                kept: deque[T] = deque()
+                for item in items:
+                    (dropped if drop(item) else kept).append(item)
+                held[queue] = kept
+        return dropped
 
     def pop_round(self, per_queue: int) -> list[tuple[str, T]]:
         """Up to ``per_queue`` items from each non-empty queue, starting after the queue

@@ -206,6 +206,14 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # Before the durable enqueue, so the prediction travels with the task; bounded by
         # a short deadline and skipped while the sidecar is down.
         await self.predictions.annotate(batch.tasks)
+        if not self.bus.can_enqueue:
+            # Known before anything is scheduled: refuse the job whole (a failure found
+            # only while publishing is handled below, after tasks may have launched).
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"the broker is unreachable: job {job_id} was not queued, nothing of it "
+                "runs; retry it",
+            )
         queued = time.time_ns()
         for task in batch.tasks:
             task.timestamps.queued_unix_nanos = queued
@@ -234,6 +242,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         early = len(pending) <= SCHEDULE_BEFORE_CONFIRM
         if early:
             self._push(queue, pending)
+            # Two turns of the loop: the scheduling round runs, then the launch it spawned
+            # writes to the LM, before the publish below, which frames and writes the
+            # message (a few hundred µs of CPU) before it first yields.
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
         try:
             await self.bus.enqueue(user_queue(queue), body)
             if not early:
@@ -242,7 +255,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             # Unknown whether the broker stored it (a lost confirm, a client gone). Tasks
             # not launched yet are dropped here; if the message was stored after all, its
             # delivery is then scheduled like a redelivered one, skipping what launched.
+            # Those still queued here go now; one out at an LM is dropped if it comes back.
             local.cancelled = True
+            for item in self.queues.remove(queue, lambda item: item.batch is local):
+                self._event(item.task, common_pb2.TASK_STATE_REJECTED, "the broker refused it")
             log.warning(
                 "enqueue failed; dropping the job's unlaunched tasks",
                 extra={"job_id": job_id, "error": repr(err)},

@@ -152,6 +152,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         reply: dict = {"results": results}
         if rejected:
             reply["state"] = self._state_proto(request.known_version or None)
+        # One turn of the loop, so the workers' streams write the starts just queued
+        # before this reply is framed and written: the starts are on the tasks' path.
+        await asyncio.sleep(0)
         return reply
 
     async def Preempt(self, request, context):

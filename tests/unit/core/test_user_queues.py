@@ -34,3 +34,19 @@ def test_retry_goes_to_the_front_and_unknown_queues_are_added():
     q.push_front("a", 0)
     q.push("late", 9)
     assert q.pop_round(5) == [("a", 0), ("a", 1), ("late", 9)]
+
+
+def test_remove_takes_matching_items_ready_and_parked_and_keeps_the_rest_in_order():
+    q = UserQueues(["a", "b"])
+    for i in range(6):
+        q.push("a", i)
+    q.push("b", 1)
+    assert q.pop_round(3) == [("a", 0), ("a", 1), ("a", 2), ("b", 1)]
+    q.park("a", 0)
+    q.park("a", 1)
+    assert q.remove("a", lambda item: item % 2 == 1) == [3, 5, 1]
+    assert q.remove("missing", lambda item: True) == []
+    assert q.pending("a") == 2 and q.parked("a") == 1
+    assert q.pop_round(5) == [("a", 4)]
+    assert q.unpark() == 1
+    assert q.pop_round(5) == [("a", 0)]
