@@ -85,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--service-log-level", default="INFO", help="log level of the started services"
     )
+    bench.add_argument(
+        "--submit",
+        choices=("stream", "unary"),
+        default="stream",
+        help="stream: jobs go over one SubmitStream per GM (default); unary: one SubmitJob "
+        "call per job, as `megha submit` does",
+    )
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(f"loadgen.{name}").add_subcommand(commands)
     return parser
@@ -138,6 +145,7 @@ def _bench_live(args: argparse.Namespace) -> int:
         cpu_milli=args.cpu_milli,
         memory_mb=args.memory_mb,
         service_log_level=args.service_log_level,
+        submit=args.submit,
     )
     try:
         return run(options) if len(rates) == 1 else bench_sweep.run(options, rates)

@@ -23,6 +23,18 @@ def _sizes(text: str) -> tuple[int, ...]:
     return sizes
 
 
+def _rates(text: str) -> tuple[float, ...]:
+    try:
+        rates = tuple(float(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+    if not rates or min(rates) < 0 or max(rates) > 100_000:
+        raise argparse.ArgumentTypeError("rates must be in 0..100000 (0 = back to back)")
+    return rates
+
+
 def _add_config(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
@@ -120,6 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--batch", type=int, default=10_000, help="in-process batch size")
     bp.add_argument("--rpcs", type=int, default=2_000, help="sidecar round trips timed")
     bp.add_argument("--json", action="store_true", help="print JSON instead of text")
+    bh = bench_kinds.add_parser(
+        "hops",
+        help="one message between two processes: asyncio TCP vs gRPC unary vs gRPC stream",
+    )
+    bh.add_argument(
+        "--rates",
+        type=_rates,
+        default=(200.0, 0.0),
+        help="round trips per second, comma-separated; 0 = back to back (default 200,0)",
+    )
+    bh.add_argument("--count", type=int, default=2000, help="round trips timed per run")
+    bh.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
 
 
@@ -140,6 +164,8 @@ def _add_predictor_train(p: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench":
+        if args.bench == "hops":
+            return _bench_hops(args)
         return _bench_predict(args) if args.bench == "predict" else _bench(args)
     if args.command == "predictor" and args.action == "train":
         return _predictor_train(args)
@@ -180,6 +206,16 @@ def _bench(args: argparse.Namespace) -> int:
         return 2
     results = bench_match(args.nodes, args.constraints, args.samples, args.policy, args.seed)
     print(render_match(results, args.json))
+    return 0
+
+
+def _bench_hops(args: argparse.Namespace) -> int:
+    from services.bench_hops import bench_hops, render_hops
+
+    if args.count < 1:
+        print("megha: --count must be >= 1", file=sys.stderr)
+        return 2
+    print(render_hops(bench_hops(args.rates, args.count), args.json))
     return 0
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from services._proto.megha.v1 import common_pb2, global_master_pb2, global_master_pb2_grpc
 from services.common.convert import resources_to_proto
+from services.common.request_stream import Submitter
 from services.common.server import channel
 
 STATE_NAMES = {
@@ -47,10 +48,14 @@ class TaskTemplate:
 
 
 class GlobalMasterClient:
-    def __init__(self, target: str):
+    """``streaming=True`` sends jobs over one ``SubmitStream`` instead of a ``SubmitJob``
+    call each: the same answers and errors, for about half the CPU and round trip."""
+
+    def __init__(self, target: str, streaming: bool = False):
         self.target = target
         self._channel = channel(target)
         self.stub = global_master_pb2_grpc.GlobalMasterStub(self._channel)
+        self._submitter = Submitter(self.stub) if streaming else None
 
     async def __aenter__(self) -> GlobalMasterClient:
         return self
@@ -59,6 +64,8 @@ class GlobalMasterClient:
         await self.close()
 
     async def close(self) -> None:
+        if self._submitter is not None:
+            await self._submitter.close()
         await self._channel.close()
 
     async def submit(
@@ -72,6 +79,8 @@ class GlobalMasterClient:
                 task.timestamps.submitted_unix_nanos = now
             stamped.append(task)
         request = global_master_pb2.SubmitJobRequest(job_id=job_id, queue=queue, tasks=stamped)
+        if self._submitter is not None:
+            return await self._submitter.request(request, timeout=30)
         return await self.stub.SubmitJob(request, timeout=30)
 
     async def job(self, job_id: str) -> global_master_pb2.Job:

@@ -74,6 +74,9 @@ TopicHandler = Callable[[str, bytes], Awaitable[None]]
 # Unacked messages a fan-out/topic subscription without TTL may hold client-side. Bounded,
 # so a slow subscriber's backlog stays in the broker rather than in our memory.
 _STREAM_PREFETCH = 256
+# Such a subscription acks what it handled at most this often, with one multiple-ack, not
+# one ack per message (each is a frame to write and for the broker to process).
+_STREAM_ACK_EVERY_S = 0.05
 # Bound on the broker round trips of cancel/close, so shutdown never hangs on a dead broker.
 _CLOSE_TIMEOUT_S = 5.0
 # Errors that mean "this channel or connection is gone"; the broker requeues what we held.
@@ -466,17 +469,44 @@ class _RabbitStream(_RabbitSubscription):
         self._inbox.put_nowait((message, time.monotonic()))
 
     async def _pump(self) -> None:
-        while not self._cancelled:
-            message, received = await self._inbox.get()
+        # With a TTL (prefetch 1) each message is acked after its handler, so the next one
+        # waits (and expires) in the broker while the handler is busy. Without one, acks
+        # are gathered: the newest handled message is acked with multiple=True (which
+        # covers every earlier one) once _STREAM_ACK_EVERY_S has passed, or when the
+        # prefetch window is half used.
+        batched = self._ttl_s is None
+        unacked: AbstractIncomingMessage | None = None
+        count, due = 0, 0.0
+        while not self._cancelled:  # (what is unacked at the end goes with the queue)
+            if unacked is not None:
+                try:
+                    async with asyncio.timeout(max(0.0, due - time.monotonic())):
+                        message, received = await self._inbox.get()
+                except TimeoutError:
+                    await self._ack(unacked, multiple=True)
+                    unacked = None
+                    continue
+            else:
+                message, received = await self._inbox.get()
             if not self._expired(message, received):
                 try:
                     await self._call(message.routing_key or "", message.body)
                 except Exception:
                     log.exception("handler for %s failed; message dropped", self._name)
-            # Acked after the handler, so with prefetch 1 the next message waits (and
-            # expires) in the broker while the handler is busy.
-            with contextlib.suppress(*_GONE):
-                await message.ack()
+            if not batched:
+                await self._ack(message)
+                continue
+            if unacked is None:
+                count, due = 0, time.monotonic() + _STREAM_ACK_EVERY_S
+            unacked, count = message, count + 1
+            if count >= _STREAM_PREFETCH // 2 or time.monotonic() >= due:
+                await self._ack(unacked, multiple=True)
+                unacked = None
+
+    @staticmethod
+    async def _ack(message: AbstractIncomingMessage, multiple: bool = False) -> None:
+        with contextlib.suppress(*_GONE):
+            await message.ack(multiple=multiple)
 
     def _expired(self, message: AbstractIncomingMessage, received: float) -> bool:
         """Whether it waited here longer than its TTL (only possible with prefetch > 1).

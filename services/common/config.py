@@ -93,7 +93,7 @@ class FederationConfig(_Model):
     )
     worker_timeout_s: float = Field(10.0, gt=0, description="Silence before a worker is dead.")
     event_batch_s: float = Field(
-        0.02,
+        0.05,
         ge=0,
         le=1,
         description="An LM gathers task lifecycle events this long into one message: fewer, "

@@ -41,6 +41,7 @@ from services.common.convert import (
     snapshot_from_proto,
     task_to_spec,
 )
+from services.common.request_stream import Launcher
 from services.common.server import channel
 from services.core.constraints import ConstraintError
 from services.core.fairness import FairShare, QueueShare, dominant_share
@@ -50,7 +51,6 @@ from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
 from services.global_master.jobs import JobBook
-from services.global_master.launcher import Launcher
 from services.global_master.predictions import LifetimePredictions
 from services.local_master.service import EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, user_queue
 
@@ -80,6 +80,15 @@ class Batch:
 def _message_key(batch: common_pb2.TaskBatch) -> tuple:
     """Tells one queue message from any other: a re-queued task is a new attempt."""
     return (batch.job_id, tuple((t.task_id, t.attempt) for t in batch.tasks))
+
+
+class Refused(Exception):
+    """A submission turned down: the gRPC status and the reason the client is given."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(code, details)
+        self.code = code
+        self.details = details
 
 
 @dataclass(eq=False)
@@ -162,22 +171,78 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
     # ------------------------------------------------------------ client API
     async def SubmitJob(self, request, context):
+        try:
+            return await self._submit(request)
+        except Refused as refused:
+            await context.abort(refused.code, refused.details)
+
+    async def SubmitStream(self, request_iterator, context):
+        """Jobs as stream messages, each handled as its own SubmitJob (concurrently: one
+        waiting for its broker confirm does not hold up the next); answers in any order."""
+        answers: asyncio.Queue = asyncio.Queue()
+        done_reading = object()
+
+        async def handle(message) -> None:
+            reply = global_master_pb2.SubmitStreamResponse(request_id=message.request_id)
+            try:
+                reply.submit.CopyFrom(await self._submit(message.submit))
+            except Refused as refused:
+                reply.error_code = refused.code.value[0]
+                reply.error_message = refused.details
+            except Exception as err:  # answered, so the client's request does not hang
+                log.exception("SubmitStream request failed")
+                reply.error_code = grpc.StatusCode.INTERNAL.value[0]
+                reply.error_message = repr(err)
+            answers.put_nowait(reply)
+
+        outstanding = 0
+
+        async def read() -> None:
+            nonlocal outstanding
+            try:
+                async for message in request_iterator:
+                    outstanding += 1
+                    # Not tied to the stream: a job being queued finishes queueing even if
+                    # the client goes (it learns of it through GetJob, as after a lost
+                    # unary answer).
+                    self._spawn(handle(message))
+            except Exception as err:  # the stream broke; answers still owed are dropped
+                log.debug("SubmitStream ended", extra={"error": repr(err)})
+            finally:
+                answers.put_nowait(done_reading)
+
+        reader = asyncio.create_task(read())
+        reading = True
+        try:
+            while reading or outstanding:
+                answer = await answers.get()
+                if answer is done_reading:
+                    reading = False
+                    continue
+                outstanding -= 1
+                yield answer
+        finally:
+            reader.cancel()
+
+    async def _submit(self, request) -> global_master_pb2.SubmitJobResponse:
+        """Queue one job, or raise ``Refused`` (what the client is told) having changed
+        nothing."""
         now = time.time_ns()
         if not request.tasks:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a job needs at least one task")
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "a job needs at least one task")
         if len(request.tasks) > MAX_TASKS_PER_JOB:
-            await context.abort(
+            raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"a job may have at most {MAX_TASKS_PER_JOB} tasks, got {len(request.tasks)}",
             )
         queue = request.queue or self.config.effective_queues()[0].name
         if self.config.queue(queue) is None:
             known = ", ".join(q.name for q in self.config.effective_queues())
-            await context.abort(
+            raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT, f"unknown queue {queue!r}; known: {known}"
             )
         if not self.view.lms:
-            await context.abort(
+            raise Refused(
                 grpc.StatusCode.UNAVAILABLE, "no Local Master heard from yet; retry shortly"
             )
         job_id = request.job_id or uuid.uuid4().hex[:12]
@@ -190,10 +255,12 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             try:
                 spec = task_to_spec(task, self.config.num_constraints)
             except (ResourceError, ConstraintError, ValueError) as err:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"task {task.task_id}: {err}")
+                raise Refused(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"task {task.task_id}: {err}"
+                ) from None
             never = self.view.infeasible(spec)
             if never is not None:
-                await context.abort(
+                raise Refused(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"task {task.task_id} can never run here: {never}",
                 )
@@ -202,14 +269,14 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 task.timestamps.submitted_unix_nanos = now
         ids = [t.task_id for t in batch.tasks]
         if len(set(ids)) != len(ids):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "task ids must be unique")
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "task ids must be unique")
         # Before the durable enqueue, so the prediction travels with the task; bounded by
         # a short deadline and skipped while the sidecar is down.
         await self.predictions.annotate(batch.tasks)
         if not self.bus.can_enqueue:
             # Known before anything is scheduled: refuse the job whole (a failure found
             # only while publishing is handled below, after tasks may have launched).
-            await context.abort(
+            raise Refused(
                 grpc.StatusCode.UNAVAILABLE,
                 f"the broker is unreachable: job {job_id} was not queued, nothing of it "
                 "runs; retry it",
@@ -264,11 +331,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 extra={"job_id": job_id, "error": repr(err)},
             )
             if isinstance(err, Exception):
-                await context.abort(
+                raise Refused(
                     grpc.StatusCode.UNAVAILABLE,
                     f"the broker did not confirm job {job_id} ({err!r}); its tasks that "
                     "had not launched yet were dropped (GetJob shows which ran): retry those",
-                )
+                ) from err
             raise
         return global_master_pb2.SubmitJobResponse(job_id=job_id, task_ids=ids)
 

@@ -19,9 +19,9 @@ import yaml
 
 from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
 from services.client import GlobalMasterClient
-from services.common.bus import RabbitBus
+from services.common.bus import InMemoryBroker, RabbitBus, make_bus
 from services.common.config import FederationConfig, parse_config
-from services.common.runner import wait_all_healthy
+from services.common.runner import running_gm, running_lm, running_workers, wait_all_healthy
 from services.common.server import channel
 from services.operator import Children, start_federation, wait_until_ready
 
@@ -202,3 +202,48 @@ def by_node(events: list[common_pb2.TaskEvent]) -> dict[str, list[str]]:
         if e.state == common_pb2.TASK_STATE_RUNNING:
             out[e.node_id].append(e.task_id)
     return out
+
+
+@contextlib.asynccontextmanager
+async def embedded_federation(prefix: str):
+    """In this process on the in-memory bus (as ``megha up --embedded``): one GM, one LM
+    with two workers of 4 CPUs. Yields (config, the GM, the GM's bus, a client)."""
+    gm_port, lm_port = free_ports(2)
+    config = parse_config(
+        {
+            "gms": [{"id": "gm-1", "port": gm_port}],
+            "lms": [{"id": "lm-1", "port": lm_port}],
+            "workers": [{"lm": "lm-1", "count": 2, "capacity": "cpu=4,mem=8Gi"}],
+            "heartbeat_interval_s": 0.2,
+            "exchange_prefix": prefix,
+        },
+        env={},
+    )
+    broker = InMemoryBroker()
+    async with (
+        make_bus("memory://", broker=broker) as lm_bus,
+        running_lm(config, "lm-1", lm_bus),
+        running_workers(config, None, None),
+        make_bus("memory://", broker=broker) as gm_bus,
+        running_gm(config, "gm-1", gm_bus) as gm,
+        GlobalMasterClient(config.gm("gm-1").target) as client,
+    ):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # the GM knows the LM and both workers
+            view = await client.cluster()
+            if sum(p.node_count for lm in view.lms for p in lm.partitions) == 2:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the GM never saw the workers")
+        yield config, gm, gm_bus, client
+
+
+async def lm_knows(config, task_ids: list[str]) -> list[str]:
+    """Which of ``task_ids`` lm-1 has ever booked."""
+    async with channel(config.lm("lm-1").target) as ch:
+        stub = local_master_pb2_grpc.LocalMasterStub(ch)
+        known = await stub.LookupTasks(
+            local_master_pb2.LookupTasksRequest(task_ids=task_ids), timeout=5
+        )
+    return [t.task_id for t in known.tasks]

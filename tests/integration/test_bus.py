@@ -238,6 +238,27 @@ async def test_topic_bindings_route_by_wildcard(new_bus: BusFactory) -> None:
     ]
 
 
+async def test_a_topic_subscription_keeps_receiving_past_its_prefetch_window(
+    new_bus: BusFactory,
+) -> None:
+    # Its acks are gathered (one multiple-ack per batch): had they stopped, RabbitMQ
+    # would deliver no more than the prefetch window (256) and this would stall there.
+    publisher, subscriber = await new_bus(), await new_bus()
+    got: list[bytes] = []
+
+    async def handler(_key: str, body: bytes) -> None:
+        got.append(body)
+
+    await subscriber.subscribe_topic(EVENTS, "task.#", handler)
+    bodies = [str(i).encode() for i in range(700)]
+    for i, body in enumerate(bodies):
+        await publisher.publish_topic(EVENTS, "task.lm-1", body)
+        if i % 100 == 0:
+            await asyncio.sleep(0.06)  # a pause: the pending ack goes out on time
+    await wait_until(lambda: len(got) >= len(bodies))
+    assert got == bodies
+
+
 # --------------------------------------------------------------------------- work queues
 
 

@@ -11,10 +11,10 @@ from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_
 from services.common.bus import make_bus
 from services.common.config import parse_config
 from services.common.convert import resources_to_proto
+from services.common.request_stream import Launcher
 from services.common.runner import running_lm
 from services.common.server import channel
 from services.core.resources import resources
-from services.global_master.launcher import Launcher
 from tests.integration.harness import free_ports
 
 pytestmark = pytest.mark.integration

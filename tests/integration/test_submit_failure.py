@@ -7,7 +7,6 @@ the GM's bus is then closed, so its enqueue fails for real.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 import grpc
@@ -16,64 +15,14 @@ import pytest
 from services._proto.megha.v1 import (
     common_pb2,
     global_master_pb2,
-    local_master_pb2,
-    local_master_pb2_grpc,
 )
-from services.client import GlobalMasterClient
-from services.common.bus import InMemoryBroker, make_bus
-from services.common.config import parse_config
-from services.common.runner import running_gm, running_lm, running_workers
-from services.common.server import channel
-from tests.integration.harness import free_ports, sim_tasks
+from tests.integration.harness import embedded_federation, lm_knows, sim_tasks
 
 pytestmark = pytest.mark.integration
 
 
-@contextlib.asynccontextmanager
-async def federation(prefix: str):
-    """One GM, one LM with two workers of 4 CPUs; yields (config, GM, its bus, client)."""
-    gm_port, lm_port = free_ports(2)
-    config = parse_config(
-        {
-            "gms": [{"id": "gm-1", "port": gm_port}],
-            "lms": [{"id": "lm-1", "port": lm_port}],
-            "workers": [{"lm": "lm-1", "count": 2, "capacity": "cpu=4,mem=8Gi"}],
-            "heartbeat_interval_s": 0.2,
-            "exchange_prefix": prefix,
-        },
-        env={},
-    )
-    broker = InMemoryBroker()
-    async with (
-        make_bus("memory://", broker=broker) as lm_bus,
-        running_lm(config, "lm-1", lm_bus),
-        running_workers(config, None, None),
-        make_bus("memory://", broker=broker) as gm_bus,
-        running_gm(config, "gm-1", gm_bus) as gm,
-        GlobalMasterClient(config.gm("gm-1").target) as client,
-    ):
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:  # the GM knows the LM and both workers
-            view = await client.cluster()
-            if sum(p.node_count for lm in view.lms for p in lm.partitions) == 2:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("the GM never saw the workers")
-        yield config, gm, gm_bus, client
-
-
-async def lm_knows(config, task_ids: list[str]) -> list[str]:
-    async with channel(config.lm("lm-1").target) as ch:
-        stub = local_master_pb2_grpc.LocalMasterStub(ch)
-        known = await stub.LookupTasks(
-            local_master_pb2.LookupTasksRequest(task_ids=task_ids), timeout=5
-        )
-    return [t.task_id for t in known.tasks]
-
-
 async def test_a_job_submitted_while_the_broker_is_unreachable_is_refused_whole():
-    async with federation("submit-unreachable") as (config, _gm, gm_bus, client):
+    async with embedded_federation("submit-unreachable") as (config, _gm, gm_bus, client):
         ok = await client.submit(sim_tasks(1, 0.05), job_id="fine")
         assert ok.task_ids == ["fine.0"]
 
@@ -103,7 +52,7 @@ class Context:
 
 
 async def test_a_publish_that_fails_drops_the_tasks_that_had_not_launched():
-    async with federation("submit-failure") as (config, gm, gm_bus, client):
+    async with embedded_federation("submit-failure") as (config, gm, gm_bus, client):
         # Both workers full for a second: the next task has to wait in the GM's queue.
         await client.submit(sim_tasks(2, 1.0, cpu_milli=4000), job_id="hog")
         deadline = time.monotonic() + 10

@@ -19,3 +19,17 @@ def test_bench_match_table_and_bad_input(capsys):
     assert "p50 us" in out and "300" in out
     assert main(["bench", "match", "--nodes", "300", "--constraints", "99"]) == 2
     assert "--constraints must be in 1..64" in capsys.readouterr().err
+
+
+def test_bench_hops_times_each_transport_at_each_rate(capsys):
+    assert main(["bench", "hops", "--rates", "0,500", "--count", "30", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["transport"], r["rate"]) for r in rows] == [
+        (t, rate) for rate in (0.0, 500.0) for t in ("tcp", "unary", "stream")
+    ]
+    for row in rows:
+        assert row["round_trips"] == 30
+        assert 0 < row["rtt_p50_ms"] <= row["rtt_p99_ms"]
+        assert row["client_cpu_us"] >= 0 and row["server_cpu_us"] >= 0
+    assert main(["bench", "hops", "--count", "0"]) == 2
+    assert "--count must be >= 1" in capsys.readouterr().err

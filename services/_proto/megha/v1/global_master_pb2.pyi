@@ -79,6 +79,63 @@ class SubmitJobResponse(_message.Message):
 Global___SubmitJobResponse: _TypeAlias = SubmitJobResponse  # noqa: Y015
 
 @_typing.final
+class SubmitStreamRequest(_message.Message):
+    """One job on a SubmitStream; request_id pairs it with its answer."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    SUBMIT_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
+    @_builtins.property
+    def submit(self) -> Global___SubmitJobRequest: ...
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.int = ...,
+        submit: Global___SubmitJobRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["submit", b"submit"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "submit", b"submit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitStreamRequest: _TypeAlias = SubmitStreamRequest  # noqa: Y015
+
+@_typing.final
+class SubmitStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    SUBMIT_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
+    error_code: _builtins.int
+    """Otherwise the gRPC status code (an int of grpc.StatusCode) and why."""
+    error_message: _builtins.str
+    @_builtins.property
+    def submit(self) -> Global___SubmitJobResponse:
+        """Set when the job was queued."""
+
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.int = ...,
+        submit: Global___SubmitJobResponse | None = ...,
+        error_code: _builtins.int = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["submit", b"submit"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "request_id", b"request_id", "submit", b"submit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitStreamResponse: _TypeAlias = SubmitStreamResponse  # noqa: Y015
+
+@_typing.final
 class GetJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

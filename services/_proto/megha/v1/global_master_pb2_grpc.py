@@ -40,6 +40,11 @@ class GlobalMasterStub:
                 request_serializer=megha_dot_v1_dot_global__master__pb2.SubmitJobRequest.SerializeToString,
                 response_deserializer=megha_dot_v1_dot_global__master__pb2.SubmitJobResponse.FromString,
                 _registered_method=True)
+        self.SubmitStream = channel.stream_stream(
+                '/megha.v1.GlobalMaster/SubmitStream',
+                request_serializer=megha_dot_v1_dot_global__master__pb2.SubmitStreamRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_global__master__pb2.SubmitStreamResponse.FromString,
+                _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/megha.v1.GlobalMaster/GetJob',
                 request_serializer=megha_dot_v1_dot_global__master__pb2.GetJobRequest.SerializeToString,
@@ -64,6 +69,16 @@ class GlobalMasterServicer:
     def SubmitJob(self, request, context):
         """Queues a job. Returns only once every task is durably queued, so an
         acknowledged job survives a GM crash.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitStream(self, request_iterator, context):
+        """The same as SubmitJob on one long-lived stream, for clients that submit many
+        jobs (the load generator): a job costs a stream message instead of a call.
+        Requests are handled concurrently; each answer carries its request's id and
+        either the SubmitJobResponse or the error SubmitJob would have returned.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -96,6 +111,11 @@ def add_GlobalMasterServicer_to_server(servicer, server):
                     servicer.SubmitJob,
                     request_deserializer=megha_dot_v1_dot_global__master__pb2.SubmitJobRequest.FromString,
                     response_serializer=megha_dot_v1_dot_global__master__pb2.SubmitJobResponse.SerializeToString,
+            ),
+            'SubmitStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.SubmitStream,
+                    request_deserializer=megha_dot_v1_dot_global__master__pb2.SubmitStreamRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_global__master__pb2.SubmitStreamResponse.SerializeToString,
             ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
@@ -141,6 +161,33 @@ class GlobalMaster:
             '/megha.v1.GlobalMaster/SubmitJob',
             megha_dot_v1_dot_global__master__pb2.SubmitJobRequest.SerializeToString,
             megha_dot_v1_dot_global__master__pb2.SubmitJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/megha.v1.GlobalMaster/SubmitStream',
+            megha_dot_v1_dot_global__master__pb2.SubmitStreamRequest.SerializeToString,
+            megha_dot_v1_dot_global__master__pb2.SubmitStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -39,6 +39,12 @@ class GlobalMasterStub:
     """Queues a job. Returns only once every task is durably queued, so an
     acknowledged job survives a GM crash.
     """
+    SubmitStream: _grpc.StreamStreamMultiCallable[_global_master_pb2.SubmitStreamRequest, _global_master_pb2.SubmitStreamResponse]
+    """The same as SubmitJob on one long-lived stream, for clients that submit many
+    jobs (the load generator): a job costs a stream message instead of a call.
+    Requests are handled concurrently; each answer carries its request's id and
+    either the SubmitJobResponse or the error SubmitJob would have returned.
+    """
     GetJob: _grpc.UnaryUnaryMultiCallable[_global_master_pb2.GetJobRequest, _global_master_pb2.GetJobResponse]
     WatchJob: _grpc.UnaryStreamMultiCallable[_global_master_pb2.WatchJobRequest, _global_master_pb2.WatchJobResponse]
     """Streams the job's task events until every task reaches a terminal state."""
@@ -53,6 +59,12 @@ class GlobalMasterAsyncStub(GlobalMasterStub):
     SubmitJob: _aio.UnaryUnaryMultiCallable[_global_master_pb2.SubmitJobRequest, _global_master_pb2.SubmitJobResponse]  # type: ignore[assignment]
     """Queues a job. Returns only once every task is durably queued, so an
     acknowledged job survives a GM crash.
+    """
+    SubmitStream: _aio.StreamStreamMultiCallable[_global_master_pb2.SubmitStreamRequest, _global_master_pb2.SubmitStreamResponse]  # type: ignore[assignment]
+    """The same as SubmitJob on one long-lived stream, for clients that submit many
+    jobs (the load generator): a job costs a stream message instead of a call.
+    Requests are handled concurrently; each answer carries its request's id and
+    either the SubmitJobResponse or the error SubmitJob would have returned.
     """
     GetJob: _aio.UnaryUnaryMultiCallable[_global_master_pb2.GetJobRequest, _global_master_pb2.GetJobResponse]  # type: ignore[assignment]
     WatchJob: _aio.UnaryStreamMultiCallable[_global_master_pb2.WatchJobRequest, _global_master_pb2.WatchJobResponse]  # type: ignore[assignment]
@@ -71,6 +83,18 @@ class GlobalMasterServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_global_master_pb2.SubmitJobResponse, _abc.Awaitable[_global_master_pb2.SubmitJobResponse]]:
         """Queues a job. Returns only once every task is durably queued, so an
         acknowledged job survives a GM crash.
+        """
+
+    @_abc_1.abstractmethod
+    def SubmitStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_global_master_pb2.SubmitStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_global_master_pb2.SubmitStreamResponse], _abc.AsyncIterator[_global_master_pb2.SubmitStreamResponse]]:
+        """The same as SubmitJob on one long-lived stream, for clients that submit many
+        jobs (the load generator): a job costs a stream message instead of a call.
+        Requests are handled concurrently; each answer carries its request's id and
+        either the SubmitJobResponse or the error SubmitJob would have returned.
         """
 
     @_abc_1.abstractmethod

@@ -1,0 +1,68 @@
+"""SubmitStream: the same answers and errors as SubmitJob, many jobs on one stream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import grpc
+import pytest
+
+from services._proto.megha.v1 import common_pb2
+from services.client import GlobalMasterClient
+from tests.integration.harness import embedded_federation, sim_tasks
+
+pytestmark = pytest.mark.integration
+
+
+@contextlib.asynccontextmanager
+async def streaming_client(config):
+    async with GlobalMasterClient(config.gm("gm-1").target, streaming=True) as client:
+        yield client
+
+
+async def test_jobs_on_one_stream_are_answered_each_with_its_own_ids_and_all_run():
+    async with (
+        embedded_federation("submit-stream") as (config, _gm, _bus, _client),
+        streaming_client(config) as client,
+    ):
+        replies = await asyncio.gather(
+            *(
+                client.submit(sim_tasks(1 + i % 3, 0.05, cpu_milli=100), job_id=f"s{i}")
+                for i in range(30)
+            )
+        )
+        for i, reply in enumerate(replies):
+            assert reply.job_id == f"s{i}"
+            assert reply.task_ids == [f"s{i}.{k}" for k in range(1 + i % 3)]
+        deadline = time.monotonic() + 20
+        pending = {f"s{i}" for i in range(30)}
+        while pending and time.monotonic() < deadline:
+            for job_id in list(pending):
+                job = await client.job(job_id)
+                if all(t.state == common_pb2.TASK_STATE_SUCCEEDED for t in job.tasks):
+                    pending.discard(job_id)
+            await asyncio.sleep(0.1)
+        assert not pending, f"jobs that did not finish: {sorted(pending)}"
+
+
+async def test_a_refused_job_gets_the_unary_error_and_the_stream_goes_on():
+    bad = [
+        (sim_tasks(0, 0.05), "", grpc.StatusCode.INVALID_ARGUMENT),
+        (sim_tasks(1, 0.05), "nope", grpc.StatusCode.INVALID_ARGUMENT),
+        (sim_tasks(1, 0.05, cpu_milli=64_000), "", grpc.StatusCode.FAILED_PRECONDITION),
+    ]
+    async with (
+        embedded_federation("submit-stream-errors") as (config, _gm, _bus, unary),
+        streaming_client(config) as client,
+    ):
+        for tasks, queue, code in bad:
+            with pytest.raises(grpc.aio.AioRpcError) as streamed:
+                await client.submit(tasks, queue=queue, job_id="bad")
+            with pytest.raises(grpc.aio.AioRpcError) as called:
+                await unary.submit(tasks, queue=queue, job_id="bad")
+            assert streamed.value.code() == called.value.code() == code
+            assert streamed.value.details() == called.value.details()
+        ok = await client.submit(sim_tasks(1, 0.05, cpu_milli=100), job_id="after")
+        assert ok.task_ids == ["after.0"]
