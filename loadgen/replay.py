@@ -103,7 +103,7 @@ async def replay_jobs(
     if speedup <= 0:
         raise ValueError(f"speedup must be > 0, got {speedup}")
     progress = progress or Progress(enabled=False)
-    clients = [GlobalMasterClient(target) for target in gms]
+    clients = [GlobalMasterClient(target, streaming=True) for target in gms]
     view = await clients[0].cluster()
     workers = sum(p.node_count for lm in view.lms for p in lm.partitions)
     events = EventLog()
