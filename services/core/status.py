@@ -23,6 +23,7 @@ class PlacementStatus(enum.IntEnum):
     REJECTED_RESOURCES = 7
     REJECTED_VICTIMS = 8
     REJECTED_UNKNOWN_GM = 9
+    REJECTED_INVALID = 10  # the task is malformed for this LM; retrying cannot help
 
     @property
     def ok(self) -> bool:

@@ -75,6 +75,22 @@ class Batch:
     delivery: Delivery | None
     remaining: int
     cancelled: bool = False  # the broker refused it: its unlaunched tasks are dropped
+    out: int = 0  # its tasks in launch or preempt requests not answered yet
+    _landed: asyncio.Event | None = field(default=None, repr=False)
+
+    def launching(self) -> None:
+        self.out += 1
+
+    def landed(self) -> None:
+        self.out -= 1
+        if self.out == 0 and self._landed is not None:
+            self._landed.set()
+
+    async def all_landed(self) -> None:
+        """Until no request with a task of this message is still out at an LM."""
+        while self.out:
+            self._landed = asyncio.Event()
+            await self._landed.wait()
 
 
 def _message_key(batch: common_pb2.TaskBatch) -> tuple:
@@ -433,7 +449,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             return
         batch = Batch(delivery, remaining=len(batch_msg.tasks))
         # Redelivered, or stored although its submission failed here: some of its tasks
-        # may already run.
+        # may already run. Of a failed submission, launches still out must be answered
+        # first, or the LMs would not know of tasks about to start and they would run twice.
+        if local is not None:
+            await local.all_landed()
         check = delivery.redelivered or local is not None
         launched = await self._already_launched(batch_msg) if check else set()
         if batch.remaining == len(launched):
@@ -578,7 +597,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             groups[(placement.lm_id, placement.repartition)].append((item, placement))
             metrics.SCHEDULE_ATTEMPTS.labels(self.gm_id, "placed").inc()
         for (lm_id, repartition), items in groups.items():
-            self._spawn(self._send(lm_id, repartition, items))
+            self._spawn_launch([item for item, _ in items], self._send(lm_id, repartition, items))
 
     def _unplaceable(self, queue: str, item: Pending) -> str | None:
         """No node internal or external: fairness (Alg. 2), else wait for room.
@@ -593,7 +612,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 self._pledged.update(plan.victims.task_ids)
                 node = Placement(plan.lm_id, plan.victims.node, plan.node_id, False)
                 self.view.reserve(node, item.spec, now=time.monotonic())
-                self._spawn(self._preempt(queue, item, plan))
+                self._spawn_launch([item], self._preempt(queue, item, plan))
                 return None
             # Why fairness cannot help, then what the task waits for: "queue q1 is over
             # share (32% of 25%); waiting for resources: needs ...; largest free ...".
@@ -613,6 +632,21 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         task = asyncio.create_task(coro)
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
+
+    def _spawn_launch(self, items: list[Pending], coro) -> None:
+        """A request that may start ``items``: their messages count it as out until it
+        has been answered (see ``_on_delivery``)."""
+        for item in items:
+            item.batch.launching()
+
+        async def run() -> None:
+            try:
+                await coro
+            finally:
+                for item in items:
+                    item.batch.landed()
+
+        self._spawn(run())
 
     async def _send(self, lm_id: str, repartition: bool, items: list[tuple[Pending, Placement]]):
         stub = self._stubs[lm_id]
@@ -664,7 +698,14 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             metrics.INCONSISTENCIES.labels(self.gm_id, lm_id).inc()
             await self._apply_state(reply.state)
         for item, status, reason in rejected:
-            self._rejected(item, status, reason)
+            if status is PlacementStatus.REJECTED_INVALID:
+                # This LM cannot read the task (a federation file that differs between
+                # GM and LM): it can never run here, so it leaves its queue.
+                log.error("an LM refused a malformed task", extra={"lm": lm_id, "why": reason})
+                self._event(item.task, common_pb2.TASK_STATE_REJECTED, f"{lm_id}: {reason}")
+                await self._launched(item.batch)
+            else:
+                self._rejected(item, status, reason)
         if rejected:
             self._wake.set()
 

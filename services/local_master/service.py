@@ -40,6 +40,8 @@ from services.core.fairness import FairShare, QueueShare, usage_by_queue
 from services.core.global_view import GlobalView
 from services.core.resources import ResourceError
 from services.core.snapshot import Allocation
+from services.core.status import PlacementStatus
+from services.core.task import TaskSpec
 
 log = logging.getLogger("megha.lm")
 
@@ -128,7 +130,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
 
     async def LaunchStream(self, request_iterator, context):
         async for request in request_iterator:
-            results = await self._place_all(request.launch, context, "launch")
+            results = await self._place_all(request.launch, context, "launch", stream=True)
             yield local_master_pb2.LaunchStreamResponse(
                 request_id=request.request_id,
                 launch=local_master_pb2.LaunchResponse(**results),
@@ -138,12 +140,26 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         results = await self._place_all(request, context, "repartition")
         return local_master_pb2.RepartitionResponse(**results)
 
-    async def _place_all(self, request, context, kind: str) -> dict:
+    async def _place_all(self, request, context, kind: str, stream: bool = False) -> dict:
+        """Validate and place every placement of a request. A malformed task fails a call
+        whole (INVALID_ARGUMENT, nothing placed); on a stream, where an error would end
+        the stream for every launch on it, that task alone is REJECTED_INVALID."""
         received = time.time_ns()
-        specs = [await self._spec(p.task, context) for p in request.placements]
+        specs: list[TaskSpec | Decision] = []
+        for p in request.placements:
+            try:
+                specs.append(task_to_spec(p.task, self.config.num_constraints))
+            except (ResourceError, ConstraintError, ValueError) as err:
+                reason = f"task {p.task.task_id}: {err}"
+                if not stream:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
+                specs.append(Decision(PlacementStatus.REJECTED_INVALID, reason))
         place = self.state.launch if kind == "launch" else self.state.repartition
         results, rejected = [], False
         for placement, spec in zip(request.placements, specs, strict=True):
+            if isinstance(spec, Decision):  # malformed: the books are not involved
+                results.append(self._result(placement.task.task_id, spec, kind))
+                continue
             decision = place(request.gm_id, spec, placement.node_index)
             results.append(self._result(spec.task_id, decision, kind))
             if decision.status.name == "ACCEPTED":

@@ -95,3 +95,42 @@ async def test_concurrent_launches_each_get_their_own_answer_and_a_gone_lm_fails
                 assert reply.results[0].task_id == "again" and reply.results[0].status == 1
         finally:
             await launcher.close()
+
+
+async def test_a_malformed_task_on_the_stream_is_refused_alone_and_the_stream_goes_on():
+    cfg = config()
+    target = cfg.lm("lm-1").target
+    async with channel(target) as ch:
+        stub = local_master_pb2_grpc.LocalMasterStub(ch)
+        launcher = Launcher(stub)
+        try:
+            async with make_bus("memory://", prefix="t") as bus, running_lm(cfg, "lm-1", bus):
+                await register(stub)
+                request = launch_of("fine")
+                bad = request.placements.add(task=launch_of("bad").placements[0].task)
+                bad.task.constraints.append(cfg.num_constraints + 5)  # no such constraint
+                reply = await launcher.launch(request, timeout=10)
+                assert [(r.task_id, r.status) for r in reply.results] == [
+                    ("fine", local_master_pb2.PLACEMENT_STATUS_ACCEPTED),
+                    ("bad", local_master_pb2.PLACEMENT_STATUS_REJECTED_INVALID),
+                ]
+                assert "task bad:" in reply.results[1].reason
+                again = await launcher.launch(launch_of("next"), timeout=10)
+                assert again.results[0].status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED
+                # The unary call still fails whole and places nothing.
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    bad_only = launch_of("bad2")
+                    bad_only.placements[0].task.constraints.append(cfg.num_constraints + 5)
+                    both = local_master_pb2.LaunchRequest(
+                        gm_id="gm-1",
+                        placements=[launch_of("ok2").placements[0], bad_only.placements[0]],
+                    )
+                    await stub.Launch(both, timeout=10)
+                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                known = await stub.LookupTasks(
+                    local_master_pb2.LookupTasksRequest(task_ids=["ok2", "bad", "fine"]),
+                    timeout=5,
+                )
+                assert [t.task_id for t in known.tasks] == ["fine"]
+        finally:
+            await launcher.close()

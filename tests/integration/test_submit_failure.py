@@ -16,6 +16,7 @@ from services._proto.megha.v1 import (
     common_pb2,
     global_master_pb2,
 )
+from services.global_master.service import Batch, _message_key
 from tests.integration.harness import embedded_federation, lm_knows, sim_tasks
 
 pytestmark = pytest.mark.integration
@@ -82,3 +83,44 @@ async def test_a_publish_that_fails_drops_the_tasks_that_had_not_launched():
         assert gm.queues.pending(job.queue) == 0
         await asyncio.sleep(1.5)
         assert await lm_knows(config, ["lost.0", "hog.0", "hog.1"]) == ["hog.0", "hog.1"]
+
+
+class StoredAfterAll:
+    """The broker's delivery of a message whose publish the GM saw fail (a lost confirm)."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.redelivered = False
+        self.acked = False
+
+    async def ack(self) -> None:
+        self.acked = True
+
+    async def nack(self, requeue: bool = True) -> None:
+        raise AssertionError("not expected")
+
+
+async def test_a_failed_submission_delivered_after_all_waits_for_its_launches_in_flight():
+    async with embedded_federation("submit-stored") as (config, gm, _bus, client):
+        # Submitted and started as usual; then pretend its publish failed with a launch
+        # still out, and its message arrives anyway.
+        await client.submit(sim_tasks(1, 0.05, cpu_milli=100), job_id="twice")
+        deadline = time.monotonic() + 10
+        while (await lm_knows(config, ["twice.0"])) != ["twice.0"]:
+            assert time.monotonic() < deadline, "the task never reached the LM"
+            await asyncio.sleep(0.05)
+        job = await client.job("twice")
+        batch = common_pb2.TaskBatch(job_id="twice", queue=job.queue)
+        batch.tasks.add(task_id="twice.0", job_id="twice", queue=batch.queue)
+        local = Batch(None, remaining=1, cancelled=True)
+        local.launching()  # the launch in flight
+        gm._local[_message_key(batch)] = local
+        delivery = StoredAfterAll(batch.SerializeToString())
+        handling = asyncio.create_task(gm._on_delivery(delivery))
+        await asyncio.sleep(0.3)
+        assert not handling.done()  # asks no LM while the launch is out
+        local.landed()
+        await asyncio.wait_for(handling, 10)
+        # The LM knew the task by then: the message is acked, the task not queued again.
+        assert delivery.acked
+        assert gm.queues.pending(batch.queue) == 0

@@ -45,6 +45,10 @@ class _PlacementStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Place
     """A victim no longer runs on the node, or its queue is not over share."""
     PLACEMENT_STATUS_REJECTED_UNKNOWN_GM: _PlacementStatus.ValueType  # 9
     """The caller is not one of this LM's GMs (LocalMasterState.gm_ids)."""
+    PLACEMENT_STATUS_REJECTED_INVALID: _PlacementStatus.ValueType  # 10
+    """The task itself is malformed for this LM (e.g. a constraint it does not know): on
+    LaunchStream, where an error would end the stream for every launch on it.
+    """
 
 class PlacementStatus(_PlacementStatus, metaclass=_PlacementStatusEnumTypeWrapper):
     """Why the LM accepted or refused one placement; lets the GM decide whether
@@ -68,6 +72,10 @@ PLACEMENT_STATUS_REJECTED_VICTIMS: PlacementStatus.ValueType  # 8
 """A victim no longer runs on the node, or its queue is not over share."""
 PLACEMENT_STATUS_REJECTED_UNKNOWN_GM: PlacementStatus.ValueType  # 9
 """The caller is not one of this LM's GMs (LocalMasterState.gm_ids)."""
+PLACEMENT_STATUS_REJECTED_INVALID: PlacementStatus.ValueType  # 10
+"""The task itself is malformed for this LM (e.g. a constraint it does not know): on
+LaunchStream, where an error would end the stream for every launch on it.
+"""
 Global___PlacementStatus: _TypeAlias = PlacementStatus  # noqa: Y015
 
 @_typing.final
