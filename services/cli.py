@@ -11,28 +11,25 @@ from collections.abc import Sequence
 ROLES = ("gm", "lm", "worker", "predictor")
 
 
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError("sizes must be positive integers")
-    return sizes
+def _number_list(convert, low: float, high: float, what: str):
+    """An argparse type: comma-separated numbers ``convert``ed, each in ``low..high``."""
+
+    def parse(text: str) -> tuple:
+        try:
+            values = tuple(convert(s) for s in text.split(",") if s.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated numbers, got {text!r}"
+            ) from None
+        if not values or min(values) < low or max(values) > high:
+            raise argparse.ArgumentTypeError(what)
+        return values
+
+    return parse
 
 
-def _rates(text: str) -> tuple[float, ...]:
-    try:
-        rates = tuple(float(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}"
-        ) from None
-    if not rates or min(rates) < 0 or max(rates) > 100_000:
-        raise argparse.ArgumentTypeError("rates must be in 0..100000 (0 = back to back)")
-    return rates
+_sizes = _number_list(int, 1, 10**9, "sizes must be positive integers")
+_rates = _number_list(float, 0, 100_000, "rates must be in 0..100000 (0 = back to back)")
 
 
 def _add_config(parser: argparse.ArgumentParser) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import grpc
 import pytest
@@ -54,83 +55,85 @@ async def register(stub) -> None:
     )
 
 
-async def test_concurrent_launches_each_get_their_own_answer_and_a_gone_lm_fails_them_fast():
+@contextlib.asynccontextmanager
+async def launcher_to_lm():
+    """A config, a stub and a Launcher for an LM at the config's address (not started)."""
     cfg = config()
-    target = cfg.lm("lm-1").target
-    async with channel(target) as ch:
+    async with channel(cfg.lm("lm-1").target) as ch:
         stub = local_master_pb2_grpc.LocalMasterStub(ch)
         launcher = Launcher(stub)
         try:
-            async with make_bus("memory://", prefix="t") as bus, running_lm(cfg, "lm-1", bus):
-                await register(stub)
-                # 64 fit on the node (1 CPU each), the rest are refused: every reply must
-                # belong to its own request.
-                ids = [f"t{i}" for i in range(80)]
-                replies = await asyncio.gather(
-                    *(launcher.launch(launch_of(i), timeout=10) for i in ids)
-                )
-                assert [r.results[0].task_id for r in replies] == ids
-                accepted = [r for r in replies if r.results[0].status == 1]
-                assert len(accepted) == 64
-                assert all(r.HasField("state") for r in replies if r.results[0].status != 1)
-            # The LM is gone: a launch fails as a unary call would, without hanging.
-            with pytest.raises(grpc.aio.AioRpcError) as failed:
-                await launcher.launch(launch_of("late"), timeout=5)
-            assert failed.value.code() in (
-                grpc.StatusCode.UNAVAILABLE,
-                grpc.StatusCode.CANCELLED,
-                grpc.StatusCode.DEADLINE_EXCEEDED,
-            )
-            # A new LM on the same address: the next launch opens a new stream.
-            async with make_bus("memory://", prefix="t") as bus, running_lm(cfg, "lm-1", bus):
-                await register(stub)
-                for _ in range(50):
-                    try:
-                        reply = await launcher.launch(launch_of("again"), timeout=5)
-                        break
-                    except grpc.aio.AioRpcError:
-                        await asyncio.sleep(0.1)  # the channel is still reconnecting
-                else:
-                    raise AssertionError("the launcher never reached the restarted LM")
-                assert reply.results[0].task_id == "again" and reply.results[0].status == 1
+            yield cfg, stub, launcher
         finally:
             await launcher.close()
+
+
+async def test_concurrent_launches_each_get_their_own_answer_and_a_gone_lm_fails_them_fast():
+    async with launcher_to_lm() as (cfg, stub, launcher):
+        async with make_bus("memory://", prefix="t") as bus, running_lm(cfg, "lm-1", bus):
+            await register(stub)
+            # 64 fit on the node (1 CPU each), the rest are refused: every reply must
+            # belong to its own request.
+            ids = [f"t{i}" for i in range(80)]
+            replies = await asyncio.gather(
+                *(launcher.launch(launch_of(i), timeout=10) for i in ids)
+            )
+            assert [r.results[0].task_id for r in replies] == ids
+            accepted = [r for r in replies if r.results[0].status == 1]
+            assert len(accepted) == 64
+            assert all(r.HasField("state") for r in replies if r.results[0].status != 1)
+        # The LM is gone: a launch fails as a unary call would, without hanging.
+        with pytest.raises(grpc.aio.AioRpcError) as failed:
+            await launcher.launch(launch_of("late"), timeout=5)
+        assert failed.value.code() in (
+            grpc.StatusCode.UNAVAILABLE,
+            grpc.StatusCode.CANCELLED,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+        )
+        # A new LM on the same address: the next launch opens a new stream.
+        async with make_bus("memory://", prefix="t") as bus, running_lm(cfg, "lm-1", bus):
+            await register(stub)
+            for _ in range(50):
+                try:
+                    reply = await launcher.launch(launch_of("again"), timeout=5)
+                    break
+                except grpc.aio.AioRpcError:
+                    await asyncio.sleep(0.1)  # the channel is still reconnecting
+            else:
+                raise AssertionError("the launcher never reached the restarted LM")
+            assert reply.results[0].task_id == "again" and reply.results[0].status == 1
 
 
 async def test_a_malformed_task_on_the_stream_is_refused_alone_and_the_stream_goes_on():
-    cfg = config()
-    target = cfg.lm("lm-1").target
-    async with channel(target) as ch:
-        stub = local_master_pb2_grpc.LocalMasterStub(ch)
-        launcher = Launcher(stub)
-        try:
-            async with make_bus("memory://", prefix="t") as bus, running_lm(cfg, "lm-1", bus):
-                await register(stub)
-                request = launch_of("fine")
-                bad = request.placements.add(task=launch_of("bad").placements[0].task)
-                bad.task.constraints.append(cfg.num_constraints + 5)  # no such constraint
-                reply = await launcher.launch(request, timeout=10)
-                assert [(r.task_id, r.status) for r in reply.results] == [
-                    ("fine", local_master_pb2.PLACEMENT_STATUS_ACCEPTED),
-                    ("bad", local_master_pb2.PLACEMENT_STATUS_REJECTED_INVALID),
-                ]
-                assert "task bad:" in reply.results[1].reason
-                again = await launcher.launch(launch_of("next"), timeout=10)
-                assert again.results[0].status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED
-                # The unary call still fails whole and places nothing.
-                with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    bad_only = launch_of("bad2")
-                    bad_only.placements[0].task.constraints.append(cfg.num_constraints + 5)
-                    both = local_master_pb2.LaunchRequest(
-                        gm_id="gm-1",
-                        placements=[launch_of("ok2").placements[0], bad_only.placements[0]],
-                    )
-                    await stub.Launch(both, timeout=10)
-                assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-                known = await stub.LookupTasks(
-                    local_master_pb2.LookupTasksRequest(task_ids=["ok2", "bad", "fine"]),
-                    timeout=5,
-                )
-                assert [t.task_id for t in known.tasks] == ["fine"]
-        finally:
-            await launcher.close()
+    async with (
+        launcher_to_lm() as (cfg, stub, launcher),
+        make_bus("memory://", prefix="t") as bus,
+        running_lm(cfg, "lm-1", bus),
+    ):
+        await register(stub)
+        request = launch_of("fine")
+        bad = request.placements.add(task=launch_of("bad").placements[0].task)
+        bad.task.constraints.append(cfg.num_constraints + 5)  # no such constraint
+        reply = await launcher.launch(request, timeout=10)
+        assert [(r.task_id, r.status) for r in reply.results] == [
+            ("fine", local_master_pb2.PLACEMENT_STATUS_ACCEPTED),
+            ("bad", local_master_pb2.PLACEMENT_STATUS_REJECTED_INVALID),
+        ]
+        assert "task bad:" in reply.results[1].reason
+        again = await launcher.launch(launch_of("next"), timeout=10)
+        assert again.results[0].status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED
+        # The unary call still fails whole and places nothing.
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            bad_only = launch_of("bad2")
+            bad_only.placements[0].task.constraints.append(cfg.num_constraints + 5)
+            both = local_master_pb2.LaunchRequest(
+                gm_id="gm-1",
+                placements=[launch_of("ok2").placements[0], bad_only.placements[0]],
+            )
+            await stub.Launch(both, timeout=10)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        known = await stub.LookupTasks(
+            local_master_pb2.LookupTasksRequest(task_ids=["ok2", "bad", "fine"]),
+            timeout=5,
+        )
+        assert [t.task_id for t in known.tasks] == ["fine"]
