@@ -628,25 +628,23 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self.jobs.set_reason(item.task.job_id, item.task.task_id, reason)
         self.queues.park(queue, item)
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
+        return task
 
     def _spawn_launch(self, items: list[Pending], coro) -> None:
         """A request that may start ``items``: their messages count it as out until it
-        has been answered (see ``_on_delivery``)."""
+        has been answered or given up (see ``_on_delivery``)."""
         for item in items:
             item.batch.launching()
 
-        async def run() -> None:
-            try:
-                await coro
-            finally:
-                for item in items:
-                    item.batch.landed()
+        def landed(_task: asyncio.Task) -> None:
+            for item in items:
+                item.batch.landed()
 
-        self._spawn(run())
+        self._spawn(coro).add_done_callback(landed)
 
     async def _send(self, lm_id: str, repartition: bool, items: list[tuple[Pending, Placement]]):
         stub = self._stubs[lm_id]
