@@ -71,6 +71,19 @@ class WorkerSession:
     streams: int = 0
 
 
+MAX_STARTS_PER_MESSAGE = 64
+
+
+def _leading_starts(commands: deque) -> list:
+    """The start commands at the head of a worker's queue, up to a message's worth."""
+    starts = []
+    for command in itertools.islice(commands, MAX_STARTS_PER_MESSAGE):
+        if not command.HasField("start"):
+            break
+        starts.append(command)
+    return starts
+
+
 class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
     def __init__(self, config: FederationConfig, lm_id: str, bus: Bus):
         self.config = config
@@ -280,10 +293,16 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 # leaves it for the worker's next stream (a repeated start is ignored).
                 # Two streams of one worker (a reconnect overlapping the old stream) may
                 # both write it; only the one that finds it still at the head removes it.
-                command = commands[0]
-                await context.write(command)
-                if commands and commands[0] is command:
-                    commands.popleft()
+                # Starts waiting together go as one message (a job packed onto a node).
+                sent = _leading_starts(commands) or [commands[0]]
+                if len(sent) == 1:
+                    await context.write(sent[0])
+                else:
+                    batch = local_master_pb2.StartTasks(tasks=[c.start.task for c in sent])
+                    await context.write(local_master_pb2.WorkerCommand(starts=batch))
+                for command in sent:
+                    if commands and commands[0] is command:
+                        commands.popleft()
 
         reader = asyncio.create_task(read())
         writer = asyncio.create_task(write())

@@ -386,6 +386,9 @@ class WorkerAgent:
             kind = command.WhichOneof("command")
             if kind == "start":
                 self._start(command.start.task)
+            elif kind == "starts":
+                for task in command.starts.tasks:
+                    self._start(task)
             elif kind == "kill":
                 self._on_kill(command.kill.task_id, command.kill.reason)
             else:

@@ -558,25 +558,53 @@ class WorkerCommand(_message.Message):
 
     START_FIELD_NUMBER: _builtins.int
     KILL_FIELD_NUMBER: _builtins.int
+    STARTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def start(self) -> Global___StartTask: ...
     @_builtins.property
     def kill(self) -> Global___KillTask: ...
+    @_builtins.property
+    def starts(self) -> Global___StartTasks:
+        """Several starts in one message: what an LM sends when starts for one worker
+        queue up (a job's tasks packed onto one node), in order.
+        """
+
     def __init__(
         self,
         *,
         start: Global___StartTask | None = ...,
         kill: Global___KillTask | None = ...,
+        starts: Global___StartTasks | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "kill", b"kill", "start", b"start"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "kill", b"kill", "start", b"start", "starts", b"starts"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "kill", b"kill", "start", b"start"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "kill", b"kill", "start", b"start", "starts", b"starts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["start", "kill"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["start", "kill", "starts"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
 Global___WorkerCommand: _TypeAlias = WorkerCommand  # noqa: Y015
+
+@_typing.final
+class StartTasks(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASKS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Task]: ...
+    def __init__(
+        self,
+        *,
+        tasks: _abc.Iterable[_common_pb2.Task] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StartTasks: _TypeAlias = StartTasks  # noqa: Y015
 
 @_typing.final
 class StartTask(_message.Message):
