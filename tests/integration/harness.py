@@ -247,3 +247,18 @@ async def lm_knows(config, task_ids: list[str]) -> list[str]:
             local_master_pb2.LookupTasksRequest(task_ids=task_ids), timeout=5
         )
     return [t.task_id for t in known.tasks]
+
+
+async def job_in_state(client, job_id: str, state: int, timeout_s: float = 20):
+    """Poll ``GetJob`` until every task of the job is in ``state``; returns the job."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = await client.job(job_id)
+        if job.tasks and all(t.state == state for t in job.tasks):
+            return job
+        if time.monotonic() > deadline:
+            states = sorted({common_pb2.TaskState.Name(t.state) for t in job.tasks})
+            raise AssertionError(
+                f"job {job_id} not all {common_pb2.TaskState.Name(state)}: {states}"
+            )
+        await asyncio.sleep(0.05)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import Counter, deque
 
 import pytest
 
 from services._proto.megha.v1 import common_pb2, local_master_pb2
 from services.local_master.service import MAX_STARTS_PER_MESSAGE, _leading_starts
-from tests.integration.harness import embedded_federation, sim_tasks
+from tests.integration.harness import embedded_federation, job_in_state, sim_tasks
 
 pytestmark = pytest.mark.integration
 
@@ -35,13 +33,6 @@ async def test_a_job_packed_onto_nodes_starts_every_task_once():
         # Two workers of 4 CPUs: first fit puts 4 one-CPU tasks on each at once.
         reply = await client.submit(sim_tasks(8, 0.2), job_id="packed")
         assert len(reply.task_ids) == 8
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            job = await client.job("packed")
-            if all(t.state == common_pb2.TASK_STATE_SUCCEEDED for t in job.tasks):
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError(f"not all tasks finished: {[t.state for t in job.tasks]}")
+        job = await job_in_state(client, "packed", common_pb2.TASK_STATE_SUCCEEDED)
         assert sorted(Counter(t.node_id for t in job.tasks).values()) == [4, 4]
         assert all(t.attempt == 0 for t in job.tasks)

@@ -17,7 +17,7 @@ from services._proto.megha.v1 import (
     global_master_pb2,
 )
 from services.global_master.service import Batch, _message_key
-from tests.integration.harness import embedded_federation, lm_knows, sim_tasks
+from tests.integration.harness import embedded_federation, job_in_state, lm_knows, sim_tasks
 
 pytestmark = pytest.mark.integration
 
@@ -56,14 +56,7 @@ async def test_a_publish_that_fails_drops_the_tasks_that_had_not_launched():
     async with embedded_federation("submit-failure") as (config, gm, gm_bus, client):
         # Both workers full for a second: the next task has to wait in the GM's queue.
         await client.submit(sim_tasks(2, 1.0, cpu_milli=4000), job_id="hog")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            hog = await client.job("hog")
-            if all(t.state == common_pb2.TASK_STATE_RUNNING for t in hog.tasks):
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError("the hog tasks never ran")
+        await job_in_state(client, "hog", common_pb2.TASK_STATE_RUNNING, timeout_s=10)
 
         # The bus closes while SubmitJob is under way (its task runs at SubmitJob's first
         # yield, after the check that the broker is reachable): the publish then fails.
