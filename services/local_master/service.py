@@ -160,13 +160,10 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         received = time.time_ns()
         specs: list[TaskSpec | Decision] = []
         for p in request.placements:
-            try:
-                specs.append(task_to_spec(p.task, self.config.num_constraints))
-            except (ResourceError, ConstraintError, ValueError) as err:
-                reason = f"task {p.task.task_id}: {err}"
-                if not stream:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
-                specs.append(Decision(PlacementStatus.REJECTED_INVALID, reason))
+            spec = await self._spec(p.task, context) if not stream else self._parse(p.task)
+            if isinstance(spec, str):  # only on a stream: a call was aborted above
+                spec = Decision(PlacementStatus.REJECTED_INVALID, spec)
+            specs.append(spec)
         place = self.state.launch if kind == "launch" else self.state.repartition
         results, rejected = [], False
         for placement, spec in zip(request.placements, specs, strict=True):
@@ -358,11 +355,18 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         return True
 
     # --------------------------------------------------------------- helpers
-    async def _spec(self, task: common_pb2.Task, context):
+    def _parse(self, task: common_pb2.Task) -> TaskSpec | str:
+        """The task's spec, or why it is malformed."""
         try:
             return task_to_spec(task, self.config.num_constraints)
         except (ResourceError, ConstraintError, ValueError) as err:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"task {task.task_id}: {err}")
+            return f"task {task.task_id}: {err}"
+
+    async def _spec(self, task: common_pb2.Task, context) -> TaskSpec:
+        spec = self._parse(task)
+        if isinstance(spec, str):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, spec)
+        return spec
 
     def _result(self, task_id: str, decision: Decision, kind: str):
         metrics.LM_PLACEMENTS.labels(self.lm_id, kind, decision.status.name.lower()).inc()
