@@ -50,7 +50,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from loadgen.vm_trace import DAY_S, HOUR_S, VmTrace, read_vm_csv, synthetic_vm_trace
+from loadgen.trace import ReadStats
+from loadgen.vm_trace import DAY_S, HOUR_S, VmTrace, read_vm_trace, synthetic_vm_trace
 from services.core.lifetime import (
     NO_HOST,
     HostPool,
@@ -484,7 +485,11 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
             "Without --trace it runs on the synthetic trace (loadgen/vm_trace.py)."
         ),
     )
-    p.add_argument("--trace", type=Path, help="VM trace CSV (format: loadgen/vm_trace.py)")
+    p.add_argument(
+        "--trace",
+        type=Path,
+        help="VM trace: CSV (format: loadgen/vm_trace.py) or Azure's vmtable.csv[.gz]",
+    )
     p.add_argument("--vms", type=int, default=40_000, help="synthetic trace: VMs")
     p.add_argument("--days", type=float, default=10.0, help="synthetic trace: days")
     p.add_argument("--seed", type=int, default=0, help="synthetic trace and drain RNG seed")
@@ -573,11 +578,22 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report_skipped(path: Path, stats: ReadStats) -> None:
+    if stats.skipped:
+        print(
+            f"megha-loadgen: {path}: skipped {stats.skipped} malformed rows, e.g. "
+            + "; ".join(stats.problems[:3]),
+            file=sys.stderr,
+        )
+
+
 def _inputs(args: argparse.Namespace, need_model: bool) -> tuple[VmTrace, Any]:
     from services.predictor.lifetime_model import load_model, train_lifetime_model
 
     if args.trace:
-        trace = read_vm_csv(args.trace)
+        stats = ReadStats()
+        trace = read_vm_trace(args.trace, stats)
+        _report_skipped(args.trace, stats)
         train = None
         if need_model and not args.model:
             # Train on the first 30 % of the span, simulate the rest.

@@ -4,6 +4,10 @@ A ``VmTrace`` is one row per VM: arrival time, lifetime, shape and string featur
 inputs of the lifetime model). Two sources: a synthetic generator with the properties the
 LAVA paper reports for production clouds, and a CSV file of this module's format.
 
+Inputs, by ``read_vm_trace`` (``vm-sim --trace``, ``megha predictor train --trace``):
+this module's CSV, or Azure Resource Central's ``vmtable.csv`` (``azure_vm_trace``),
+told apart by the first line.
+
 CSV format (header required, one VM per line)::
 
     vm_id,arrival_s,lifetime_s,cpu_milli,memory_mb,<feature>,<feature>,...
@@ -43,6 +47,9 @@ from pathlib import Path
 
 import numpy as np
 
+from loadgen.readers.azure import read_azure_vms
+from loadgen.trace import ReadStats, TraceError, open_text
+
 DAY_S = 86_400.0
 HOUR_S = 3_600.0
 FIXED_COLUMNS = ("vm_id", "arrival_s", "lifetime_s", "cpu_milli", "memory_mb")
@@ -68,10 +75,6 @@ SHORT_SIGMA, LONG_SIGMA = 0.9, 1.0  # log-normal spread of one deployment's life
 DEPLOYMENT_MAX = 32
 DEPLOYMENT_SPREAD = 0.1
 CATEGORY = {"batch": "delay-insensitive", "mixed": "unknown", "service": "interactive"}
-
-
-class TraceError(ValueError):
-    """A trace file that cannot be read, with the line and the reason."""
 
 
 @dataclass
@@ -304,7 +307,7 @@ def read_vm_csv(path: str | Path) -> VmTrace:
     """Read the CSV format in the module doc; ``TraceError`` names the bad line."""
     path = Path(path)
     try:
-        f = path.open(newline="")
+        f = open_text(path)
     except OSError as err:
         raise TraceError(f"{path}: {err.strerror or err}") from None
     with f:
@@ -339,6 +342,67 @@ def read_vm_csv(path: str | Path) -> VmTrace:
         features={n: np.array(columns[5 + i], dtype=object) for i, n in enumerate(names)},
         vm_ids=np.array(columns[0], dtype=object),
     )
+
+
+AZURE_RESOLUTION_S = 300.0  # vmtable timestamps are multiples of 5 minutes
+
+
+def azure_vm_trace(
+    path: str | Path, max_vms: int | None = None, stats: ReadStats | None = None
+) -> VmTrace:
+    """Azure Resource Central's ``vmtable.csv`` (AzurePublicDatasetV2, plain or ``.gz``;
+    columns in ``loadgen/readers/azure.py``) as a ``VmTrace``.
+
+    - arrival = ``vmcreated``, lifetime = ``vmdeleted - vmcreated``; a VM created and
+      deleted in the same 5-minute tick gets half a tick (150 s), since the table cannot
+      tell. VMs still running when the table ends carry its last timestamp: their
+      lifetimes are cut short there, as in the data.
+    - shape: the core and memory buckets (``>24`` read as 32 cores, ``>64`` as 128 GB);
+    - features, all known when a VM is created: ``user`` (the subscription),
+      ``category``, ``cores`` and ``memory_gb`` (the buckets as published) and
+      ``deployment_size`` (VMs of its deployment in the table, as in the synthetic
+      trace). The CPU utilisation columns are measured over the VM's life, so they are
+      not features.
+
+    Malformed rows are skipped and counted in ``stats`` (file and line kept).
+    """
+    rows = list(read_azure_vms(path, max_vms=max_vms, stats=stats))
+    if not rows:
+        raise TraceError(f"{path}: no VMs")
+    sizes: dict[str, int] = {}
+    for vm in rows:
+        sizes[vm.deployment_id] = sizes.get(vm.deployment_id, 0) + 1
+    lifetime = np.array([vm.lifetime_s for vm in rows], dtype=np.float64)
+    return VmTrace(
+        arrival_s=np.array([vm.created_s for vm in rows], dtype=np.float64),
+        lifetime_s=np.where(lifetime > 0, lifetime, AZURE_RESOLUTION_S / 2),
+        cpu_milli=np.array([round(vm.cores * 1000) for vm in rows], dtype=np.int64),
+        memory_mb=np.array([round(vm.memory_gb * 1024) for vm in rows], dtype=np.int64),
+        features={
+            "user": np.array([vm.subscription_id for vm in rows], dtype=object),
+            "category": np.array([vm.category.lower() for vm in rows], dtype=object),
+            "cores": np.array([vm.core_bucket for vm in rows], dtype=object),
+            "memory_gb": np.array([vm.memory_bucket for vm in rows], dtype=object),
+            "deployment_size": np.array(
+                [str(sizes[vm.deployment_id]) for vm in rows], dtype=object
+            ),
+        },
+        vm_ids=np.array([vm.vm_id for vm in rows], dtype=object),
+    )
+
+
+def read_vm_trace(path: str | Path, stats: ReadStats | None = None) -> VmTrace:
+    """A VM trace in this module's CSV format or Azure's ``vmtable.csv``: a file whose
+    first line starts with ``vm_id,arrival_s`` is ours, any other is read as Azure's."""
+    path = Path(path)
+    try:
+        with open_text(path) as f:
+            first = f.readline()
+    except OSError as err:
+        raise TraceError(f"{path}: {err.strerror or err}") from None
+    if first.startswith(",".join(FIXED_COLUMNS[:2])):
+        return read_vm_csv(path)
+    return azure_vm_trace(path, stats=stats)
 
 
 def group_lifetimes(trace: VmTrace, keys: tuple[str, ...]) -> Mapping[tuple, np.ndarray]:

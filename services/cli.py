@@ -149,7 +149,10 @@ def _add_predictor_train(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "action", nargs="?", choices=("train",), help="train: build a lifetime model and exit"
     )
-    p.add_argument("--trace", help="train: VM trace CSV (format: loadgen/vm_trace.py)")
+    p.add_argument(
+        "--trace",
+        help="train: VM trace, CSV (format: loadgen/vm_trace.py) or Azure's vmtable.csv[.gz]",
+    )
     p.add_argument(
         "--synthetic", type=int, default=0, help="train: on N VMs of the synthetic trace instead"
     )
@@ -235,7 +238,7 @@ def _bench_predict(args: argparse.Namespace) -> int:
 
 
 def _predictor_train(args: argparse.Namespace) -> int:
-    from loadgen.vm_trace import TraceError, read_vm_csv, synthetic_vm_trace
+    from loadgen.vm_trace import TraceError, read_vm_trace, synthetic_vm_trace
     from services.predictor.lifetime_model import train_lifetime_model
 
     if not args.out or bool(args.trace) == bool(args.synthetic):
@@ -246,7 +249,7 @@ def _predictor_train(args: argparse.Namespace) -> int:
         return 2
     try:
         trace = (
-            read_vm_csv(args.trace)
+            read_vm_trace(args.trace)
             if args.trace
             else synthetic_vm_trace(args.synthetic, prehistory_days=0)
         )

@@ -82,6 +82,20 @@ def task_to_spec(task: common_pb2.Task, num_constraints: int) -> TaskSpec:
     )
 
 
+class InvalidTask(ValueError):
+    """A wire task no node can ever hold; the message names the task and the reason."""
+
+
+def parse_task(task: common_pb2.Task, num_constraints: int) -> TaskSpec:
+    """``task_to_spec`` for a task from outside (a client, the queue, a GM): any
+    malformed field becomes one ``InvalidTask`` reading ``task <id>: <reason>``, which
+    the GM turns into INVALID_ARGUMENT or REJECTED and the LM into REJECTED_INVALID."""
+    try:
+        return task_to_spec(task, num_constraints)
+    except ValueError as err:  # ResourceError and ConstraintError are ValueErrors
+        raise InvalidTask(f"task {task.task_id}: {err}") from None
+
+
 def spec_to_task(spec: TaskSpec) -> common_pb2.Task:
     """The inverse of ``task_to_spec`` for the fields a ``TaskSpec`` has (no executor)."""
     return common_pb2.Task(

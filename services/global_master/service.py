@@ -36,17 +36,16 @@ from services.common import metrics
 from services.common.bus import Bus, Delivery
 from services.common.config import FederationConfig
 from services.common.convert import (
+    InvalidTask,
+    parse_task,
     placement_status_from_proto,
     resources_to_proto,
     snapshot_from_proto,
-    task_to_spec,
 )
 from services.common.request_stream import Launcher
 from services.common.server import channel
-from services.core.constraints import ConstraintError
 from services.core.fairness import FairShare, QueueShare, dominant_share
 from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
-from services.core.resources import ResourceError
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
@@ -269,11 +268,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             task.task_id = task.task_id or f"{job_id}.{i}"
             task.job_id, task.queue = job_id, queue
             try:
-                spec = task_to_spec(task, self.config.num_constraints)
-            except (ResourceError, ConstraintError, ValueError) as err:
-                raise Refused(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"task {task.task_id}: {err}"
-                ) from None
+                spec = parse_task(task, self.config.num_constraints)
+            except InvalidTask as err:
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
             never = self.view.infeasible(spec)
             if never is not None:
                 raise Refused(
@@ -463,8 +460,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             if task.task_id in launched:
                 continue
             try:
-                spec = task_to_spec(task, self.config.num_constraints)
-            except (ResourceError, ConstraintError, ValueError) as err:
+                spec = parse_task(task, self.config.num_constraints)
+            except InvalidTask as err:
                 log.error("dropping invalid queued task", extra={"task_id": task.task_id})
                 self._event(task, common_pb2.TASK_STATE_REJECTED, str(err))
                 await self._launched(batch)

@@ -27,18 +27,18 @@ from services.common import metrics
 from services.common.bus import Bus
 from services.common.config import FederationConfig
 from services.common.convert import (
+    InvalidTask,
+    parse_task,
     partition_totals,
     placement_status_to_proto,
     resources_from_proto,
     snapshot_from_proto,
     snapshot_to_proto,
-    task_to_spec,
 )
 from services.core.cluster_state import ClusterState, Decision
-from services.core.constraints import ConstraintError, to_mask
+from services.core.constraints import to_mask
 from services.core.fairness import FairShare, QueueShare, usage_by_queue
 from services.core.global_view import GlobalView
-from services.core.resources import ResourceError
 from services.core.snapshot import Allocation
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
@@ -247,7 +247,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             else:  # a known worker reconnecting: it may take work again
                 for lost in self.state.set_alive(node, True):
                     await self._requeue(lost, common_pb2.TASK_STATE_LOST, "worker re-registered")
-        except (ResourceError, ConstraintError, ValueError) as err:
+        except ValueError as err:  # ResourceError, ConstraintError: a malformed worker
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         session = self.sessions.get(node)
         if session is None:
@@ -358,9 +358,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
     def _parse(self, task: common_pb2.Task) -> TaskSpec | str:
         """The task's spec, or why it is malformed."""
         try:
-            return task_to_spec(task, self.config.num_constraints)
-        except (ResourceError, ConstraintError, ValueError) as err:
-            return f"task {task.task_id}: {err}"
+            return parse_task(task, self.config.num_constraints)
+        except InvalidTask as err:
+            return str(err)
 
     async def _spec(self, task: common_pb2.Task, context) -> TaskSpec:
         spec = self._parse(task)

@@ -11,6 +11,8 @@ from hypothesis.extra import numpy as hnp
 
 from services._proto.megha.v1 import common_pb2, local_master_pb2
 from services.common.convert import (
+    InvalidTask,
+    parse_task,
     partition_totals,
     placement_status_from_proto,
     placement_status_to_proto,
@@ -251,6 +253,27 @@ def test_task_asking_for_nothing_is_rejected() -> None:
 
     with pytest.raises(ResourceError, match="asks for nothing"):
         task_to_spec(task, NUM_CONSTRAINTS)
+
+
+@pytest.mark.parametrize(
+    ("task", "reason"),
+    [
+        (common_pb2.Task(task_id="t-5", resources=common_pb2.Resources()), "asks for nothing"),
+        (
+            common_pb2.Task(
+                task_id="t-5", resources=common_pb2.Resources(cpu_milli=1), constraints=[99]
+            ),
+            "unknown constraint 99",
+        ),
+    ],
+)
+def test_parse_task_names_the_task_and_the_reason(task: common_pb2.Task, reason: str) -> None:
+    """One error type for every malformed field, so the GM (INVALID_ARGUMENT, REJECTED)
+    and the LM (REJECTED_INVALID) share one parser."""
+    with pytest.raises(InvalidTask, match=f"^task t-5: .*{reason}"):
+        parse_task(task, NUM_CONSTRAINTS)
+    good = common_pb2.Task(task_id="t-6", resources=common_pb2.Resources(cpu_milli=5))
+    assert parse_task(good, NUM_CONSTRAINTS).task_id == "t-6"
 
 
 @given(

@@ -30,6 +30,27 @@ def test_predictor_train_writes_a_loadable_model(tmp_path, capsys):
     ]
 
 
+def test_predictor_train_reads_an_azure_vmtable(tmp_path, capsys):
+    rows = [
+        f"vm{i},sub{i % 7},dep{i // 2},{300 * i},{300 * i + 600 * (1 + i % 11)},"
+        f"50,10,40,Interactive,{2 ** (i % 4)},{4 * 2 ** (i % 3)}"
+        for i in range(400)
+    ]
+    table = tmp_path / "vmtable.csv"
+    table.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "m.pkl"
+    argv = ["predictor", "train", "--trace", str(table), "--out", str(out), "--max-iter", "5"]
+    assert main(argv) == 0
+    assert "lifetime model on 400 VMs" in capsys.readouterr().out
+    assert load_model(out).schema.names == [
+        "category",
+        "cores",
+        "deployment_size",
+        "memory_gb",
+        "user",
+    ]
+
+
 def test_predictor_train_explains_bad_input(tmp_path, capsys):
     assert main(["predictor", "train", "--out", str(tmp_path / "m.pkl")]) == 2
     assert "needs --out MODEL and one of --trace FILE or --synthetic N" in capsys.readouterr().err

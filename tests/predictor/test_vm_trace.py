@@ -1,14 +1,19 @@
 """The synthetic VM trace has the paper's properties, and the CSV format round-trips."""
 
+import gzip
+
 import numpy as np
 import pytest
 
+from loadgen.trace import ReadStats
 from loadgen.vm_trace import (
     FIXED_COLUMNS,
     TraceError,
     VmTrace,
+    azure_vm_trace,
     group_lifetimes,
     read_vm_csv,
+    read_vm_trace,
     synthetic_vm_trace,
     trace_properties,
     write_vm_csv,
@@ -157,3 +162,47 @@ def test_bad_csv_says_where_and_why(tmp_path, text, reason):
 def test_mismatched_columns_are_rejected():
     with pytest.raises(TraceError, match="lifetime_s has 1 values for 2 VMs"):
         VmTrace(np.zeros(2), np.ones(1), np.ones(2), np.ones(2), {})
+
+
+AZURE_ROWS = [
+    "vm1,sub1,dep1,300,3900,98.5,20.25,90.1,Interactive,2,4",
+    "vm2,sub1,dep1,0,600,50,10,40,Interactive,>24,>64",
+    "vm3,sub2,dep2,1200,1200,10,1,5,Delay-insensitive,8,32",
+    "vm4,sub2,dep3,oops,1500,10,1,5,Unknown,8,32",
+]
+
+
+def test_azure_vmtable_reads_as_a_vm_trace(tmp_path):
+    path = tmp_path / "vmtable.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("\n".join(AZURE_ROWS) + "\n")
+    stats = ReadStats()
+    trace = azure_vm_trace(path, stats=stats)
+
+    assert list(trace.vm_ids) == ["vm2", "vm1", "vm3"]  # sorted by creation
+    assert stats.skipped == 1 and "vmcreated" in stats.problems[0]
+    assert trace.arrival_s.tolist() == [0.0, 300.0, 1200.0]
+    # vm3 was created and deleted in one 5-minute tick: half a tick.
+    assert trace.lifetime_s.tolist() == [600.0, 3600.0, 150.0]
+    assert trace.cpu_milli.tolist() == [32_000, 2_000, 8_000]  # ">24" read as 32 cores
+    assert trace.memory_mb.tolist() == [128 * 1024, 4 * 1024, 32 * 1024]
+    assert trace.feature_dicts()[1] == {
+        "user": "sub1",
+        "category": "interactive",
+        "cores": "2",
+        "memory_gb": "4",
+        "deployment_size": "2",
+    }
+    # The same file through the format-sniffing reader; our CSV through it too.
+    assert list(read_vm_trace(path).vm_ids) == ["vm2", "vm1", "vm3"]
+    ours = write_vm_csv(trace, tmp_path / "vms.csv")
+    assert read_vm_trace(ours).feature_dicts() == trace.feature_dicts()
+
+
+def test_azure_vmtable_without_vms_is_an_error(tmp_path):
+    path = tmp_path / "vmtable.csv"
+    path.write_text(AZURE_ROWS[-1] + "\n")
+    with pytest.raises(TraceError, match="no VMs"):
+        read_vm_trace(path)
+    with pytest.raises(TraceError, match="No such file"):
+        read_vm_trace(tmp_path / "missing.csv")
