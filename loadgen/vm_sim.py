@@ -118,7 +118,7 @@ class SimOptions:
     host_memory_mb: int = 256 * 1024
     hosts: int = 0  # 0: sized from the trace
     target_utilisation: float = 0.85
-    warmup_s: float = DAY_S
+    warmup_s: float = 2 * DAY_S  # as the CLI
     sample_s: float = 900.0
     repredict_s: float = HOUR_S
     maintenance_interval_s: float = 6 * HOUR_S  # 0: no maintenance

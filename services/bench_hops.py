@@ -21,8 +21,8 @@ import asyncio
 import json
 import multiprocessing
 import os
+import queue
 import resource
-import socket
 import struct
 import time
 from dataclasses import asdict, dataclass
@@ -61,7 +61,10 @@ def _cpu_of(pid: int) -> float:
 
 
 # ------------------------------------------------------------------ the server process
-async def _serve(grpc_port: int, tcp_port: int, ready) -> None:
+async def _serve(ports) -> None:
+    """Echo over gRPC (unary and stream) and TCP on ports the kernel picks; their
+    numbers go back on ``ports`` (a queue) once both listen."""
+
     async def unary(request, context):
         return request
 
@@ -87,16 +90,16 @@ async def _serve(grpc_port: int, tcp_port: int, ready) -> None:
     )
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((handler,))
-    server.add_insecure_port(f"127.0.0.1:{grpc_port}")
+    grpc_port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    tcp = await asyncio.start_server(echo, "127.0.0.1", tcp_port)
-    ready.set()
+    tcp = await asyncio.start_server(echo, "127.0.0.1", 0)
+    ports.put((grpc_port, tcp.sockets[0].getsockname()[1]))
     async with tcp:
         await server.wait_for_termination()
 
 
-def _server_main(grpc_port: int, tcp_port: int, ready) -> None:
-    asyncio.run(_serve(grpc_port, tcp_port, ready))
+def _server_main(ports) -> None:
+    asyncio.run(_serve(ports))
 
 
 # ------------------------------------------------------------------ the client
@@ -162,21 +165,16 @@ async def _measure(
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def bench_hops(rates: tuple[float, ...] = (200.0, 0.0), count: int = 2000) -> list[HopResult]:
-    grpc_port, tcp_port = _free_port(), _free_port()
     context = multiprocessing.get_context("spawn")  # no gRPC state inherited by a fork
-    ready = context.Event()
-    server = context.Process(target=_server_main, args=(grpc_port, tcp_port, ready), daemon=True)
+    ports = context.Queue()
+    server = context.Process(target=_server_main, args=(ports,), daemon=True)
     server.start()
     try:
-        if not ready.wait(30):
-            raise RuntimeError("the echo server did not start")
+        try:
+            grpc_port, tcp_port = ports.get(timeout=30)
+        except queue.Empty:
+            raise RuntimeError("the echo server did not start") from None
         assert server.pid is not None
         results = []
         for rate in rates:
