@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 import json
 import sys
 import time
@@ -398,6 +399,79 @@ def average_runs(runs: Sequence[Sequence[SimResult]]) -> list[SimResult]:
     return out
 
 
+# The issue's target order on empty hosts: each policy at least as good as the next.
+TARGET_ORDER = ("lava", "las", "la_binary", "best_fit")
+
+
+@dataclass(frozen=True)
+class Gap:
+    """``ahead`` minus ``behind`` in empty hosts (pp), paired seed by seed."""
+
+    predictor: str
+    ahead: str
+    behind: str
+    by_seed: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.by_seed))
+
+    def ci95(self) -> tuple[float, float]:
+        """Student's t interval of the mean gap (needs two seeds or more)."""
+        from scipy import stats
+
+        n = len(self.by_seed)
+        half = stats.t.ppf(0.975, n - 1) * np.std(self.by_seed, ddof=1) / np.sqrt(n)
+        return self.mean - float(half), self.mean + float(half)
+
+    def row(self) -> dict[str, Any]:
+        low, high = self.ci95()
+        return {
+            "predictor": self.predictor,
+            "ahead": self.ahead,
+            "behind": self.behind,
+            "gap_pp": round(self.mean, 3),
+            "ci95_pp": [round(low, 3), round(high, 3)],
+            "seeds_ahead": sum(g > 0 for g in self.by_seed),
+            "seeds": len(self.by_seed),
+            "by_seed_pp": [round(g, 3) for g in self.by_seed],
+        }
+
+
+def order_gaps(results: Sequence[SimResult]) -> list[Gap]:
+    """For each predictor, the paired per-seed gaps between neighbours of
+    ``TARGET_ORDER`` that were both run (rows averaged over two seeds or more)."""
+    rows = {(r.policy, r.predictor): r for r in results}
+    gaps = []
+    for predictor in dict.fromkeys(r.predictor for r in results):
+        present = [p for p in TARGET_ORDER if (p, predictor) in rows]
+        for ahead, behind in itertools.pairwise(present):
+            a = rows[ahead, predictor].empty_hosts_pct_by_seed
+            b = rows[behind, predictor].empty_hosts_pct_by_seed
+            if a and b and len(a) >= 2:
+                diffs = tuple(x - y for x, y in zip(a, b, strict=True))
+                gaps.append(Gap(predictor, ahead, behind, diffs))
+    return gaps
+
+
+def render_gaps(gaps: Sequence[Gap]) -> str:
+    if not gaps:
+        return ""
+    lines = [
+        f"target order {' >= '.join(TARGET_ORDER)} on empty hosts, paired over "
+        f"{len(gaps[0].by_seed)} seeds (pp: mean [95 % CI], seeds where ahead)"
+    ]
+    for g in gaps:
+        low, high = g.ci95()
+        verdict = "holds" if low > 0 else ("fails" if high < 0 else "not resolved")
+        lines.append(
+            f"  {g.predictor:<7} {g.ahead + ' - ' + g.behind:<22} {g.mean:+6.2f} "
+            f"[{low:+6.2f}, {high:+6.2f}]  {sum(x > 0 for x in g.by_seed)}/{len(g.by_seed)}"
+            f"  {verdict}"
+        )
+    return "\n".join(lines)
+
+
 def _progress_line(label: str) -> Callable[[float], None]:
     def show(fraction: float) -> None:
         sys.stderr.write(f"\rvm-sim {label:<18} {100 * fraction:5.1f} %")
@@ -410,11 +484,17 @@ def _progress_line(label: str) -> Callable[[float], None]:
 
 
 def write_outputs(results: Sequence[SimResult], out: Path) -> list[Path]:
-    """``vm.json`` (one row per policy x predictor) and, with matplotlib, ``vm.png``."""
+    """``vm.json`` (one row per policy x predictor), with two seeds or more
+    ``vm_order.json`` (``order_gaps``), and, with matplotlib, ``vm.png``."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / "vm.json"
     path.write_text(json.dumps([r.row() for r in results], indent=2) + "\n")
     written = [path]
+    gaps = order_gaps(results)
+    if gaps:
+        order = out / "vm_order.json"
+        order.write_text(json.dumps([g.row() for g in gaps], indent=2) + "\n")
+        written.append(order)
     png = _bar_plot(results, out / "vm.png")
     if png is not None:
         written.append(png)
@@ -572,6 +652,8 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps([r.row() for r in results], indent=2))
     else:
         print(render_table(results))
+        if gaps := render_gaps(order_gaps(results)):
+            print(gaps)
     if args.out:
         for path in write_outputs(results, args.out):
             print(f"wrote {path}", file=sys.stderr)

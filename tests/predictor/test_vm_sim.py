@@ -9,8 +9,12 @@ import pytest
 
 from loadgen import vm_sim
 from loadgen.vm_sim import (
+    Gap,
     OraclePredictor,
     SimOptions,
+    SimResult,
+    order_gaps,
+    render_gaps,
     simulate,
     size_pool,
     stranding,
@@ -156,6 +160,25 @@ def test_las_runs_on_the_distribution_or_the_mean(small_trace, tiny_model, exten
     assert result.rejected == 0 and 0 < result.empty_hosts_pct <= 100
 
 
+def test_order_gaps_pair_seeds_and_give_a_t_interval():
+    def row(policy, by_seed):
+        return SimResult(
+            policy, "model", float(np.mean(by_seed)), 0, 0, 0, empty_hosts_pct_by_seed=by_seed
+        )
+
+    results = [row("best_fit", [10, 10, 10]), row("las", [11, 12, 13]), row("lava", [11, 12, 13])]
+    lava_las, las_best = order_gaps(results)
+    assert (lava_las.ahead, lava_las.behind, lava_las.by_seed) == ("lava", "las", (0, 0, 0))
+    assert (las_best.ahead, las_best.behind, las_best.by_seed) == ("las", "best_fit", (1, 2, 3))
+    # mean 2, sd 1, t(0.975, 2 df) = 4.303: 2 -+ 4.303 / sqrt(3)
+    assert las_best.ci95() == pytest.approx((2 - 2.4843, 2 + 2.4843), abs=1e-3)
+    text = render_gaps([las_best])
+    assert "las - best_fit" in text and "+2.00 [ -0.48,  +4.48]  3/3  not resolved" in text
+    assert render_gaps([Gap("oracle", "lava", "las", (-1.0, -1.1, -0.9))]).endswith("0/3  fails")
+    assert render_gaps([Gap("oracle", "lava", "las", (1.0, 1.1, 0.9))]).endswith("3/3  holds")
+    assert order_gaps([row("las", [1.0])]) == []  # one seed: nothing to pair
+
+
 def test_vm_sim_seeds_reports_the_mean_over_seeds(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     vm_sim.add_subcommand(parser.add_subparsers(dest="command"))
@@ -174,5 +197,18 @@ def test_vm_sim_seeds_reports_the_mean_over_seeds(tmp_path, capsys):
         assert row["empty_hosts_pct_by_seed"] == by_seed
         assert row["empty_hosts_pct"] == pytest.approx(np.mean(by_seed), abs=0.01)
     assert "empty_hosts_pct_by_seed" not in singles[0][0]
+    (gap,) = json.loads((out / "vm_order.json").read_text())
+    assert (gap["predictor"], gap["ahead"], gap["behind"], gap["seeds"]) == (
+        "oracle",
+        "las",
+        "best_fit",
+        2,
+    )
+    diffs = [
+        rows[1]["empty_hosts_pct_by_seed"][k] - rows[0]["empty_hosts_pct_by_seed"][k]
+        for k in (0, 1)
+    ]
+    assert gap["by_seed_pp"] == pytest.approx(diffs, abs=1e-3)
+    assert gap["ci95_pp"][0] <= gap["gap_pp"] <= gap["ci95_pp"][1]
     bad = parser.parse_args([*common, "--trace", "x.csv", "--seeds", "2"])
     assert vm_sim.main(bad) == 2
