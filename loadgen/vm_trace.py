@@ -356,7 +356,9 @@ def azure_vm_trace(
     - arrival = ``vmcreated``, lifetime = ``vmdeleted - vmcreated``; a VM created and
       deleted in the same 5-minute tick gets half a tick (150 s), since the table cannot
       tell. VMs still running when the table ends carry its last timestamp: their
-      lifetimes are cut short there, as in the data.
+      lifetimes are cut short there, as in the data. VMs created before the table
+      begins, if they carry its first timestamp, arrive together at its start (vm-sim's
+      warm-up keeps that burst out of the metrics).
     - shape: the core and memory buckets (``>24`` read as 32 cores, ``>64`` as 128 GB);
     - features, all known when a VM is created: ``user`` (the subscription),
       ``category``, ``cores`` and ``memory_gb`` (the buckets as published) and
