@@ -56,8 +56,11 @@ from loadgen.vm_trace import DAY_S, HOUR_S, VmTrace, read_vm_trace, synthetic_vm
 from services.core.lifetime import (
     NO_HOST,
     HostPool,
+    Las,
+    Lava,
     LifetimeEstimate,
     VmRequest,
+    extension_buckets,
     extension_curve,
     lars_order,
     make_lifetime_policy,
@@ -155,13 +158,18 @@ class SimResult:
     vms: int = 0
     wall_s: float = 0.0
     empty_hosts_pct_by_seed: list[float] | None = None  # with --seeds N > 1
+    # LAVA only: per step (Lava.STEPS), [placements after the warm-up, of them those
+    # that extend their host's life by a higher LAS bucket than LAS's own pick would,
+    # and those on another host than LAS's pick]
+    lava_steps: dict[str, list[int]] | None = None
 
     def row(self) -> dict[str, Any]:
         out = asdict(self)
         for key in _MEASURED:
             out[key] = round(out[key], 2)
-        if out["empty_hosts_pct_by_seed"] is None:
-            del out["empty_hosts_pct_by_seed"]
+        for key in ("empty_hosts_pct_by_seed", "lava_steps"):
+            if out[key] is None:
+                del out[key]
         return out
 
 
@@ -244,6 +252,9 @@ def simulate(
     ):
         curves = predictor.extension(np.arange(n), np.zeros(n))  # uptime 0, one batch
 
+    # LAVA: which step placed each VM, and whether LAS would have extended a host less.
+    steps = np.zeros((len(Lava.STEPS), 3), dtype=np.int64) if isinstance(policy, Lava) else None
+
     def place(vm: int, now: float, estimate_s: float, curve: np.ndarray | None = None) -> int:
         request = VmRequest(shapes[vm], now)
         if curve is None and curves is not None and now == start_s[vm]:
@@ -253,7 +264,16 @@ def simulate(
             extension_horizons_s=None if curve is None else EXTENSION_HORIZONS_S,
             extension_s=curve,
         )
-        host = policy.choose_host(pool, request, estimate)
+        if steps is None:
+            host = policy.choose_host(pool, request, estimate)
+        else:
+            host, step = policy.choose(pool, request, estimate)
+            if host != NO_HOST and now >= options.warmup_s:
+                fits = np.flatnonzero(pool.fits(request.shape))
+                buckets = extension_buckets(pool, fits, request, estimate)
+                chosen = buckets[np.searchsorted(fits, host)]
+                las = Las().choose_host(pool, request, estimate)
+                steps[step] += (1, int(chosen > buckets.min()), int(host != las))
         if host != NO_HOST:
             pool.place(vm, host, shapes[vm], policy.tag(estimate), now + estimate_s, now)
         return host
@@ -352,6 +372,9 @@ def simulate(
         hosts=hosts,
         vms=n,
         wall_s=time.perf_counter() - started,
+        lava_steps=None
+        if steps is None
+        else {name: steps[k].tolist() for k, name in enumerate(Lava.STEPS)},
     )
 
 
@@ -393,6 +416,12 @@ def average_runs(runs: Sequence[Sequence[SimResult]]) -> list[SimResult]:
                 hosts=round(float(np.mean([r.hosts for r in rows]))),
                 vms=round(float(np.mean([r.vms for r in rows]))),
                 empty_hosts_pct_by_seed=[round(r.empty_hosts_pct, 2) for r in rows],
+                lava_steps=None
+                if first.lava_steps is None
+                else {
+                    name: np.sum([r.lava_steps[name] for r in rows], axis=0).tolist()
+                    for name in first.lava_steps
+                },
                 **mean,
             )
         )
@@ -548,6 +577,18 @@ def render_table(results: Sequence[SimResult]) -> str:
             f"{r.mem_stranded_pct:9.2f} {r.migrations:5d} {r.rejected:8d} {r.wall_s:7.1f}"
             + (f"  by seed {r.empty_hosts_pct_by_seed}" if r.empty_hosts_pct_by_seed else "")
         )
+    for r in results:
+        if r.lava_steps:
+            total = max(1, sum(counts[0] for counts in r.lava_steps.values()))
+            lines.append(
+                f"{r.policy}/{r.predictor} placements by step: share of all (of the "
+                "step's: on another host than LAS's pick / extending a host more than it): "
+                + ", ".join(
+                    f"{name} {100 * n / total:.1f} % ({100 * other / max(n, 1):.0f} / "
+                    f"{100 * worse / max(n, 1):.0f} %)"
+                    for name, (n, worse, other) in r.lava_steps.items()
+                )
+            )
     return "\n".join(lines)
 
 

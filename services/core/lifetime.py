@@ -426,10 +426,18 @@ class Las:
         idx = np.flatnonzero(candidates)
         if len(idx) == 0:
             return NO_HOST
-        horizon = np.maximum(hosts.exit_s[idx], vm.now_s) - vm.now_s
-        bucket = quantise_cost(estimate.expected_extension_s(horizon))
+        bucket = extension_buckets(hosts, idx, vm, estimate)
         left = ((hosts.free[idx] - vm.shape) / hosts.capacity[idx]).sum(axis=1)  # in [0, 2]
         return int(idx[np.argmin(bucket * 4.0 + left)])
+
+
+def extension_buckets(
+    hosts: HostPool, idx: np.ndarray, vm: VmRequest, estimate: LifetimeEstimate
+) -> np.ndarray:
+    """LAS's cost of placing the VM on each host of ``idx``: the quantised (expected)
+    extension of the host's life, an empty host's exit taken as now."""
+    horizon = np.maximum(hosts.exit_s[idx], vm.now_s) - vm.now_s
+    return quantise_cost(estimate.expected_extension_s(horizon))
 
 
 class Lava:
@@ -454,22 +462,34 @@ class Lava:
     def tag(self, estimate: LifetimeEstimate) -> int:
         return int(lifetime_class(estimate.expected_remaining_s))
 
+    # What ``choose`` reports as the step that placed a VM (index into this tuple).
+    STEPS = ("recycling_longer", "open_same", "open_longer", "las_occupied", "empty")
+
     def choose_host(self, hosts: HostPool, vm: VmRequest, estimate: LifetimeEstimate) -> int:
+        return self.choose(hosts, vm, estimate)[0]
+
+    def choose(self, hosts: HostPool, vm: VmRequest, estimate: LifetimeEstimate) -> tuple[int, int]:
+        """The host and the step (``STEPS`` index) that chose it; ``(NO_HOST, -1)``."""
         fits = hosts.fits(vm.shape)
         c = self.tag(estimate)
         longer = hosts.host_class > c
-        for candidates in (
-            fits & (hosts.state == HostState.RECYCLING) & longer,
-            fits & (hosts.state == HostState.OPEN) & (hosts.host_class == c),
-            fits & (hosts.state == HostState.OPEN) & longer,
+        for step, candidates in enumerate(
+            (
+                fits & (hosts.state == HostState.RECYCLING) & longer,
+                fits & (hosts.state == HostState.OPEN) & (hosts.host_class == c),
+                fits & (hosts.state == HostState.OPEN) & longer,
+            )
         ):
             host = best_fit_among(hosts, candidates, vm.shape)
             if host != NO_HOST:
-                return host
+                return host, step
         # Nothing lifetime-compatible: the smallest host-lifetime extension (LAS) among
         # the occupied hosts, and an empty host only when none fits at all.
         host = Las().choose_host_among(hosts, fits & ~hosts.empty(), vm, estimate)
-        return host if host != NO_HOST else first_among(fits & hosts.empty())
+        if host != NO_HOST:
+            return host, 3
+        host = first_among(fits & hosts.empty())
+        return host, (4 if host != NO_HOST else -1)
 
 
 POLICIES: dict[str, type] = {p.name: p for p in (BestFit, LaBinary, Las, Lava)}

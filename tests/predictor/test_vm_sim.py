@@ -15,6 +15,7 @@ from loadgen.vm_sim import (
     SimResult,
     order_gaps,
     render_gaps,
+    render_table,
     simulate,
     size_pool,
     stranding,
@@ -60,6 +61,13 @@ def test_every_policy_places_every_vm_and_reports_percentages(small_trace, polic
     for value in (result.empty_hosts_pct, result.cpu_stranded_pct, result.mem_stranded_pct):
         assert 0.0 <= value <= 100.0
     assert result.empty_hosts_pct > 0  # the pool has head-room above the mean demand
+    if policy == "lava":  # every placement after the warm-up, by the step that made it
+        counts = np.array(list(result.lava_steps.values()))
+        assert 0 < counts[:, 0].sum() <= result.vms and (counts[:, 1:] <= counts[:, :1]).all()
+        assert (counts[:, 1] <= counts[:, 2]).all()  # a costlier host is another host
+        assert "lava_steps" in result.row() and "placements by step" in render_table([result])
+    else:
+        assert result.lava_steps is None and "lava_steps" not in result.row()
     assert result.migrations > 0  # rolling maintenance drained occupied hosts
 
 

@@ -237,16 +237,20 @@ def test_lava_order_recycling_then_open_same_then_open_longer_then_las_then_empt
     p.place(2, 2, shape(8), 3, 90 * H, 0)  # open, class 3
     p.place(3, 3, shape(8), 2, 5 * H, 0)  # open, class 2
     assert p.state[0] == HostState.RECYCLING
-    assert lava.choose_host(p, VmRequest(shape(2), 0), est(0.5)) == 0
-    assert lava.choose_host(p, VmRequest(shape(8), 0), est(0.5)) == 1  # recycling too full
-    assert lava.choose_host(p, VmRequest(shape(8), 0), est(5)) == 3
+    # choose() also names the step (Lava.STEPS) that picked the host.
+    assert lava.choose(p, VmRequest(shape(2), 0), est(0.5)) == (0, 0)
+    assert lava.choose(p, VmRequest(shape(8), 0), est(0.5)) == (1, 1)  # recycling too full
+    assert lava.choose(p, VmRequest(shape(8), 0), est(5)) == (3, 1)
     p.release(3, 0)
-    assert lava.choose_host(p, VmRequest(shape(8), 0), est(5)) == 2  # open, longer class
+    assert lava.choose(p, VmRequest(shape(8), 0), est(5)) == (2, 2)  # open, longer class
     # A class-4 VM: no class-4 host, so LAS among occupied hosts (host 2 lives longest).
-    assert lava.choose_host(p, VmRequest(shape(8), 0), est(100)) == 2
+    assert lava.choose(p, VmRequest(shape(8), 0), est(100)) == (2, 3)
     full = pool(2, adaptive=True)
     full.place(0, 0, shape(62), 1, 0.5 * H, 0)
-    assert lava.choose_host(full, VmRequest(shape(8), 0), est(5)) == 1  # empty, last
+    assert lava.choose(full, VmRequest(shape(8), 0), est(5)) == (1, 4)  # empty, last
+    assert lava.choose(full, VmRequest(shape(80), 0), est(5)) == (NO_HOST, -1)
+    assert lava.choose_host(full, VmRequest(shape(8), 0), est(5)) == 1
+    assert Lava.STEPS[3] == "las_occupied"
     assert lava.tag(est(5)) == 2
 
 
