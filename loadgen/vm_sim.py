@@ -56,6 +56,7 @@ from loadgen.vm_trace import DAY_S, HOUR_S, VmTrace, read_vm_trace, synthetic_vm
 from services.core.lifetime import (
     NO_HOST,
     HostPool,
+    LaBinary,
     Las,
     Lava,
     LifetimeEstimate,
@@ -162,12 +163,14 @@ class SimResult:
     # that extend their host's life by a higher LAS bucket than LAS's own pick would,
     # and those on another host than LAS's pick]
     lava_steps: dict[str, list[int]] | None = None
+    # LA-Binary only: its labels at creation against the true lifetimes (VM counts)
+    labels: dict[str, int] | None = None
 
     def row(self) -> dict[str, Any]:
         out = asdict(self)
         for key in _MEASURED:
             out[key] = round(out[key], 2)
-        for key in ("empty_hosts_pct_by_seed", "lava_steps"):
+        for key in ("empty_hosts_pct_by_seed", "lava_steps", "labels"):
             if out[key] is None:
                 del out[key]
         return out
@@ -375,7 +378,24 @@ def simulate(
         lava_steps=None
         if steps is None
         else {name: steps[k].tolist() for k, name in enumerate(Lava.STEPS)},
+        labels=label_confusion(expected0, trace.lifetime_s, policy.cutoff_s)
+        if isinstance(policy, LaBinary)
+        else None,
     )
+
+
+def label_confusion(
+    predicted_s: np.ndarray, lifetime_s: np.ndarray, cutoff_s: float
+) -> dict[str, int]:
+    """LA-Binary's one-shot labels (predicted lifetime >= cutoff: long) against the true
+    lifetimes, as VM counts: ``long_as_short`` are long VMs it labelled short."""
+    said_long = np.asarray(predicted_s) >= cutoff_s
+    long = np.asarray(lifetime_s) >= cutoff_s
+    return {
+        f"{truth}_as_{said}": int(((long == t) & (said_long == p)).sum())
+        for truth, t in (("long", True), ("short", False))
+        for said, p in (("long", True), ("short", False))
+    }
 
 
 def run_all(
@@ -416,6 +436,9 @@ def average_runs(runs: Sequence[Sequence[SimResult]]) -> list[SimResult]:
                 hosts=round(float(np.mean([r.hosts for r in rows]))),
                 vms=round(float(np.mean([r.vms for r in rows]))),
                 empty_hosts_pct_by_seed=[round(r.empty_hosts_pct, 2) for r in rows],
+                labels=None
+                if first.labels is None
+                else {k: sum(r.labels[k] for r in rows) for k in first.labels},
                 lava_steps=None
                 if first.lava_steps is None
                 else {
@@ -578,6 +601,13 @@ def render_table(results: Sequence[SimResult]) -> str:
             + (f"  by seed {r.empty_hosts_pct_by_seed}" if r.empty_hosts_pct_by_seed else "")
         )
     for r in results:
+        if r.labels:
+            said_long = r.labels["long_as_long"] + r.labels["short_as_long"]
+            long = r.labels["long_as_long"] + r.labels["long_as_short"]
+            lines.append(
+                f"{r.policy}/{r.predictor} labels: {r.labels['long_as_short']} of {long} long "
+                f"VMs said short, {r.labels['short_as_long']} of {said_long} said long are short"
+            )
         if r.lava_steps:
             total = max(1, sum(counts[0] for counts in r.lava_steps.values()))
             lines.append(

@@ -13,6 +13,7 @@ from loadgen.vm_sim import (
     OraclePredictor,
     SimOptions,
     SimResult,
+    label_confusion,
     order_gaps,
     render_gaps,
     render_table,
@@ -68,7 +69,26 @@ def test_every_policy_places_every_vm_and_reports_percentages(small_trace, polic
         assert "lava_steps" in result.row() and "placements by step" in render_table([result])
     else:
         assert result.lava_steps is None and "lava_steps" not in result.row()
+    if policy == "la_binary":  # the oracle labels every VM right
+        labels = result.labels
+        assert labels["long_as_short"] == labels["short_as_long"] == 0
+        assert labels["long_as_long"] + labels["short_as_short"] == result.vms
+        assert "labels: 0 of" in render_table([result])
+    else:
+        assert result.labels is None
     assert result.migrations > 0  # rolling maintenance drained occupied hosts
+
+
+def test_label_confusion_counts_each_cell():
+    hour = 3600.0
+    predicted = np.array([3, 1, 3, 1, 1]) * hour
+    actual = np.array([5, 5, 1, 1, 0.5]) * hour
+    assert label_confusion(predicted, actual, 2 * hour) == {
+        "long_as_long": 1,
+        "long_as_short": 1,
+        "short_as_long": 1,
+        "short_as_short": 2,
+    }
 
 
 def test_lars_needs_fewer_migrations_than_a_random_drain_order():
