@@ -42,10 +42,13 @@ import argparse
 import heapq
 import itertools
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -678,6 +681,12 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         default=1,
         help="synthetic trace: run seeds SEED..SEED+N-1 and report the mean of each row",
     )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        help="with --seeds: seeds run in parallel processes (default: one per core)",
+    )
     p.add_argument("--out", type=Path, help="write vm.json and vm.png here")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     return p
@@ -702,22 +711,27 @@ def main(args: argparse.Namespace) -> int:
     if args.seeds < 1 or (args.seeds > 1 and (args.trace or args.model)):
         print("megha-loadgen: --seeds N needs N >= 1 and the synthetic trace", file=sys.stderr)
         return 2
-    runs = []
-    for seed in range(args.seed, args.seed + args.seeds):
-        if seed != args.seed:
-            trace, model = _inputs(argparse.Namespace(**{**vars(args), "seed": seed}), need_model)
-        options = SimOptions(
-            host_cpu_milli=args.host_cores * 1000,
-            host_memory_mb=args.host_memory_gib * 1024,
-            hosts=args.hosts,
-            warmup_s=args.warmup_hours * HOUR_S,
-            repredict_s=args.repredict_minutes * 60.0,
-            maintenance_interval_s=args.maintenance_hours * HOUR_S,
-            drain_order=args.drain_order,
-            extension=args.extension,
-            seed=seed,
-        )
-        runs.append(run_all(trace, model, options, policies, predictors, sys.stderr.isatty()))
+    seeds = range(args.seed, args.seed + args.seeds)
+    jobs = min(args.jobs or os.cpu_count() or 1, len(seeds))
+    if jobs < 1:
+        print("megha-loadgen: --jobs must be >= 1", file=sys.stderr)
+        return 2
+    progress = sys.stderr.isatty()
+    if jobs == 1:
+        runs = [_run_seed(args, seeds[0], policies, predictors, progress, (trace, model))]
+        runs += [_run_seed(args, seed, policies, predictors, progress) for seed in seeds[1:]]
+    else:
+        with ProcessPoolExecutor(jobs - 1, mp_context=get_context("spawn")) as pool:
+            # The other seeds in child processes, the first here (its inputs are built).
+            others = [
+                pool.submit(_run_seed, args, seed, policies, predictors, False)
+                for seed in seeds[1:]
+            ]
+            runs = [_run_seed(args, seeds[0], policies, predictors, progress, (trace, model))]
+            for seed, future in zip(seeds[1:], others, strict=True):
+                runs.append(future.result())
+                if progress:
+                    sys.stderr.write(f"vm-sim: seed {seed} done\n")
     results = runs[0] if len(runs) == 1 else average_runs(runs)
     if args.json:
         print(json.dumps([r.row() for r in results], indent=2))
@@ -729,6 +743,32 @@ def main(args: argparse.Namespace) -> int:
         for path in write_outputs(results, args.out):
             print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _run_seed(
+    args: argparse.Namespace,
+    seed: int,
+    policies: Sequence[str],
+    predictors: Sequence[str],
+    progress: bool,
+    inputs: tuple[VmTrace, Any] | None = None,
+) -> list[SimResult]:
+    """Every policy x predictor on one seed's trace (built here unless given)."""
+    if inputs is None:
+        inputs = _inputs(argparse.Namespace(**{**vars(args), "seed": seed}), "model" in predictors)
+    trace, model = inputs
+    options = SimOptions(
+        host_cpu_milli=args.host_cores * 1000,
+        host_memory_mb=args.host_memory_gib * 1024,
+        hosts=args.hosts,
+        warmup_s=args.warmup_hours * HOUR_S,
+        repredict_s=args.repredict_minutes * 60.0,
+        maintenance_interval_s=args.maintenance_hours * HOUR_S,
+        drain_order=args.drain_order,
+        extension=args.extension,
+        seed=seed,
+    )
+    return run_all(trace, model, options, policies, predictors, progress)
 
 
 def _report_skipped(path: Path, stats: ReadStats) -> None:

@@ -238,5 +238,16 @@ def test_vm_sim_seeds_reports_the_mean_over_seeds(tmp_path, capsys):
     ]
     assert gap["by_seed_pp"] == pytest.approx(diffs, abs=1e-3)
     assert gap["ci95_pp"][0] <= gap["gap_pp"] <= gap["ci95_pp"][1]
+    # The second seed ran in a child process (--jobs defaults to one per core); one
+    # process gives the same rows.
+    serial = tmp_path / "serial"
+    args = parser.parse_args([*common, "--seed", "5", "--seeds", "2", "--out", str(serial)])
+    args.jobs = 1
+    assert vm_sim.main(args) == 0
+    assert json.loads((serial / "vm.json").read_text()) == [
+        {**row, "wall_s": json.loads((serial / "vm.json").read_text())[k]["wall_s"]}
+        for k, row in enumerate(rows)
+    ]
     bad = parser.parse_args([*common, "--trace", "x.csv", "--seeds", "2"])
     assert vm_sim.main(bad) == 2
+    assert vm_sim.main(parser.parse_args([*common, "--seeds", "2", "--jobs", "-1"])) == 2
