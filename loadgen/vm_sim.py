@@ -721,8 +721,9 @@ def main(args: argparse.Namespace) -> int:
         runs = [_run_seed(args, seeds[0], policies, predictors, progress, (trace, model))]
         runs += [_run_seed(args, seed, policies, predictors, progress) for seed in seeds[1:]]
     else:
-        with ProcessPoolExecutor(jobs - 1, mp_context=get_context("spawn")) as pool:
-            # The other seeds in child processes, the first here (its inputs are built).
+        with ProcessPoolExecutor(jobs, mp_context=get_context("spawn")) as pool:
+            # The other seeds in ``jobs`` child processes; meanwhile the first here, on the
+            # inputs already built (one process more than ``jobs`` until it ends).
             others = [
                 pool.submit(_run_seed, args, seed, policies, predictors, False)
                 for seed in seeds[1:]
