@@ -31,55 +31,48 @@ def _full_name(module, service: str) -> str:
 
 
 @contextlib.asynccontextmanager
+async def _serving(endpoint, add_servicer, servicer, module, name: str, *, servicer_first: bool):
+    """``servicer`` (with ``start``/``shutdown``) behind a gRPC ``Service`` on
+    ``endpoint``; ``servicer_first`` starts it before the server takes calls."""
+    service = Service(
+        endpoint.listen,
+        [(add_servicer, servicer, _full_name(module, name))],
+        metrics_port=endpoint.metrics_port,
+    )
+    first, second = (servicer, service) if servicer_first else (service, servicer)
+    await first.start()
+    await second.start()
+    try:
+        yield servicer
+    finally:
+        await service.stop()
+        await servicer.shutdown()
+
+
+@contextlib.asynccontextmanager
 async def running_lm(config: FederationConfig, lm_id: str, bus: Bus) -> AsyncIterator:
     from services.local_master.service import LocalMaster
 
-    endpoint = config.lm(lm_id)
     lm = LocalMaster(config, lm_id, bus)
-    service = Service(
-        endpoint.listen,
-        [
-            (
-                local_master_pb2_grpc.add_LocalMasterServicer_to_server,
-                lm,
-                _full_name(local_master_pb2, "LocalMaster"),
-            )
-        ],
-        metrics_port=endpoint.metrics_port,
-    )
-    await service.start()
-    await lm.start()
-    try:
+    add = local_master_pb2_grpc.add_LocalMasterServicer_to_server
+    # The server first: a GM that hears the LM's first heartbeat can call it at once.
+    async with _serving(
+        config.lm(lm_id), add, lm, local_master_pb2, "LocalMaster", servicer_first=False
+    ):
         yield lm
-    finally:
-        await service.stop()
-        await lm.shutdown()
 
 
 @contextlib.asynccontextmanager
 async def running_gm(config: FederationConfig, gm_id: str, bus: Bus) -> AsyncIterator:
     from services.global_master.service import GlobalMaster
 
-    endpoint = config.gm(gm_id)
     gm = GlobalMaster(config, gm_id, bus)
-    service = Service(
-        endpoint.listen,
-        [
-            (
-                global_master_pb2_grpc.add_GlobalMasterServicer_to_server,
-                gm,
-                _full_name(global_master_pb2, "GlobalMaster"),
-            )
-        ],
-        metrics_port=endpoint.metrics_port,
-    )
-    await gm.start()
-    await service.start()
-    try:
+    add = global_master_pb2_grpc.add_GlobalMasterServicer_to_server
+    # The GM first: it consumes its queues and hears heartbeats before it takes jobs.
+    async with _serving(
+        config.gm(gm_id), add, gm, global_master_pb2, "GlobalMaster", servicer_first=True
+    ):
         yield gm
-    finally:
-        await service.stop()
-        await gm.shutdown()
 
 
 @contextlib.asynccontextmanager
