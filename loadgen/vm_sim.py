@@ -702,6 +702,9 @@ def main(args: argparse.Namespace) -> int:
     if bad:
         print(f"megha-loadgen: unknown policy or predictor {', '.join(bad)}", file=sys.stderr)
         return 2
+    if args.jobs < 0:
+        print("megha-loadgen: --jobs must be >= 1 (0: one per core)", file=sys.stderr)
+        return 2
     need_model = "model" in predictors
     try:
         trace, model = _inputs(args, need_model)
@@ -713,9 +716,6 @@ def main(args: argparse.Namespace) -> int:
         return 2
     seeds = range(args.seed, args.seed + args.seeds)
     jobs = min(args.jobs or os.cpu_count() or 1, len(seeds))
-    if jobs < 1:
-        print("megha-loadgen: --jobs must be >= 1", file=sys.stderr)
-        return 2
     progress = sys.stderr.isatty()
     if jobs == 1:
         runs = [_run_seed(args, seeds[0], policies, predictors, progress, (trace, model))]
