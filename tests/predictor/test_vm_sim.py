@@ -21,7 +21,7 @@ from loadgen.vm_sim import (
     size_pool,
     stranding,
 )
-from loadgen.vm_trace import VmTrace, synthetic_vm_trace, write_vm_csv
+from loadgen.vm_trace import VmTrace, synthetic_vm_trace, write_azure_vmtable, write_vm_csv
 from services.core.lifetime import HostPool
 
 H = 3600.0
@@ -136,21 +136,9 @@ def test_vm_sim_command_writes_vm_json_and_a_plot(tmp_path, small_trace, tiny_mo
 
 def test_vm_sim_runs_on_an_azure_vmtable(tmp_path, small_trace, capsys):
     """Azure's vmtable.csv in, the model trained on its first 30 %, the rest simulated."""
-    start = small_trace.arrival_s.min()
-    rows = [
-        f"vm{i},sub-{f['user']},dep-{i // 3},{a - start:.0f},{a - start + life:.0f},"
-        f"50,10,40,{f['category']},{f['cores']},{f['memory_gb']}"
-        for i, (a, life, f) in enumerate(
-            zip(
-                small_trace.arrival_s,
-                small_trace.lifetime_s,
-                small_trace.feature_dicts(),
-                strict=True,
-            )
-        )
-    ]
-    path = tmp_path / "vmtable.csv"
-    path.write_text("\n".join([*rows, "broken,row"]) + "\n")
+    path = write_azure_vmtable(small_trace, tmp_path / "vmtable.csv")
+    with path.open("a") as f:
+        f.write("broken,row\n")
     parser = argparse.ArgumentParser()
     vm_sim.add_subcommand(parser.add_subparsers(dest="command"))
     argv = ["vm-sim", "--trace", str(path), "--warmup-hours", "1", "--json"]
@@ -160,7 +148,9 @@ def test_vm_sim_runs_on_an_azure_vmtable(tmp_path, small_trace, capsys):
     assert "skipped 1 malformed rows" in out.err
     rows = json.loads(out.out)
     assert [r["policy"] for r in rows] == ["best_fit", "las"]
-    assert all(r["vms"] > 0.6 * len(small_trace) and r["rejected"] == 0 for r in rows)
+    # The VMs after the first 30 % of the span (the prehistory's survivors, created at 0
+    # in Azure's layout, are all in the training part).
+    assert all(r["vms"] > 0.5 * len(small_trace) and r["rejected"] == 0 for r in rows)
 
 
 def test_vm_sim_command_rejects_unknown_names(capsys):
