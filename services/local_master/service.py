@@ -160,10 +160,12 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         received = time.time_ns()
         specs: list[TaskSpec | Decision] = []
         for p in request.placements:
-            spec = await self._spec(p.task, context) if not stream else self._parse(p.task)
-            if isinstance(spec, str):  # only on a stream: a call was aborted above
-                spec = Decision(PlacementStatus.REJECTED_INVALID, spec)
-            specs.append(spec)
+            try:
+                specs.append(parse_task(p.task, self.config.num_constraints))
+            except InvalidTask as err:
+                if not stream:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+                specs.append(Decision(PlacementStatus.REJECTED_INVALID, str(err)))
         place = self.state.launch if kind == "launch" else self.state.repartition
         results, rejected = [], False
         for placement, spec in zip(request.placements, specs, strict=True):
@@ -355,18 +357,12 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         return True
 
     # --------------------------------------------------------------- helpers
-    def _parse(self, task: common_pb2.Task) -> TaskSpec | str:
-        """The task's spec, or why it is malformed."""
+    async def _spec(self, task: common_pb2.Task, context) -> TaskSpec:
+        """The task's spec; a malformed task ends the call with INVALID_ARGUMENT."""
         try:
             return parse_task(task, self.config.num_constraints)
         except InvalidTask as err:
-            return str(err)
-
-    async def _spec(self, task: common_pb2.Task, context) -> TaskSpec:
-        spec = self._parse(task)
-        if isinstance(spec, str):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, spec)
-        return spec
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
 
     def _result(self, task_id: str, decision: Decision, kind: str):
         metrics.LM_PLACEMENTS.labels(self.lm_id, kind, decision.status.name.lower()).inc()
