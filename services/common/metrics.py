@@ -20,7 +20,9 @@ SCHEDULE_ATTEMPTS = Counter(
 )
 QUEUE_PENDING = Gauge("megha_queue_pending_tasks", "Tasks waiting in a user queue.", ["queue"])
 QUEUE_USAGE_SHARE = Gauge(
-    "megha_queue_usage_share", "Dominant share of the federation a queue holds.", ["queue"]
+    "megha_queue_usage_share",
+    "Dominant share of the federation a queue holds (tasks the LMs hold or accepted).",
+    ["queue"],
 )
 INCONSISTENCIES = Counter(
     "megha_inconsistencies_total",

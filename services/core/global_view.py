@@ -69,6 +69,8 @@ class LMView:
     # ended (lifecycle event) before a snapshot confirmed it.
     inflight: dict[str, tuple[Allocation, float | None]] = field(default_factory=dict)
     ended: dict[str, tuple[int, float | None]] = field(default_factory=dict)  # id -> attempt
+    # Of ``inflight``, the launches the LM has not answered yet (``GlobalView.accepted``).
+    unanswered: set[str] = field(default_factory=set)
     # Shapes that found no node here while the table stood at ``miss_version``: matching
     # them again before the table changes would find none again (an overloaded
     # federation otherwise re-scans every full partition for every task).
@@ -178,6 +180,7 @@ class GlobalView:
             confirmed = seen is not None and seen.attempt >= allocation.attempt
             if confirmed or task_id in gone or _expired(since, now):
                 del view.inflight[task_id]
+                view.unanswered.discard(task_id)
                 if not confirmed and task_id not in gone:
                     view.allocations.pop(task_id, None)
                 continue
@@ -221,7 +224,7 @@ class GlobalView:
         if old is None:
             self._order = sorted([*self._order, snapshot.lm_id])
         else:
-            view.inflight, view.ended = old.inflight, old.ended
+            view.inflight, view.ended, view.unanswered = old.inflight, old.ended, old.unanswered
         self.lms[snapshot.lm_id] = view
         self._reconcile(view, snapshot, now)
 
@@ -250,6 +253,13 @@ class GlobalView:
             usage_var=usage_var,
         )
         view.inflight[task.task_id] = (allocation, now)
+        view.unanswered.add(task.task_id)
+
+    def accepted(self, lm_id: str, task_id: str) -> None:
+        """The LM accepted a launch: it holds the task, though no snapshot showed it yet."""
+        view = self.lms.get(lm_id)
+        if view is not None:
+            view.unanswered.discard(task_id)
 
     def release(
         self,
@@ -267,6 +277,7 @@ class GlobalView:
         if view is None:
             return False
         view.inflight.pop(task_id, None)
+        view.unanswered.discard(task_id)
         allocation = view.allocations.pop(task_id, None)
         if ended:
             known = allocation.attempt if allocation is not None else attempt
@@ -343,9 +354,15 @@ class GlobalView:
         return self._feasible[shape]
 
     # ----------------------------------------------------------- accounting
-    def allocations(self) -> Iterator[Allocation]:
+    def allocations(self, accepted: bool = False) -> Iterator[Allocation]:
+        """Every task the view holds; with ``accepted``, not the launches no LM has
+        answered yet."""
         for view in self.lms.values():
-            yield from view.allocations.values()
+            if accepted and view.unanswered:
+                held = view.allocations.values()
+                yield from (a for a in held if a.task_id not in view.unanswered)
+            else:
+                yield from view.allocations.values()
 
     def total_capacity(self) -> np.ndarray:
         total = np.zeros(NUM_RESOURCES, dtype=np.int64)
@@ -353,13 +370,23 @@ class GlobalView:
             total += view.table.capacity.sum(axis=1)
         return total
 
-    def queue_usage(self) -> dict[str, np.ndarray]:
-        """Resources held per queue over every LM (fresh arrays: callers may keep them)."""
+    def queue_usage(self, accepted: bool = False) -> dict[str, np.ndarray]:
+        """Resources held per queue over every LM (fresh arrays: callers may keep them).
+
+        With ``accepted``, without this GM's launches no LM has answered yet, many of
+        which a busy federation rejects: placement and fairness count them (so as not to
+        oversubscribe a node), a report of what a queue holds should not.
+        """
         total: dict[str, np.ndarray] = {}
         for view in self.lms.values():
             for queue, held in view.queue_usage().items():
                 known = total.get(queue)
                 total[queue] = held.copy() if known is None else known + held
+            if accepted:
+                for task_id in view.unanswered:
+                    allocation = view.allocations.get(task_id)
+                    if allocation is not None and allocation.queue in total:
+                        total[allocation.queue] -= allocation.resources
         return total
 
     # ----------------------------------------------------------- fairness

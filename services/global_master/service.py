@@ -412,9 +412,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     node_count=int(sizes[p]),
                     free=resources_to_proto(free[p]),
                 )
-        usage, total = self.view.queue_usage(), self.view.total_capacity()
+        # What the LMs hold or have accepted, not the launches they have not answered.
+        usage = self.view.queue_usage(accepted=True)
+        total = self.view.total_capacity()
         running: dict[str, int] = defaultdict(int)
-        for allocation in self.view.allocations():
+        for allocation in self.view.allocations(accepted=True):
             running[allocation.queue] += 1
         for q in self.config.effective_queues():
             held = usage.get(q.name)
@@ -546,7 +548,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
     async def _gauge_loop(self) -> None:
         """Queue gauges for Prometheus: this GM's queues' pending tasks and usage share."""
         while True:
-            usage, total = self.view.queue_usage(), self.view.total_capacity()
+            usage = self.view.queue_usage(accepted=True)
+            total = self.view.total_capacity()
             for queue in self.my_queues:
                 held = usage.get(queue)
                 share = dominant_share(held, total) if held is not None else 0.0
@@ -682,6 +685,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         for (item, _), result in zip(items, reply.results, strict=True):
             status = placement_status_from_proto(result.status)
             if status.ok:
+                self.view.accepted(lm_id, item.task.task_id)
                 await self._launched(item.batch)
             else:
                 # Undo the optimistic reservation first; the LM's state then overwrites
@@ -732,6 +736,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         if reply.HasField("state"):
             await self._apply_state(reply.state)
         if status.ok:
+            self.view.accepted(plan.lm_id, item.task.task_id)
             self.counters["preemptions"] += len(reply.preempted_task_ids)
             await self._launched(item.batch)
         else:

@@ -59,10 +59,11 @@ async def test_backlogged_queues_converge_to_their_shares(tmp_path):
         for queue, share in SHARES.items():
             assert abs(shares[queue] - share) <= 0.05, f"{queue}: {shares[queue]:.3f} vs {share}"
         # The serving GM's gauges say the same: its view of the share, and a backlog left.
-        # A gauge is one 1 Hz sample of the GM's view (launches in flight, ends not yet
-        # heard of): the median of three readings a refresh apart must track the share.
+        # A gauge is one 1 Hz sample of the GM's view (ends not yet heard of; the LMs'
+        # own books swing by +-0.15 between samples on a loaded machine): the median of
+        # five readings a refresh apart must track the share.
         readings: dict[str, list[float]] = defaultdict(list)
-        for _ in range(3):
+        for _ in range(5):
             for q in QUEUES:
                 name, gm = q["name"], q["gm"]
                 gauge = await fed.metric(gm, f'megha_queue_usage_share{{queue="{name}"}}')
@@ -70,7 +71,7 @@ async def test_backlogged_queues_converge_to_their_shares(tmp_path):
             await asyncio.sleep(1.1)
         for q in QUEUES:
             name, gm = q["name"], q["gm"]
-            gauge = sorted(readings[name])[1]
+            gauge = sorted(readings[name])[2]
             assert abs(gauge - SHARES[name]) <= 0.15, f"{name}: gauges {readings[name]}"
             assert await fed.metric(gm, f'megha_queue_pending_tasks{{queue="{name}"}}') > 0
 

@@ -188,6 +188,46 @@ def test_a_launch_never_answered_expires():
     np.testing.assert_array_equal(view.lms["lm-0"].table.free, state.table.free)
 
 
+def test_reported_usage_leaves_out_the_launches_no_lm_answered():
+    (state,) = federation(1, 2)
+    view = view_of([state])
+    t1, t2 = task("t1", cpu=4000), task("t2", cpu=4000)
+    p1 = view.match(t1)
+    view.reserve(p1, t1, now=0.0)
+    p2 = view.match(t2)
+    view.reserve(p2, t2, now=0.0)
+    # Placement and fairness count both launches (so as not to oversubscribe a node)...
+    assert view.queue_usage()["default"][0] == 8000
+    assert {a.task_id for a in view.allocations()} == {"t1", "t2"}
+    # ...a report of what the queue holds only those an LM accepted.
+    assert view.queue_usage(accepted=True)["default"][0] == 0
+    assert list(view.allocations(accepted=True)) == []
+    view.accepted("lm-0", "t1")
+    assert view.release("lm-0", "t2") is True  # rejected
+    assert view.queue_usage(accepted=True)["default"][0] == 4000
+    assert [a.task_id for a in view.allocations(accepted=True)] == ["t1"]
+    # A snapshot that shows t1 ends the bookkeeping; the cached sums were not touched.
+    base = state.version
+    state.launch("gm-a", t1, p1.node)
+    assert view.apply(state.snapshot(since_version=base), 1.0) is ApplyResult.APPLIED
+    lmv = view.lms["lm-0"]
+    assert not lmv.inflight and not lmv.unanswered
+    assert view.queue_usage(accepted=True)["default"][0] == 4000
+    assert view.queue_usage()["default"][0] == 4000
+
+
+def test_a_snapshot_showing_an_unanswered_launch_counts_it():
+    (state,) = federation(1, 2)
+    view = view_of([state])
+    t1 = task("t1", cpu=4000)
+    placement = view.match(t1)
+    view.reserve(placement, t1, now=0.0)
+    base = state.version
+    state.launch("gm-a", t1, placement.node)  # the heartbeat overtakes the reply
+    assert view.apply(state.snapshot(since_version=base), 1.0) is ApplyResult.APPLIED
+    assert view.queue_usage(accepted=True)["default"][0] == 4000
+
+
 # ------------------------------------------------------------------ the miss cache
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

@@ -739,8 +739,10 @@ class QueueStatus(_message.Message):
     share: _builtins.float
     """Configured fair share, in [0, 1]."""
     usage_share: _builtins.float
-    """Fraction of the federation the queue currently uses; above share = over
-    share, so its tasks may be preempted.
+    """Fraction of the federation the queue currently uses (dominant share), as
+    the GM last heard from the LMs: tasks they hold or accepted, not launches
+    still awaiting an answer. Above share = over share: its tasks may be
+    preempted.
     """
     pending_tasks: _builtins.int
     running_tasks: _builtins.int
