@@ -136,6 +136,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # Jobs submitted here to our own queues, scheduled from memory, whose broker
         # delivery has not arrived yet (see SubmitJob).
         self._local: dict[tuple, Batch] = {}
+        # Jobs whose publish failed here, so the broker may or may not hold their message:
+        # its delivery, if it ever comes, must first ask the LMs what launched. Only the
+        # id stays once none of its launches is out (``_forget_failed``).
+        self._failed_jobs: set[str] = set()
         self.recent = Recent()
         self._stubs = {
             lm.id: local_master_pb2_grpc.LocalMasterStub(channel(lm.target)) for lm in config.lms
@@ -337,6 +341,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             # delivery is then scheduled like a redelivered one, skipping what launched.
             # Those still queued here go now; one out at an LM is dropped if it comes back.
             local.cancelled = True
+            self._spawn(self._forget_failed(key, local, job_id))
             for item in self.queues.remove(queue, lambda item: item.batch is local):
                 self._event(item.task, common_pb2.TASK_STATE_REJECTED, "the broker refused it")
             log.warning(
@@ -351,6 +356,15 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 ) from err
             raise
         return global_master_pb2.SubmitJobResponse(job_id=job_id, task_ids=ids)
+
+    async def _forget_failed(self, key: tuple, local: Batch, job_id: str) -> None:
+        """A failed submission's message may never arrive: once none of its launches is
+        out, its entry (which holds every task id) leaves ``_local`` and only the job id
+        remains, enough for a late delivery to check what launched."""
+        await local.all_landed()
+        if self._local.get(key) is local:
+            del self._local[key]
+            self._failed_jobs.add(job_id)
 
     def _push(self, queue: str, items: list[Pending]) -> None:
         for item in items:
@@ -450,9 +464,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # Redelivered, or stored although its submission failed here: some of its tasks
         # may already run. Of a failed submission, launches still out must be answered
         # first, or the LMs would not know of tasks about to start and they would run twice.
+        failed = batch_msg.job_id in self._failed_jobs
+        self._failed_jobs.discard(batch_msg.job_id)
         if local is not None:
             await local.all_landed()
-        check = delivery.redelivered or local is not None
+        check = delivery.redelivered or local is not None or failed
         launched = await self._already_launched(batch_msg) if check else set()
         if batch.remaining == len(launched):
             await delivery.ack()

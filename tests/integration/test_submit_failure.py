@@ -76,6 +76,9 @@ async def test_a_publish_that_fails_drops_the_tasks_that_had_not_launched():
         assert gm.queues.pending(job.queue) == 0
         await asyncio.sleep(1.5)
         assert await lm_knows(config, ["lost.0", "hog.0", "hog.1"]) == ["hog.0", "hog.1"]
+        # Nothing of it was out at an LM: the GM keeps only its id, for a late delivery.
+        assert not [key for key in gm._local if key[0] == "lost"]
+        assert "lost" in gm._failed_jobs
 
 
 class StoredAfterAll:
@@ -117,3 +120,27 @@ async def test_a_failed_submission_delivered_after_all_waits_for_its_launches_in
         # The LM knew the task by then: the message is acked, the task not queued again.
         assert delivery.acked
         assert gm.queues.pending(batch.queue) == 0
+
+
+async def test_a_failed_submission_delivered_long_after_still_checks_what_launched():
+    async with embedded_federation("submit-late") as (config, gm, _bus, client):
+        tasks = sim_tasks(1, 0.05, cpu_milli=100)
+        await client.submit(tasks, job_id="late")
+        deadline = time.monotonic() + 10
+        while (await lm_knows(config, ["late.0"])) != ["late.0"]:
+            assert time.monotonic() < deadline, "the task never reached the LM"
+            await asyncio.sleep(0.05)
+        # As if its publish had failed and its entry had since been forgotten (no launch
+        # out): only the job id is left when the broker's delivery comes.
+        job = await client.job("late")
+        batch = common_pb2.TaskBatch(job_id="late", queue=job.queue, tasks=tasks)
+        batch.tasks[0].MergeFrom(common_pb2.Task(task_id="late.0", job_id="late", queue=job.queue))
+        gm._failed_jobs.add("late")
+        delivery = StoredAfterAll(batch.SerializeToString())
+        async with asyncio.timeout(10):
+            await gm._on_delivery(delivery)
+        # Decided by the delivery itself (no turn of the loop in between): the LM knew
+        # the task, so the message is acked and the task not queued again.
+        assert delivery.acked
+        assert gm.queues.pending(batch.queue) == 0
+        assert "late" not in gm._failed_jobs
