@@ -60,13 +60,13 @@ from services.core.lifetime import (
     NO_HOST,
     HostPool,
     LaBinary,
-    Las,
     Lava,
     LifetimeEstimate,
     VmRequest,
     extension_buckets,
     extension_curve,
     lars_order,
+    las_scores,
     make_lifetime_policy,
 )
 from services.predictor.lifetime_model import AUGMENT_GRID_S
@@ -275,10 +275,11 @@ def simulate(
         else:
             host, step = policy.choose(pool, request, estimate)
             if host != NO_HOST and now >= options.warmup_s:
+                # LAS over the same hosts (Las.choose_host, without computing it twice).
                 fits = np.flatnonzero(pool.fits(request.shape))
                 buckets = extension_buckets(pool, fits, request, estimate)
                 chosen = buckets[np.searchsorted(fits, host)]
-                las = Las().choose_host(pool, request, estimate)
+                las = fits[np.argmin(las_scores(pool, fits, request, buckets))]
                 steps[step] += (1, int(chosen > buckets.min()), int(host != las))
         if host != NO_HOST:
             pool.place(vm, host, shapes[vm], policy.tag(estimate), now + estimate_s, now)
