@@ -472,6 +472,15 @@ class Gap:
     def mean(self) -> float:
         return float(np.mean(self.by_seed))
 
+    @property
+    def seeds_ahead(self) -> int:
+        return sum(g > 0 for g in self.by_seed)
+
+    def verdict(self) -> str:
+        """holds / fails when the 95 % interval excludes 0 on that side, else not resolved."""
+        low, high = self.ci95()
+        return "holds" if low > 0 else ("fails" if high < 0 else "not resolved")
+
     def ci95(self) -> tuple[float, float]:
         """Student's t interval of the mean gap (needs two seeds or more)."""
         from scipy import stats
@@ -488,7 +497,7 @@ class Gap:
             "behind": self.behind,
             "gap_pp": round(self.mean, 3),
             "ci95_pp": [round(low, 3), round(high, 3)],
-            "seeds_ahead": sum(g > 0 for g in self.by_seed),
+            "seeds_ahead": self.seeds_ahead,
             "seeds": len(self.by_seed),
             "by_seed_pp": [round(g, 3) for g in self.by_seed],
         }
@@ -519,11 +528,9 @@ def render_gaps(gaps: Sequence[Gap]) -> str:
     ]
     for g in gaps:
         low, high = g.ci95()
-        verdict = "holds" if low > 0 else ("fails" if high < 0 else "not resolved")
         lines.append(
             f"  {g.predictor:<7} {g.ahead + ' - ' + g.behind:<22} {g.mean:+6.2f} "
-            f"[{low:+6.2f}, {high:+6.2f}]  {sum(x > 0 for x in g.by_seed)}/{len(g.by_seed)}"
-            f"  {verdict}"
+            f"[{low:+6.2f}, {high:+6.2f}]  {g.seeds_ahead}/{len(g.by_seed)}  {g.verdict()}"
         )
     return "\n".join(lines)
 

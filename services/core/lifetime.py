@@ -348,8 +348,13 @@ def best_fit_among(hosts: HostPool, candidates: np.ndarray, shape: np.ndarray) -
     idx = np.flatnonzero(candidates)
     if len(idx) == 0:
         return NO_HOST
-    left = ((hosts.free[idx] - shape) / hosts.capacity[idx]).sum(axis=1)
-    return int(idx[np.argmin(left)])
+    return int(idx[np.argmin(room_left(hosts, idx, shape))])
+
+
+def room_left(hosts: HostPool, idx: np.ndarray, shape: np.ndarray) -> np.ndarray:
+    """Per host of ``idx``, the room left after placing ``shape``: CPU and memory each
+    as a share of the host, summed (in [0, 2]); best-fit takes the least."""
+    return ((hosts.free[idx] - shape) / hosts.capacity[idx]).sum(axis=1)
 
 
 def first_among(candidates: np.ndarray) -> int:
@@ -446,9 +451,8 @@ def extension_buckets(
 
 def las_scores(hosts: HostPool, idx: np.ndarray, vm: VmRequest, bucket: np.ndarray) -> np.ndarray:
     """LAS's order over the hosts ``idx`` with extension buckets ``bucket``: the lowest
-    bucket first, best-fit (least room left, in [0, 2]) within one; lowest wins."""
-    left = ((hosts.free[idx] - vm.shape) / hosts.capacity[idx]).sum(axis=1)
-    return bucket * 4.0 + left
+    bucket first, best-fit (``room_left``, in [0, 2]) within one; lowest wins."""
+    return bucket * 4.0 + room_left(hosts, idx, vm.shape)
 
 
 class Lava:

@@ -426,19 +426,16 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     node_count=int(sizes[p]),
                     free=resources_to_proto(free[p]),
                 )
-        # What the LMs hold or have accepted, not the launches they have not answered.
-        usage = self.view.queue_usage(accepted=True)
-        total = self.view.total_capacity()
+        shares = self._reported_shares()
         running: dict[str, int] = defaultdict(int)
         for allocation in self.view.allocations(accepted=True):
             running[allocation.queue] += 1
         for q in self.config.effective_queues():
-            held = usage.get(q.name)
             reply.queues.add(
                 queue=q.name,
                 gm_id=q.gm,
                 share=q.share,
-                usage_share=dominant_share(held, total) if held is not None else 0.0,
+                usage_share=shares.get(q.name, 0.0),
                 pending_tasks=self.queues.pending(q.name),
                 running_tasks=running[q.name],
             )
@@ -561,15 +558,18 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         if freed and self.queues.unpark():
             self._wake.set()
 
+    def _reported_shares(self) -> dict[str, float]:
+        """Each queue's dominant share as reported (status, gauge): what the LMs hold or
+        have accepted, not the launches they have not answered yet."""
+        usage, total = self.view.queue_usage(accepted=True), self.view.total_capacity()
+        return {queue: dominant_share(held, total) for queue, held in usage.items()}
+
     async def _gauge_loop(self) -> None:
         """Queue gauges for Prometheus: this GM's queues' pending tasks and usage share."""
         while True:
-            usage = self.view.queue_usage(accepted=True)
-            total = self.view.total_capacity()
+            shares = self._reported_shares()
             for queue in self.my_queues:
-                held = usage.get(queue)
-                share = dominant_share(held, total) if held is not None else 0.0
-                metrics.QUEUE_USAGE_SHARE.labels(queue).set(share)
+                metrics.QUEUE_USAGE_SHARE.labels(queue).set(shares.get(queue, 0.0))
                 metrics.QUEUE_PENDING.labels(queue).set(self.queues.pending(queue))
             await asyncio.sleep(1.0)
 
