@@ -18,6 +18,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from services.common.argtypes import non_negative_float, positive_float, positive_int
+
 # Modules that each add one subcommand, named like the module with "-" for "_": every one
 # has ``add_subcommand(subparsers)`` and ``main(args) -> int``.
 SUBCOMMAND_MODULES = (
@@ -53,17 +55,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="tasks offered per second; a comma-separated list (e.g. 50,100,150,200) runs "
         "the benchmark once per rate and writes sweep.json and sweep.png",
     )
-    bench.add_argument("--seconds", type=float, default=10.0, help="how long load is offered")
-    bench.add_argument("--gms", type=int, default=2, help="Global Masters")
-    bench.add_argument("--lms", type=int, default=3, help="Local Masters")
-    bench.add_argument("--workers-per-lm", type=int, default=100, help="worker nodes per LM")
     bench.add_argument(
-        "--task-duration", type=float, default=0.05, help="seconds each sim task runs"
+        "--seconds", type=positive_float, default=10.0, help="how long load is offered"
     )
-    bench.add_argument("--tasks-per-job", type=int, default=1, help="tasks per submitted job")
+    bench.add_argument("--gms", type=positive_int, default=2, help="Global Masters")
+    bench.add_argument("--lms", type=positive_int, default=3, help="Local Masters")
+    bench.add_argument(
+        "--workers-per-lm", type=positive_int, default=100, help="worker nodes per LM"
+    )
+    bench.add_argument(
+        "--task-duration", type=non_negative_float, default=0.05, help="seconds each sim task runs"
+    )
+    bench.add_argument(
+        "--tasks-per-job", type=positive_int, default=1, help="tasks per submitted job"
+    )
     bench.add_argument(
         "--warmup",
-        type=float,
+        type=non_negative_float,
         default=2.0,
         help="tasks starting within this many seconds are left out of the statistics",
     )
@@ -80,8 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         "scheduled by the first GM; FILE: a YAML list of name, share, gm (gm-1 or 1), jobs "
         "round-robin over the queues, summary.json gets each queue's measured share",
     )
-    bench.add_argument("--cpu-milli", type=int, default=1000, help="CPU each task requests")
-    bench.add_argument("--memory-mb", type=int, default=64, help="memory each task requests")
+    bench.add_argument(
+        "--cpu-milli", type=positive_int, default=1000, help="CPU each task requests"
+    )
+    bench.add_argument(
+        "--memory-mb", type=positive_int, default=64, help="memory each task requests"
+    )
     bench.add_argument(
         "--service-log-level", default="INFO", help="log level of the started services"
     )

@@ -28,6 +28,7 @@ from loadgen.experiment_fairness import fig10
 from loadgen.sim.config import SimConfig
 from loadgen.sim.engine import Progress
 from loadgen.trace import ReadStats, TraceError, read_tr
+from services.common.argtypes import positive_int
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "yahoo_YH1_sub.tr"
 MEGHA = SimConfig(scheduler="megha", workers=10_000, gms=10, lms=10)
@@ -171,7 +172,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     parser.add_argument("name", choices=sorted(EXPERIMENTS))
     parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="a .tr trace")
     parser.add_argument("--out", type=Path, default=Path("results"), help="output directory")
-    parser.add_argument("--max-jobs", type=int, help="replay only the first N jobs")
+    parser.add_argument("--max-jobs", type=positive_int, help="replay only the first N jobs")
     parser.add_argument(
         "--reuse", action="store_true", help="keep runs whose summary.json already exists"
     )

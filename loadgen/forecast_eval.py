@@ -43,6 +43,14 @@ from loadgen.demand_trace import (
     demand_from_jobs,
     synthetic_demand,
 )
+from services.common.argtypes import (
+    bounded,
+    fraction,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from services.core.buckets import BucketError
 from services.core.forecast import (
     ForecastError,
@@ -267,6 +275,10 @@ def plot(result: dict, path: Path, days: float = 2.0) -> None:
 
 
 # ------------------------------------------------------------------ command line
+# --quantile: a level in [0, 1), 0 for no quantile model.
+_quantile_or_zero = bounded(float, "quantile", 0, high=1, high_open=True)
+
+
 def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``forecast-eval`` on a ``megha-loadgen`` subparsers object; run it with ``main``."""
     parser = subparsers.add_parser(
@@ -288,25 +300,30 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         choices=("tr", "google2019", "alibaba2018"),
         help="trace format (default: from the name)",
     )
-    parser.add_argument("--max-jobs", type=int, help="read only the first N jobs of --trace")
+    parser.add_argument(
+        "--max-jobs", type=positive_int, help="read only the first N jobs of --trace"
+    )
     parser.add_argument(
         "--days",
-        type=float,
+        type=positive_float,
         default=DEFAULT["days"],
         help="synthetic trace length (default %(default)s)",
     )
     parser.add_argument(
         "--tasks-per-hour",
-        type=float,
+        type=positive_float,
         default=900.0,
         help="synthetic weekday peak arrival rate (default %(default)s)",
     )
     parser.add_argument(
-        "--bursts-per-day", type=float, default=1.0, help="synthetic bursts (default %(default)s)"
+        "--bursts-per-day",
+        type=non_negative_float,
+        default=1.0,
+        help="synthetic bursts (default %(default)s)",
     )
     parser.add_argument(
         "--interval",
-        type=float,
+        type=positive_float,
         default=DEFAULT["interval_s"],
         help="seconds per interval (default %(default)s)",
     )
@@ -318,25 +335,30 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     )
     parser.add_argument(
         "--train-fraction",
-        type=float,
+        type=fraction,
         default=DEFAULT["train_fraction"],
         help="leading share of the series used only as history (default %(default)s)",
     )
-    parser.add_argument("--refit-every", type=int, help="intervals between refits (default: a day)")
     parser.add_argument(
-        "--lags", type=int, default=6, help="lag features 1..k (default %(default)s)"
+        "--refit-every", type=positive_int, help="intervals between refits (default: a day)"
     )
     parser.add_argument(
-        "--quantile", type=float, default=0.9, help="also a quantile gbm at this level (0: none)"
+        "--lags", type=positive_int, default=6, help="lag features 1..k (default %(default)s)"
+    )
+    parser.add_argument(
+        "--quantile",
+        type=_quantile_or_zero,
+        default=0.9,
+        help="also a quantile gbm at this level (0: none)",
     )
     parser.add_argument(
         "--headroom",
-        type=float,
+        type=non_negative_float,
         nargs="*",
         default=[5.0, 10.0],
         help="static headroom %% for the reactive_headroom baselines (default 5 10)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default 0)")
     parser.add_argument("--out", type=Path, help="write forecast.json and forecast.png here")
     return parser
 
@@ -366,8 +388,6 @@ def build_series(args: argparse.Namespace) -> BucketSeries:
 def main(args: argparse.Namespace) -> int:
     """Run ``forecast-eval`` for parsed ``args``; 0 on success, 2 when it could not run."""
     try:
-        if not args.interval > 0:
-            raise ValueError(f"--interval must be > 0, got {args.interval}")
         series = build_series(args)
         print(
             f"forecast-eval: {len(series.counts)} intervals of {args.interval:g} s, "

@@ -32,6 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from loadgen.usage import UsageError, read_usage_csv, synthetic_usage
+from services.common.argtypes import (
+    fraction,
+    non_negative_int,
+    number_list,
+    positive_float,
+    positive_int,
+)
 from services.core.gpa import FitRule, pack
 
 METHODS: dict[str, tuple[float, ...]] = {
@@ -315,17 +322,19 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
             "--out writes gpa.json and gpa.png."
         ),
     )
-    parser.add_argument("--instances", type=int, help=f"instances (default {DEFAULT['instances']})")
     parser.add_argument(
-        "--tasks", type=int, help=f"tasks per instance (default {DEFAULT['tasks']})"
+        "--instances", type=positive_int, help=f"instances (default {DEFAULT['instances']})"
+    )
+    parser.add_argument(
+        "--tasks", type=positive_int, help=f"tasks per instance (default {DEFAULT['tasks']})"
     )
     parser.add_argument(
         "--realisations",
-        type=int,
+        type=positive_int,
         help=f"samples per task, half observed (default {DEFAULT['realisations']}; "
         "with --usage-csv: the shortest task's count)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="random seed (default 0)")
     parser.add_argument(
         "--full",
         action="store_true",
@@ -334,15 +343,15 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     )
     parser.add_argument(
         "--rho",
-        type=float,
+        type=fraction,
         nargs="+",
         default=list(METHODS["gpa"]),
         help="GPA's SLOs to evaluate (default: the paper's %(default)s)",
     )
     parser.add_argument(
         "--extra-rho",
-        type=_rho_list,
-        default=[],
+        type=number_list(fraction),
+        default=(),
         metavar="RHO,RHO,...",
         help="more GPA SLOs after --rho, comma-separated (e.g. 1e-5,1e-6,1e-7), to reach "
         f"perc {COMPARE_PERC:g}'s q (~2e-5) for the 'at comparable q' line; so rare a q "
@@ -354,7 +363,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     )
     parser.add_argument(
         "--capacity",
-        type=float,
+        type=positive_float,
         default=1.0,
         help="machine capacity in the samples' unit (default 1.0: normalised usage)",
     )
@@ -417,18 +426,6 @@ def main(args: argparse.Namespace) -> int:
             return 2
         print(f"wrote {args.out / 'gpa.json'} and {args.out / 'gpa.png'}")
     return 0
-
-
-def _rho_list(text: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a comma-separated list of numbers: {text!r}"
-        ) from None
-    if not values or not all(0.0 < v < 1.0 for v in values):
-        raise argparse.ArgumentTypeError(f"every rho must be in (0, 1): {text!r}")
-    return values
 
 
 def _tty_progress(done: int, total: int) -> None:

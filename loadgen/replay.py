@@ -30,6 +30,7 @@ from loadgen.sim.engine import Progress, bar
 from loadgen.trace import TraceError, TraceJob
 from services._proto.megha.v1 import common_pb2
 from services.client import GlobalMasterClient
+from services.common.argtypes import positive_float, positive_int
 from services.common.convert import resources_to_proto
 from services.core.resources import resources
 
@@ -291,7 +292,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         required=True,
         help="GM address(es), HOST:PORT[,HOST:PORT...]; jobs go round-robin",
     )
-    parser.add_argument("--speedup", type=float, default=1.0, help="compress time by this")
+    parser.add_argument("--speedup", type=positive_float, default=1.0, help="compress time by this")
     parser.add_argument(
         "--queue",
         action="append",
@@ -300,11 +301,11 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     )
     parser.add_argument(
         "--memory-mb",
-        type=int,
+        type=positive_int,
         default=DEFAULT_MEMORY_MB,
         help="memory of a task whose trace gives none",
     )
-    parser.add_argument("--timeout", type=float, help="give up after this many seconds")
+    parser.add_argument("--timeout", type=positive_float, help="give up after this many seconds")
     parser.add_argument("--out", type=Path, help="write summary.json, tasks.csv and a CDF here")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     add_trace_arguments(parser)

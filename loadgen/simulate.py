@@ -17,6 +17,7 @@ from loadgen.queues import load_queues
 from loadgen.readers.options import add_trace_arguments, jobs_from_args, machines_from_args
 from loadgen.sim.config import FINISH_NOTIFY, SCHEDULERS, SimConfig, SimConfigError
 from loadgen.trace import TraceError
+from services.common.argtypes import non_negative_float, positive_float, positive_int
 from services.core.match import POLICIES
 
 
@@ -35,25 +36,29 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     )
     parser.add_argument("trace", type=Path, help="trace file (.tr, Google, Alibaba, Azure)")
     parser.add_argument("--scheduler", choices=SCHEDULERS, default=defaults.scheduler)
-    parser.add_argument("--workers", type=int, default=defaults.workers, help="worker nodes")
-    parser.add_argument("--gms", type=int, default=defaults.gms, help="Global Masters")
-    parser.add_argument("--lms", type=int, default=defaults.lms, help="Local Masters")
+    parser.add_argument(
+        "--workers", type=positive_int, default=defaults.workers, help="worker nodes"
+    )
+    parser.add_argument("--gms", type=positive_int, default=defaults.gms, help="Global Masters")
+    parser.add_argument("--lms", type=positive_int, default=defaults.lms, help="Local Masters")
     parser.add_argument(
         "--cores-per-worker",
-        type=int,
+        type=positive_int,
         default=defaults.cores_per_worker,
         help="CPUs per worker (a .tr task asks for one)",
     )
-    parser.add_argument("--memory-per-worker-mb", type=int, default=defaults.memory_per_worker_mb)
+    parser.add_argument(
+        "--memory-per-worker-mb", type=positive_int, default=defaults.memory_per_worker_mb
+    )
     parser.add_argument(
         "--network-delay-ms",
-        type=float,
+        type=non_negative_float,
         default=defaults.network_delay_s * 1e3,
         help="one-way delay of every message (default 0.5, as the Sparrow simulator)",
     )
     parser.add_argument(
         "--heartbeat-s",
-        type=float,
+        type=positive_float,
         default=defaults.heartbeat_interval_s,
         help="LM heartbeat interval (default 10, as the paper)",
     )
@@ -64,7 +69,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         help="who hears of a finished task before the next heartbeat",
     )
     parser.add_argument("--policy", choices=sorted(POLICIES), default=defaults.policy)
-    parser.add_argument("--probe-ratio", type=float, default=defaults.probe_ratio)
+    parser.add_argument("--probe-ratio", type=positive_float, default=defaults.probe_ratio)
     parser.add_argument(
         "--fair-share",
         action="store_true",

@@ -56,6 +56,12 @@ import numpy as np
 
 from loadgen.trace import ReadStats
 from loadgen.vm_trace import DAY_S, HOUR_S, VmTrace, read_vm_trace, synthetic_vm_trace
+from services.common.argtypes import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from services.core.lifetime import (
     NO_HOST,
     HostPool,
@@ -69,7 +75,7 @@ from services.core.lifetime import (
     las_scores,
     make_lifetime_policy,
 )
-from services.predictor.lifetime_model import AUGMENT_GRID_S
+from services.predictor.lifetime_model import AUGMENT_GRID_S, ModelError
 
 POLICY_NAMES = ("best_fit", "la_binary", "las", "lava")
 # Horizons at which a VM's expected host-life extension is tabulated: 0 and the model's
@@ -652,21 +658,27 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         type=Path,
         help="VM trace: CSV (format: loadgen/vm_trace.py) or Azure's vmtable.csv[.gz]",
     )
-    p.add_argument("--vms", type=int, default=40_000, help="synthetic trace: VMs")
-    p.add_argument("--days", type=float, default=10.0, help="synthetic trace: days")
-    p.add_argument("--seed", type=int, default=0, help="synthetic trace and drain RNG seed")
+    p.add_argument("--vms", type=positive_int, default=40_000, help="synthetic trace: VMs")
+    p.add_argument("--days", type=positive_float, default=10.0, help="synthetic trace: days")
+    p.add_argument(
+        "--seed", type=non_negative_int, default=0, help="synthetic trace and drain RNG seed"
+    )
     p.add_argument("--model", type=Path, help="lifetime model (megha predictor train)")
-    p.add_argument("--train-vms", type=int, default=10_000, help="without --model: VMs to train on")
+    p.add_argument(
+        "--train-vms", type=positive_int, default=10_000, help="without --model: VMs to train on"
+    )
     p.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma-separated")
     p.add_argument("--predictors", default=",".join(PREDICTOR_NAMES), help="model,oracle")
-    p.add_argument("--hosts", type=int, default=0, help="pool size (default: from the trace)")
-    p.add_argument("--host-cores", type=int, default=64, help="cores per host")
-    p.add_argument("--host-memory-gib", type=int, default=256, help="memory per host, GiB")
-    p.add_argument("--warmup-hours", type=float, default=48.0)
-    p.add_argument("--repredict-minutes", type=float, default=60.0)
+    p.add_argument(
+        "--hosts", type=non_negative_int, default=0, help="pool size (default: from the trace)"
+    )
+    p.add_argument("--host-cores", type=positive_int, default=64, help="cores per host")
+    p.add_argument("--host-memory-gib", type=positive_int, default=256, help="memory per host, GiB")
+    p.add_argument("--warmup-hours", type=non_negative_float, default=48.0)
+    p.add_argument("--repredict-minutes", type=positive_float, default=60.0)
     p.add_argument(
         "--maintenance-hours",
-        type=float,
+        type=non_negative_float,
         default=6.0,
         help="a host starts draining this often (0: no maintenance)",
     )
@@ -685,13 +697,13 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     )
     p.add_argument(
         "--seeds",
-        type=int,
+        type=positive_int,
         default=1,
         help="synthetic trace: run seeds SEED..SEED+N-1 and report the mean of each row",
     )
     p.add_argument(
         "--jobs",
-        type=int,
+        type=non_negative_int,
         default=0,
         help="with --seeds: seeds run in parallel processes (default: one per core)",
     )
@@ -710,17 +722,14 @@ def main(args: argparse.Namespace) -> int:
     if bad:
         print(f"megha-loadgen: unknown policy or predictor {', '.join(bad)}", file=sys.stderr)
         return 2
-    if args.jobs < 0:
-        print("megha-loadgen: --jobs must be >= 1 (0: one per core)", file=sys.stderr)
-        return 2
     need_model = "model" in predictors
     try:
         trace, model = _inputs(args, need_model)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, ModelError) as err:
         print(f"megha-loadgen: {err}", file=sys.stderr)
         return 2
-    if args.seeds < 1 or (args.seeds > 1 and (args.trace or args.model)):
-        print("megha-loadgen: --seeds N needs N >= 1 and the synthetic trace", file=sys.stderr)
+    if args.seeds > 1 and (args.trace or args.model):
+        print("megha-loadgen: --seeds N > 1 needs the synthetic trace", file=sys.stderr)
         return 2
     seeds = range(args.seed, args.seed + args.seeds)
     jobs = min(args.jobs or os.cpu_count() or 1, len(seeds))

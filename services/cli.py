@@ -8,28 +8,23 @@ import os
 import sys
 from collections.abc import Sequence
 
+from services.common.argtypes import (
+    bounded,
+    non_negative_float,
+    non_negative_int,
+    number_list,
+    port,
+    positive_float,
+    positive_int,
+)
+
 ROLES = ("gm", "lm", "worker", "predictor")
 
 
-def _number_list(convert, low: float, high: float, what: str):
-    """An argparse type: comma-separated numbers ``convert``ed, each in ``low..high``."""
-
-    def parse(text: str) -> tuple:
-        try:
-            values = tuple(convert(s) for s in text.split(",") if s.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"expected comma-separated numbers, got {text!r}"
-            ) from None
-        if not values or min(values) < low or max(values) > high:
-            raise argparse.ArgumentTypeError(what)
-        return values
-
-    return parse
-
-
-_sizes = _number_list(int, 1, 10**9, "sizes must be positive integers")
-_rates = _number_list(float, 0, 100_000, "rates must be in 0..100000 (0 = back to back)")
+_sizes = number_list(bounded(int, "size", 1, high=10**9))
+_constraint_count = bounded(int, "constraint_count", 1, high=64)
+# 0 = back to back
+_rates = number_list(bounded(float, "rate", 0, high=100_000))
 
 
 def _add_config(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--id", required=True, help=f"the {role.upper()} id in the config")
         if role == "worker":
             p.add_argument("--lm", help="attach to this LM (default: every worker group)")
-            p.add_argument("--count", type=int, help="agents in this process")
+            p.add_argument("--count", type=positive_int, help="agents in this process")
         if role == "predictor":
             _add_predictor_train(p)
         p.add_argument("--log-level", default="INFO")
@@ -74,31 +69,40 @@ def build_parser() -> argparse.ArgumentParser:
     up = commands.add_parser("up", help="start a whole local federation")
     _add_config(up)
     up.add_argument("--embedded", action="store_true", help="one process, in-memory bus")
-    up.add_argument("--gms", type=int, default=2, help="without --config: number of GMs")
-    up.add_argument("--lms", type=int, default=3, help="without --config: number of LMs")
-    up.add_argument("--workers", type=int, default=8, help="without --config: workers per LM")
-    up.add_argument("--base-port", type=int, default=50050)
+    up.add_argument("--gms", type=positive_int, default=2, help="without --config: number of GMs")
+    up.add_argument("--lms", type=positive_int, default=3, help="without --config: number of LMs")
+    up.add_argument(
+        "--workers", type=positive_int, default=8, help="without --config: workers per LM"
+    )
+    up.add_argument("--base-port", type=port, default=50050)
     up.add_argument("--log-dir", default="", help="child process logs (default: a temp dir)")
     up.add_argument("--replay", default="", help="after start-up, replay this trace and stop")
-    up.add_argument("--max-jobs", type=int, default=10, help="with --replay: jobs to replay")
+    up.add_argument(
+        "--max-jobs", type=positive_int, default=10, help="with --replay: jobs to replay"
+    )
     up.add_argument(
         "--out", default="", help="with --replay: write summary.json, tasks.csv and a CDF here"
     )
     up.add_argument(
-        "--speedup", type=float, default=20000.0, help="with --replay: compress time by this"
+        "--speedup",
+        type=positive_float,
+        default=20000.0,
+        help="with --replay: compress time by this",
     )
 
     submit = commands.add_parser("submit", help="submit a job of identical tasks")
     _add_config(submit)
     _add_gm(submit)
     submit.add_argument("--resources", default="cpu=1,mem=512Mi", help="per task")
-    submit.add_argument("--count", type=int, default=1, help="tasks in the job")
-    submit.add_argument("--duration", type=float, default=1.0, help="sim executor seconds")
+    submit.add_argument("--count", type=positive_int, default=1, help="tasks in the job")
+    submit.add_argument(
+        "--duration", type=non_negative_float, default=1.0, help="sim executor seconds"
+    )
     submit.add_argument(
         "--command", dest="argv", nargs=argparse.REMAINDER, default=[], help="run a process"
     )
     submit.add_argument("--image", default="", help="run a docker image")
-    submit.add_argument("--timeout", type=float, default=0.0)
+    submit.add_argument("--timeout", type=non_negative_float, default=0.0)
     submit.add_argument("--constraints", default="", help="e.g. 1,4,7")
     submit.add_argument("--queue", default="", help="user queue (default: the first)")
     submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
@@ -117,17 +121,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     bm = bench_kinds.add_parser("match", help="time one match on partitions of N nodes")
     bm.add_argument("--nodes", type=_sizes, default=(1_000, 5_000, 50_000), help="e.g. 1000,5000")
-    bm.add_argument("--constraints", type=int, default=21, help="constraint vectors per node")
-    bm.add_argument("--samples", type=int, default=2000, help="matches timed per size")
+    bm.add_argument(
+        "--constraints", type=_constraint_count, default=21, help="constraint vectors per node"
+    )
+    bm.add_argument("--samples", type=positive_int, default=2000, help="matches timed per size")
     bm.add_argument("--policy", default="first-fit", help="first-fit or best-fit")
-    bm.add_argument("--seed", type=int, default=7)
+    bm.add_argument("--seed", type=non_negative_int, default=7)
     bm.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     bp = bench_kinds.add_parser(
         "predict", help="lifetime prediction: in-process us/VM and sidecar p99 on loopback"
     )
     bp.add_argument("--model", help="lifetime model file (default: train one first)")
-    bp.add_argument("--batch", type=int, default=10_000, help="in-process batch size")
-    bp.add_argument("--rpcs", type=int, default=2_000, help="sidecar round trips timed")
+    bp.add_argument("--batch", type=positive_int, default=10_000, help="in-process batch size")
+    bp.add_argument("--rpcs", type=positive_int, default=2_000, help="sidecar round trips timed")
     bp.add_argument("--json", action="store_true", help="print JSON instead of text")
     bh = bench_kinds.add_parser(
         "hops",
@@ -139,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=(200.0, 0.0),
         help="round trips per second, comma-separated; 0 = back to back (default 200,0)",
     )
-    bh.add_argument("--count", type=int, default=2000, help="round trips timed per run")
+    bh.add_argument("--count", type=positive_int, default=2000, help="round trips timed per run")
     bh.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
 
@@ -154,11 +160,16 @@ def _add_predictor_train(p: argparse.ArgumentParser) -> None:
         help="train: VM trace, CSV (format: loadgen/vm_trace.py) or Azure's vmtable.csv[.gz]",
     )
     p.add_argument(
-        "--synthetic", type=int, default=0, help="train: on N VMs of the synthetic trace instead"
+        "--synthetic",
+        type=non_negative_int,
+        default=0,
+        help="train: on N VMs of the synthetic trace instead",
     )
     p.add_argument("--out", help="train: model file to write")
-    p.add_argument("--max-iter", type=int, default=100, help="train: boosting rounds per model")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--max-iter", type=positive_int, default=100, help="train: boosting rounds per model"
+    )
+    p.add_argument("--seed", type=non_negative_int, default=0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -201,9 +212,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from services.bench import bench_match, render_match
 
-    if not 1 <= args.constraints <= 64:
-        print("megha: --constraints must be in 1..64", file=sys.stderr)
-        return 2
     results = bench_match(args.nodes, args.constraints, args.samples, args.policy, args.seed)
     print(render_match(results, args.json))
     return 0
@@ -212,9 +220,6 @@ def _bench(args: argparse.Namespace) -> int:
 def _bench_hops(args: argparse.Namespace) -> int:
     from services.bench_hops import bench_hops, render_hops
 
-    if args.count < 1:
-        print("megha: --count must be >= 1", file=sys.stderr)
-        return 2
     print(render_hops(bench_hops(args.rates, args.count), args.json))
     return 0
 
@@ -225,9 +230,6 @@ def _bench_predict(args: argparse.Namespace) -> int:
     from services.predictor.bench import bench_predict, render_predict
     from services.predictor.lifetime_model import ModelError
 
-    if args.batch < 1 or args.rpcs < 1:
-        print("megha: --batch and --rpcs must be >= 1", file=sys.stderr)
-        return 2
     try:
         result = bench_predict(Path(args.model) if args.model else None, args.batch, args.rpcs)
     except ModelError as err:

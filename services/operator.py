@@ -242,6 +242,12 @@ async def client_command(args: argparse.Namespace, config: FederationConfig) -> 
                 return await _status(client)
     except grpc.aio.AioRpcError as err:
         print(f"megha: {err.code().name}: {err.details()}", file=sys.stderr)
+        if err.code() == grpc.StatusCode.UNAVAILABLE:
+            print(
+                f"megha: no Global Master answers at {target}; start a federation with "
+                "`megha up`, or name a running GM with --gm HOST:PORT",
+                file=sys.stderr,
+            )
         return 1
     return 2
 
@@ -252,9 +258,6 @@ async def _submit(client: GlobalMasterClient, args, config: FederationConfig) ->
         constraints = from_mask(parse_constraints(args.constraints, config.num_constraints))
     except (ResourceError, ConstraintError) as err:
         print(f"megha: {err}", file=sys.stderr)
-        return 2
-    if args.count < 1:
-        print("megha: --count must be at least 1", file=sys.stderr)
         return 2
     template = TaskTemplate(
         request, args.duration, args.argv, args.image, args.timeout, constraints

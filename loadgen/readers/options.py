@@ -31,6 +31,13 @@ from loadgen.augment import (
 )
 from loadgen.readers.dispatch import FORMATS, read_trace
 from loadgen.trace import ReadStats, TraceJob
+from services.common.argtypes import (
+    bounded,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 
 CONSTRAINT_CHOICES = ("none", *(f"sharma-{c}" for c in CLUSTERS))
 # Gridiron sweeps bpc; with no --bpc we use this middle value (an assumption, not Gridiron's
@@ -53,20 +60,22 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGr
     group.add_argument(
         "--strict", action="store_true", help="stop at the first malformed line (default: skip)"
     )
-    group.add_argument("--max-jobs", type=_positive_int, help="read only the first N jobs")
+    group.add_argument("--max-jobs", type=positive_int, help="read only the first N jobs")
     group.add_argument(
         "--constraints",
         choices=CONSTRAINT_CHOICES,
         default="none",
         help="synthesise placement constraints after Sharma et al. for cluster A, B or C",
     )
-    group.add_argument("--seed", type=int, default=0, help="seed for synthesised constraints")
+    group.add_argument(
+        "--seed", type=non_negative_int, default=0, help="seed for synthesised constraints"
+    )
     group.add_argument(
         "--gridiron", action="store_true", help="derive per-task net_mbps from VDCs (Gridiron)"
     )
     group.add_argument(
         "--bpc",
-        type=_non_negative_float,
+        type=non_negative_float,
         help=f"Gridiron bandwidth per core, Mbit/s (implies --gridiron; default "
         f"{DEFAULT_BPC_MBPS:g})",
     )
@@ -75,19 +84,19 @@ def add_trace_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGr
     )
     group.add_argument(
         "--uplink-mbps",
-        type=_positive_float,
+        type=positive_float,
         default=40_000.0,
         help="Gridiron fattest server uplink C, Mbit/s (default 40000: vlink cap 177)",
     )
     group.add_argument(
-        "--cpu-scale", type=_positive_float, help="divide CPU requests by this (paper: 400)"
+        "--cpu-scale", type=positive_float, help="divide CPU requests by this (paper: 400)"
     )
     group.add_argument(
-        "--mem-scale", type=_positive_float, help="divide memory requests by this (paper: 50)"
+        "--mem-scale", type=positive_float, help="divide memory requests by this (paper: 50)"
     )
     group.add_argument(
         "--cores-per-task",
-        type=_positive_float,
+        type=positive_float,
         help="give every task this many cores (.tr traces carry no requests; default 1)",
     )
     return group
@@ -150,29 +159,4 @@ def _cluster(args: argparse.Namespace) -> str:
     return args.constraints.removeprefix("sharma-")
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _vdc_size(text: str) -> int:
-    value = int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"a VDC needs at least 2 members, got {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
+_vdc_size = bounded(int, "vdc_size", 2)

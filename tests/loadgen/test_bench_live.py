@@ -101,7 +101,6 @@ def test_a_retried_task_is_measured_by_its_latest_attempt() -> None:
     [
         (["--rate", "0"], "--rate must be positive"),
         (["--warmup", "20", "--seconds", "10"], "--warmup must be"),
-        (["--tasks-per-job", "0"], "--tasks-per-job must be at least 1"),
         (["--rabbitmq-url", "amqp://guest:guest@127.0.0.1:1/"], "RabbitMQ is not reachable"),
     ],
 )

@@ -7,6 +7,7 @@ import argparse
 import json
 
 import numpy as np
+import pytest
 
 from loadgen import forecast_eval
 from loadgen.demand_trace import (
@@ -90,4 +91,6 @@ def test_a_trace_file_and_bad_input(tmp_path, capsys):
     assert "predictive_gbm" in capsys.readouterr().out
     assert forecast_eval.main(_args("--bucket", "cpu=4,gpu=1")) == 2
     assert "unknown resource 'gpu'" in capsys.readouterr().err
-    assert forecast_eval.main(_args(*SMALL, "--train-fraction", "1.0")) == 2
+    with pytest.raises(SystemExit, match="2"):
+        _args(*SMALL, "--train-fraction", "1.0")
+    assert "argument --train-fraction: must be > 0 and < 1, got 1.0" in capsys.readouterr().err

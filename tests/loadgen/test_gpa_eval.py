@@ -146,7 +146,7 @@ def test_extra_rho_adds_gpa_rows_of_the_same_schema(tmp_path: Path, capsys):
     out = tmp_path / "out"
     args = _args("--instances", "2", "--tasks", "400", "--realisations", "40",
                  "--extra-rho", "1e-5,1e-7", "--out", str(out))  # fmt: skip
-    assert args.extra_rho == [1e-5, 1e-7]
+    assert args.extra_rho == (1e-5, 1e-7)
     assert gpa_eval.main(args) == 0
     rows = json.loads((out / "gpa.json").read_text())
     assert len(rows) == 18

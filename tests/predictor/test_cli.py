@@ -3,6 +3,8 @@
 import json
 import re
 
+import pytest
+
 from services.cli import build_parser, main
 from services.predictor.lifetime_model import load_model
 
@@ -66,4 +68,6 @@ def test_bench_predict_json(tiny_model_path, capsys):
     assert result["inprocess_batch"] == 300 and result["sidecar_rpcs"] == 50
     assert result["inprocess_us_per_vm"] > 0 and result["inprocess_one_vm_us"] > 0
     assert 0 < result["sidecar_p50_ms"] <= result["sidecar_p99_ms"]
-    assert main(["bench", "predict", "--model", str(tiny_model_path), "--batch", "0"]) == 2
+    with pytest.raises(SystemExit, match="2"):
+        main(["bench", "predict", "--model", str(tiny_model_path), "--batch", "0"])
+    assert "argument --batch: must be > 0, got 0" in capsys.readouterr().err

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from loadgen import report
 from loadgen.cli import main
 
@@ -56,7 +58,8 @@ def test_bad_input_exits_2_with_the_reason(tmp_path, capsys):
     assert main(["simulate", str(trace), "--strict", "--quiet"]) == 2
     assert "bad.tr" in capsys.readouterr().err
     assert main(["simulate", str(tmp_path / "missing.tr"), "--quiet"]) == 2
-    assert main(["simulate", str(trace), "--workers", "0", "--quiet"]) == 2
-    assert "workers must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):
+        main(["simulate", str(trace), "--workers", "0", "--quiet"])
+    assert "argument --workers: must be > 0, got 0" in capsys.readouterr().err
     assert main(["compare", str(tmp_path)]) == 2
     assert "no summary.json" in capsys.readouterr().err

@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from services.cli import main
 
 
@@ -17,8 +19,9 @@ def test_bench_match_table_and_bad_input(capsys):
     assert main(["bench", "match", "--nodes", "300", "--samples", "100"]) == 0
     out = capsys.readouterr().out
     assert "p50 us" in out and "300" in out
-    assert main(["bench", "match", "--nodes", "300", "--constraints", "99"]) == 2
-    assert "--constraints must be in 1..64" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):
+        main(["bench", "match", "--nodes", "300", "--constraints", "99"])
+    assert "argument --constraints: must be >= 1 and <= 64, got 99" in capsys.readouterr().err
 
 
 def test_bench_hops_times_each_transport_at_each_rate(capsys):
@@ -31,5 +34,6 @@ def test_bench_hops_times_each_transport_at_each_rate(capsys):
         assert row["round_trips"] == 30
         assert 0 < row["rtt_p50_ms"] <= row["rtt_p99_ms"]
         assert row["client_cpu_us"] >= 0 and row["server_cpu_us"] >= 0
-    assert main(["bench", "hops", "--count", "0"]) == 2
-    assert "--count must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):
+        main(["bench", "hops", "--count", "0"])
+    assert "argument --count: must be > 0, got 0" in capsys.readouterr().err
