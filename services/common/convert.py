@@ -20,6 +20,7 @@ message.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -68,6 +69,7 @@ def task_to_spec(task: common_pb2.Task, num_constraints: int) -> TaskSpec:
     hold the task, so the caller rejects it instead of queueing it. Priority, executor
     and timestamps are not placement inputs and stay on the message.
     """
+    _check_task_fields(task)
     return TaskSpec(
         task_id=task.task_id,
         resources=resources_from_proto(task.resources),
@@ -80,6 +82,24 @@ def task_to_spec(task: common_pb2.Task, num_constraints: int) -> TaskSpec:
         cpu_usage_std=task.cpu_usage_std_milli,
         lifetime_features=dict(task.lifetime_features),
     )
+
+
+# Longest task or job id accepted: ids travel in every event, heartbeat and log line.
+MAX_ID_CHARS = 256
+# Hints a task may carry; each must be a finite number >= 0 (0: not given).
+_HINTS = ("expected_duration_s", "cpu_usage_mean_milli", "cpu_usage_std_milli")
+
+
+def _check_task_fields(task: common_pb2.Task) -> None:
+    for name in ("task_id", "job_id"):
+        if len(getattr(task, name)) > MAX_ID_CHARS:
+            raise ValueError(
+                f"{name} is {len(getattr(task, name))} characters long; at most {MAX_ID_CHARS}"
+            )
+    for name in _HINTS:
+        value = getattr(task, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
 
 
 class InvalidTask(ValueError):

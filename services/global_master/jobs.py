@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from services._proto.megha.v1 import common_pb2, global_master_pb2
@@ -18,6 +19,8 @@ TERMINAL = {
     common_pb2.TASK_STATE_FAILED,
     common_pb2.TASK_STATE_REJECTED,
 }
+# States after which a task with the same id and attempt may be queued again.
+_NOT_TAKEN = {common_pb2.TASK_STATE_UNSPECIFIED, common_pb2.TASK_STATE_REJECTED}
 # Lifecycle order: a late, older event never overwrites a newer state of the same attempt.
 _RANK = {
     common_pb2.TASK_STATE_QUEUED: 1,
@@ -66,7 +69,9 @@ class JobBook:
 
     def queued(self, task: common_pb2.Task) -> None:
         job = self.record(task.job_id, task.queue)
-        if task.task_id not in job.tasks:
+        status = job.tasks.get(task.task_id)
+        # A task rejected before (its job's first message was refused) is queued again.
+        if status is None or status.state in _NOT_TAKEN:
             job.tasks[task.task_id] = global_master_pb2.TaskStatus(
                 task_id=task.task_id,
                 state=common_pb2.TASK_STATE_QUEUED,
@@ -94,6 +99,25 @@ class JobBook:
         status.pending_reason = event.reason if event.state != common_pb2.TASK_STATE_RUNNING else ""
         for watcher in job.watchers:
             watcher.put_nowait(event)
+
+    def taken(self, job_id: str, tasks: Iterable[common_pb2.Task]) -> set[str]:
+        """The ids of ``tasks`` this GM already knows as queued, placed, running or ended,
+        at their attempt or a later one: queueing them again would run them twice. A
+        task never heard of, or rejected (e.g. dropped when the broker refused its job),
+        is not taken: a retry queues it."""
+        job = self.jobs.get(job_id)
+        if job is None:
+            return set()
+        taken = set()
+        for task in tasks:
+            status = job.tasks.get(task.task_id)
+            if (
+                status is not None
+                and status.state not in _NOT_TAKEN
+                and status.attempt >= task.attempt
+            ):
+                taken.add(task.task_id)
+        return taken
 
     def set_reason(self, job_id: str, task_id: str, reason: str) -> None:
         job = self.jobs.get(job_id)

@@ -140,6 +140,12 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # its delivery, if it ever comes, must first ask the LMs what launched. Only the
         # id stays once none of its launches is out (``_forget_failed``).
         self._failed_jobs: set[str] = set()
+        # Client-named jobs (SubmitJob.job_id) whose submission is under way here: a retry
+        # of the same id waits for it (``_submit``). And failed submissions whose launches
+        # are still out at LMs: a retry waits for those to land, so that it knows which of
+        # its tasks ran and which were dropped (``JobBook.taken``).
+        self._submitting: dict[str, asyncio.Event] = {}
+        self._failing: dict[str, Batch] = {}
         self.recent = Recent()
         self._stubs = {
             lm.id: local_master_pb2_grpc.LocalMasterStub(channel(lm.target)) for lm in config.lms
@@ -244,8 +250,33 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             reader.cancel()
 
     async def _submit(self, request) -> global_master_pb2.SubmitJobResponse:
-        """Queue one job, or raise ``Refused`` (what the client is told) having changed
-        nothing."""
+        """Queue one job, or raise ``Refused`` (what the client is told).
+
+        A job the client names (``job_id``) may be a retry, e.g. after a timeout: one
+        submission of an id at a time, and a retry queues only the tasks this GM does not
+        know as queued, running or ended; an exact retry of a queued job queues nothing
+        and gets the same answer. A duplicate message that reaches the queue anyway (a
+        retry through another GM) is dropped on delivery by the GM serving the queue.
+        Retries are recognised within a GM's memory of jobs (``JobBook``: the newest
+        100,000, since the GM started).
+        """
+        job_id = request.job_id
+        if not job_id:
+            return await self._queue_job(request, uuid.uuid4().hex[:12])
+        while (under_way := self._submitting.get(job_id)) is not None:
+            await under_way.wait()
+        self._submitting[job_id] = done = asyncio.Event()
+        try:
+            if (failing := self._failing.get(job_id)) is not None:
+                await failing.all_landed()
+            return await self._queue_job(request, job_id)
+        finally:
+            del self._submitting[job_id]
+            done.set()
+
+    async def _queue_job(self, request, job_id: str) -> global_master_pb2.SubmitJobResponse:
+        """Queue the tasks of one job not already taken, or raise ``Refused`` having
+        changed nothing."""
         now = time.time_ns()
         if not request.tasks:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "a job needs at least one task")
@@ -264,7 +295,6 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             raise Refused(
                 grpc.StatusCode.UNAVAILABLE, "no Local Master heard from yet; retry shortly"
             )
-        job_id = request.job_id or uuid.uuid4().hex[:12]
         batch = common_pb2.TaskBatch(job_id=job_id, queue=queue)
         batch.tasks.extend(request.tasks)
         specs: list[TaskSpec] = []
@@ -287,6 +317,16 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         ids = [t.task_id for t in batch.tasks]
         if len(set(ids)) != len(ids):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "task ids must be unique")
+        if taken := self.jobs.taken(job_id, batch.tasks):
+            if len(taken) == len(ids):  # a retry of a job queued already
+                return global_master_pb2.SubmitJobResponse(job_id=job_id, task_ids=ids)
+            kept = [
+                (t, spec)
+                for t, spec in zip(batch.tasks, specs, strict=True)
+                if t.task_id not in taken
+            ]
+            batch = common_pb2.TaskBatch(job_id=job_id, queue=queue, tasks=[t for t, _ in kept])
+            specs = [spec for _, spec in kept]
         # Before the durable enqueue, so the prediction travels with the task; bounded by
         # a short deadline and skipped while the sidecar is down.
         await self.predictions.annotate(batch.tasks)
@@ -341,9 +381,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             # delivery is then scheduled like a redelivered one, skipping what launched.
             # Those still queued here go now; one out at an LM is dropped if it comes back.
             local.cancelled = True
+            self._failing[job_id] = local
             self._spawn(self._forget_failed(key, local, job_id))
             for item in self.queues.remove(queue, lambda item: item.batch is local):
-                self._event(item.task, common_pb2.TASK_STATE_REJECTED, "the broker refused it")
+                self._drop_refused(item)
             log.warning(
                 "enqueue failed; dropping the job's unlaunched tasks",
                 extra={"job_id": job_id, "error": repr(err)},
@@ -362,6 +403,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         out, its entry (which holds every task id) leaves ``_local`` and only the job id
         remains, enough for a late delivery to check what launched."""
         await local.all_landed()
+        if self._failing.get(job_id) is local:
+            del self._failing[job_id]
         if self._local.get(key) is local:
             del self._local[key]
             self._failed_jobs.add(job_id)
@@ -467,6 +510,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             await local.all_landed()
         check = delivery.redelivered or local is not None or failed
         launched = await self._already_launched(batch_msg) if check else set()
+        # A second message of a job whose tasks this GM already holds (a client retried
+        # it through another GM, or its first message was stored after all): not again.
+        launched |= self.jobs.taken(batch_msg.job_id, batch_msg.tasks)
         if batch.remaining == len(launched):
             await delivery.ack()
             return
@@ -595,7 +641,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         now = time.time_ns()
         for queue, item in round_:
             if item.batch.cancelled:
-                self._event(item.task, common_pb2.TASK_STATE_REJECTED, "the broker refused it")
+                self._drop_refused(item)
                 continue
             item.task.timestamps.dequeued_unix_nanos = now
             shape = (queue, item.spec.constraint_mask, item.spec.resources.tobytes())
@@ -694,7 +740,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             )
             self.view.forget(lm_id)  # until its next heartbeat proves it is back
             for item, _ in items:
-                self.queues.push_front(item.task.queue, item)
+                if item.batch.cancelled:
+                    self._drop_refused(item)
+                else:
+                    self.queues.push_front(item.task.queue, item)
             self._wake.set()
             return
         rejected = []
@@ -725,6 +774,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self._wake.set()
 
     def _rejected(self, item: Pending, status: PlacementStatus, reason: str) -> None:
+        if item.batch.cancelled:
+            self._drop_refused(item)
+            return
         item.rejections += 1
         if item.rejections >= MAX_REJECTIONS:
             self.jobs.set_reason(item.task.job_id, item.task.task_id, f"LM rejected: {reason}")
@@ -774,6 +826,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         except grpc.aio.AioRpcError as err:
             log.warning("Preempt failed", extra={"lm": plan.lm_id, "code": err.code().name})
             return None
+
+    def _drop_refused(self, item: Pending) -> None:
+        """A task of a job the broker did not confirm ends here, rejected, so that a retry
+        (or the message, if it was stored after all) queues it again."""
+        self._event(item.task, common_pb2.TASK_STATE_REJECTED, "the broker refused it")
 
     async def _launched(self, batch: Batch) -> None:
         batch.remaining -= 1

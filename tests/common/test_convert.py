@@ -265,6 +265,28 @@ def test_task_asking_for_nothing_is_rejected() -> None:
             ),
             "unknown constraint 99",
         ),
+        (
+            common_pb2.Task(
+                task_id="t-5",
+                resources=common_pb2.Resources(cpu_milli=1),
+                expected_duration_s=float("nan"),
+            ),
+            "expected_duration_s must be a finite number >= 0, got nan",
+        ),
+        (
+            common_pb2.Task(
+                task_id="t-5",
+                resources=common_pb2.Resources(cpu_milli=1),
+                cpu_usage_std_milli=-3,
+            ),
+            "cpu_usage_std_milli must be a finite number >= 0, got -3.0",
+        ),
+        (
+            common_pb2.Task(
+                task_id="t-5", resources=common_pb2.Resources(cpu_milli=1), job_id="j" * 257
+            ),
+            "job_id is 257 characters long; at most 256",
+        ),
     ],
 )
 def test_parse_task_names_the_task_and_the_reason(task: common_pb2.Task, reason: str) -> None:
@@ -274,6 +296,10 @@ def test_parse_task_names_the_task_and_the_reason(task: common_pb2.Task, reason:
         parse_task(task, NUM_CONSTRAINTS)
     good = common_pb2.Task(task_id="t-6", resources=common_pb2.Resources(cpu_milli=5))
     assert parse_task(good, NUM_CONSTRAINTS).task_id == "t-6"
+    longest = common_pb2.Task(task_id="t" * 256, resources=common_pb2.Resources(cpu_milli=5))
+    assert parse_task(longest, NUM_CONSTRAINTS).task_id == "t" * 256
+    with pytest.raises(InvalidTask, match="task_id is 257 characters long; at most 256"):
+        parse_task(common_pb2.Task(task_id="t" * 257, resources=longest.resources), 21)
 
 
 @given(

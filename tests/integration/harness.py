@@ -239,6 +239,22 @@ async def embedded_federation(prefix: str):
         yield config, gm, gm_bus, client
 
 
+class StoredAfterAll:
+    """A broker delivery handed to ``GlobalMaster._on_delivery`` by a test: a message the
+    GM saw fail to publish (a lost confirm), or a second message of a job."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+        self.redelivered = False
+        self.acked = False
+
+    async def ack(self) -> None:
+        self.acked = True
+
+    async def nack(self, requeue: bool = True) -> None:
+        raise AssertionError("not expected")
+
+
 async def lm_knows(config, task_ids: list[str]) -> list[str]:
     """Which of ``task_ids`` lm-1 has ever booked."""
     async with channel(config.lm("lm-1").target) as ch:

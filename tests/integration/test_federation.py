@@ -49,6 +49,34 @@ async def test_500_tasks_all_finish_exactly_once(tmp_path):
             assert await fed.bus.queue_depth(f"user.{queue}") == 0, queue
 
 
+async def test_a_job_retried_through_both_gms_runs_each_task_once(tmp_path):
+    """A client that resubmits a job under its id (through the same GM or another one,
+    while it runs or after it ended) gets the same task ids, and the GM serving the queue
+    places every task once. (A second copy that reached the LM which ran the first would
+    be refused as a duplicate; one placed on another LM would run again.)"""
+    async with Federation(tmp_path, metrics=True) as fed:
+        first = await fed.gm("gm-1").submit(sim_tasks(12, 0.5), job_id="retried")
+        ids = set(first.task_ids)
+        while_queued = await asyncio.gather(
+            fed.gm("gm-2").submit(sim_tasks(12, 0.5), job_id="retried"),
+            fed.gm("gm-1").submit(sim_tasks(12, 0.5), job_id="retried"),
+        )
+        assert all(set(r.task_ids) == ids for r in while_queued)
+        await fed.events.wait_succeeded(ids, timeout_s=30)
+        for gm in ("gm-1", "gm-2"):
+            after = await fed.gm(gm).submit(sim_tasks(12, 0.5), job_id="retried")
+            assert set(after.task_ids) == ids
+        await asyncio.sleep(1.5)  # time for a second copy to start, were one queued
+        for state in (RUNNING, common_pb2.TASK_STATE_SUCCEEDED):
+            counts = fed.events.states(state)
+            assert {t: n for t, n in counts.items() if n != 1} == {}, state
+            assert set(counts) == ids
+        queue = fed.config.effective_queues()[0]
+        placed = f'megha_schedule_attempts_total{{gm="{queue.gm}",result="placed"}}'
+        assert await fed.metric(queue.gm, placed) == len(ids)
+        assert await fed.bus.queue_depth(f"user.{queue.name}") == 0
+
+
 async def test_full_partitions_place_through_repartition(tmp_path):
     # One LM, 4 one-core nodes: 2 in gm-1's partition, 2 in gm-2's. Only gm-1 has work.
     groups = [{"lm": "lm-1", "count": 4, "capacity": "cpu=1,mem=1Gi"}]

@@ -17,7 +17,13 @@ from services._proto.megha.v1 import (
     global_master_pb2,
 )
 from services.global_master.service import Batch, _message_key
-from tests.integration.harness import embedded_federation, job_in_state, lm_knows, sim_tasks
+from tests.integration.harness import (
+    StoredAfterAll,
+    embedded_federation,
+    job_in_state,
+    lm_knows,
+    sim_tasks,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -81,21 +87,6 @@ async def test_a_publish_that_fails_drops_the_tasks_that_had_not_launched():
         assert "lost" in gm._failed_jobs
 
 
-class StoredAfterAll:
-    """The broker's delivery of a message whose publish the GM saw fail (a lost confirm)."""
-
-    def __init__(self, body: bytes) -> None:
-        self.body = body
-        self.redelivered = False
-        self.acked = False
-
-    async def ack(self) -> None:
-        self.acked = True
-
-    async def nack(self, requeue: bool = True) -> None:
-        raise AssertionError("not expected")
-
-
 async def test_a_failed_submission_delivered_after_all_waits_for_its_launches_in_flight():
     async with embedded_federation("submit-stored") as (config, gm, _bus, client):
         # Submitted and started as usual; then pretend its publish failed with a launch
@@ -136,6 +127,9 @@ async def test_a_failed_submission_delivered_long_after_still_checks_what_launch
         batch = common_pb2.TaskBatch(job_id="late", queue=job.queue, tasks=tasks)
         batch.tasks[0].MergeFrom(common_pb2.Task(task_id="late.0", job_id="late", queue=job.queue))
         gm._failed_jobs.add("late")
+        # And as if the GM had forgotten the job too (100,000 newer ones): only the LMs
+        # can tell what launched.
+        del gm.jobs.jobs["late"]
         delivery = StoredAfterAll(batch.SerializeToString())
         async with asyncio.timeout(10):
             await gm._on_delivery(delivery)

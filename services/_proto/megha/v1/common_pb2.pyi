@@ -346,12 +346,16 @@ class Task(_message.Message):
     DOCKER_FIELD_NUMBER: _builtins.int
     PREDICTED_LIFETIME_S_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
-    """Unique across the federation; placements are idempotent by this id."""
+    """Unique across the federation; placements are idempotent by this id. At
+    most 256 characters.
+    """
     job_id: _builtins.str
     queue: _builtins.str
     """The user queue the task was submitted to; fairness is accounted per queue."""
     expected_duration_s: _builtins.float
-    """A hint for schedulers and reports; the executor decides the real runtime."""
+    """A hint for schedulers and reports; the executor decides the real runtime.
+    This and the two below must be finite and >= 0 (0: not given).
+    """
     cpu_usage_mean_milli: _builtins.float
     """Mean and standard deviation of the task's CPU usage, for the GPA
     probabilistic fit test (usage ~ N(mean, std^2)).

@@ -29,8 +29,11 @@ class SubmitJobRequest(_message.Message):
     QUEUE_FIELD_NUMBER: _builtins.int
     TASKS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
-    """Optional; the GM generates one if empty. A retried submission with the
-    same id does not queue the job twice.
+    """Optional; the GM generates one if empty. At most 256 characters. A
+    retried submission with the same id does not queue the job twice: the GM
+    queues only the tasks it does not already hold (queued, running or ended)
+    and answers with the same task ids. Retries are recognised within the GMs'
+    memory of jobs (the newest 100,000 each, since it started).
     """
     queue: _builtins.str
     """The user queue; must be one the GM serves."""

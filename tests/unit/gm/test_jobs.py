@@ -1,0 +1,61 @@
+"""JobBook.taken: which tasks of a job a GM must not queue again."""
+
+from __future__ import annotations
+
+from services._proto.megha.v1 import common_pb2
+from services.global_master.jobs import JobBook
+
+S = common_pb2
+
+
+def task(task_id: str, attempt: int = 0) -> common_pb2.Task:
+    return common_pb2.Task(task_id=task_id, job_id="j", queue="q", attempt=attempt)
+
+
+def event(task_id: str, state: int, attempt: int = 0) -> common_pb2.TaskEvent:
+    return common_pb2.TaskEvent(
+        task_id=task_id, job_id="j", queue="q", state=state, attempt=attempt
+    )
+
+
+def test_nothing_is_taken_of_a_job_never_heard_of():
+    assert JobBook().taken("j", [task("j.0")]) == set()
+
+
+def test_queued_running_and_ended_tasks_are_taken_and_new_ones_are_not():
+    book = JobBook()
+    for t in ("j.0", "j.1", "j.2", "j.3"):
+        book.queued(task(t))
+    book.apply(event("j.1", S.TASK_STATE_RUNNING))
+    book.apply(event("j.2", S.TASK_STATE_SUCCEEDED))
+    book.apply(event("j.3", S.TASK_STATE_FAILED))
+    asked = [task(t) for t in ("j.0", "j.1", "j.2", "j.3", "j.4")]
+    assert book.taken("j", asked) == {"j.0", "j.1", "j.2", "j.3"}
+
+
+def test_a_rejected_task_is_not_taken_and_queueing_it_again_takes_it():
+    book = JobBook()
+    book.queued(task("j.0"))
+    book.apply(event("j.0", S.TASK_STATE_REJECTED))  # e.g. dropped: the broker refused it
+    assert book.taken("j", [task("j.0")]) == set()
+    book.queued(task("j.0"))  # queued again (a retry, or its message came after all)
+    assert book.get("j").tasks["j.0"].state == S.TASK_STATE_QUEUED
+    assert book.taken("j", [task("j.0")]) == {"j.0"}
+
+
+def test_a_later_attempt_is_not_taken_by_an_earlier_one():
+    book = JobBook()
+    book.queued(task("j.0"))
+    book.apply(event("j.0", S.TASK_STATE_PREEMPTED))
+    # The LM re-queues a preempted or lost task as the next attempt: that one must run.
+    assert book.taken("j", [task("j.0", attempt=1)]) == set()
+    assert book.taken("j", [task("j.0", attempt=0)]) == {"j.0"}
+    book.apply(event("j.0", S.TASK_STATE_RUNNING, attempt=1))
+    assert book.taken("j", [task("j.0", attempt=1)]) == {"j.0"}
+
+
+def test_queueing_does_not_overwrite_what_events_said():
+    book = JobBook()
+    book.apply(event("j.0", S.TASK_STATE_RUNNING))
+    book.queued(task("j.0"))
+    assert book.get("j").tasks["j.0"].state == S.TASK_STATE_RUNNING
