@@ -70,8 +70,9 @@ class JobBook:
     def queued(self, task: common_pb2.Task) -> None:
         job = self.record(task.job_id, task.queue)
         status = job.tasks.get(task.task_id)
-        # A task rejected before (its job's first message was refused) is queued again.
-        if status is None or status.state in _NOT_TAKEN:
+        # A task rejected before (its job's first message was refused) is queued again;
+        # a preempted or lost one comes back as its next attempt.
+        if status is None or status.state in _NOT_TAKEN or task.attempt > status.attempt:
             job.tasks[task.task_id] = global_master_pb2.TaskStatus(
                 task_id=task.task_id,
                 state=common_pb2.TASK_STATE_QUEUED,

@@ -59,3 +59,14 @@ def test_queueing_does_not_overwrite_what_events_said():
     book.apply(event("j.0", S.TASK_STATE_RUNNING))
     book.queued(task("j.0"))
     assert book.get("j").tasks["j.0"].state == S.TASK_STATE_RUNNING
+
+
+def test_a_requeued_attempt_shows_as_queued_and_an_old_event_does_not_undo_it():
+    book = JobBook()
+    book.queued(task("j.0"))
+    book.apply(event("j.0", S.TASK_STATE_RUNNING))
+    book.queued(task("j.0", attempt=1))  # the LM re-queued it after a preemption
+    status = book.get("j").tasks["j.0"]
+    assert (status.state, status.attempt) == (S.TASK_STATE_QUEUED, 1)
+    book.apply(event("j.0", S.TASK_STATE_PREEMPTED))  # attempt 0's event, arriving late
+    assert (status.state, status.attempt) == (S.TASK_STATE_QUEUED, 1)

@@ -46,8 +46,9 @@ class _TaskStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TaskState.V
     """
 
 class TaskState(_TaskState, metaclass=_TaskStateEnumTypeWrapper):
-    """Where a task is in its life. Terminal states: SUCCEEDED, FAILED, LOST,
-    REJECTED (PREEMPTED tasks are requeued and come back as QUEUED).
+    """Where a task is in its life. Terminal states: SUCCEEDED, FAILED, REJECTED.
+    PREEMPTED and LOST tasks are requeued as their next attempt and come back as
+    QUEUED (in GetJob; WatchJob streams the LMs' events, so next PLACED).
     """
 
 TASK_STATE_UNSPECIFIED: TaskState.ValueType  # 0

@@ -32,14 +32,18 @@ class SubmitJobRequest(_message.Message):
     """Optional; the GM generates one if empty. At most 256 characters. A
     retried submission with the same id does not queue the job twice: the GM
     queues only the tasks it does not already hold (queued, running or ended)
-    and answers with the same task ids. Retries are recognised within the GMs'
-    memory of jobs (the newest 100,000 each, since it started).
+    and answers with the same task ids. Retries are recognised within each
+    GM's memory of jobs (the newest 100,000 since it started).
     """
     queue: _builtins.str
-    """The user queue; must be one the GM serves."""
+    """The user queue; one the federation file names (empty: the first). Any GM
+    takes any queue and passes the job on to the GM that serves it.
+    """
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Task]:
-        """Empty task_id / job_id / queue in a task are filled in by the GM."""
+        """An empty task_id becomes "<job_id>.<index>"; every task's job_id and queue
+        are set to the job's.
+        """
 
     def __init__(
         self,
