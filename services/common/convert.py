@@ -97,9 +97,21 @@ def _check_task_fields(task: common_pb2.Task) -> None:
                 f"{name} is {len(getattr(task, name))} characters long; at most {MAX_ID_CHARS}"
             )
     for name in _HINTS:
-        value = getattr(task, name)
-        if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+        _finite_non_negative(name, getattr(task, name))
+    # What a worker could not run at all is refused here, not failed on a worker later.
+    executor = task.WhichOneof("executor")
+    if executor == "process" and not task.process.args:
+        raise ValueError("a process executor needs args (the program and its arguments)")
+    if executor == "docker" and not task.docker.image:
+        raise ValueError("a docker executor needs an image")
+    field = {"sim": "duration_s", "process": "timeout_s", "docker": "timeout_s"}.get(executor)
+    if field is not None:
+        _finite_non_negative(f"{executor}.{field}", getattr(getattr(task, executor), field))
+
+
+def _finite_non_negative(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
 
 
 class InvalidTask(ValueError):

@@ -287,6 +287,38 @@ def test_task_asking_for_nothing_is_rejected() -> None:
             ),
             "job_id is 257 characters long; at most 256",
         ),
+        (
+            common_pb2.Task(
+                task_id="t-5",
+                resources=common_pb2.Resources(cpu_milli=1),
+                process=common_pb2.ProcessExecutor(),
+            ),
+            "a process executor needs args",
+        ),
+        (
+            common_pb2.Task(
+                task_id="t-5",
+                resources=common_pb2.Resources(cpu_milli=1),
+                docker=common_pb2.DockerExecutor(args=["ls"]),
+            ),
+            "a docker executor needs an image",
+        ),
+        (
+            common_pb2.Task(
+                task_id="t-5",
+                resources=common_pb2.Resources(cpu_milli=1),
+                process=common_pb2.ProcessExecutor(args=["true"], timeout_s=-1),
+            ),
+            "process.timeout_s must be a finite number >= 0, got -1.0",
+        ),
+        (
+            common_pb2.Task(
+                task_id="t-5",
+                resources=common_pb2.Resources(cpu_milli=1),
+                sim=common_pb2.SimExecutor(duration_s=float("inf")),
+            ),
+            "sim.duration_s must be a finite number >= 0, got inf",
+        ),
     ],
 )
 def test_parse_task_names_the_task_and_the_reason(task: common_pb2.Task, reason: str) -> None:

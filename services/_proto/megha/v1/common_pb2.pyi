@@ -228,7 +228,7 @@ class ProcessExecutor(_message.Message):
     """The worker kills the task after this many seconds; 0 = no limit."""
     @_builtins.property
     def args(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """argv; args[0] is the program."""
+        """argv; args[0] is the program. Required: a job with an empty one is refused."""
 
     @_builtins.property
     def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
@@ -278,6 +278,7 @@ class DockerExecutor(_message.Message):
     TIMEOUT_S_FIELD_NUMBER: _builtins.int
     ENV_FIELD_NUMBER: _builtins.int
     image: _builtins.str
+    """Required: a job without one is refused."""
     timeout_s: _builtins.float
     """The worker kills the container after this many seconds; 0 = no limit."""
     @_builtins.property
