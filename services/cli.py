@@ -105,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--timeout", type=non_negative_float, default=0.0)
     submit.add_argument("--constraints", default="", help="e.g. 1,4,7")
     submit.add_argument("--queue", default="", help="user queue (default: the first)")
+    submit.add_argument(
+        "--job-id",
+        default="",
+        help="name the job (default: the GM picks one); submitting again with the same id "
+        "is safe: tasks already queued, running or ended are not queued again",
+    )
     submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
 
     job = commands.add_parser("job", help="show (or --watch) a job")

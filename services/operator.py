@@ -262,7 +262,9 @@ async def _submit(client: GlobalMasterClient, args, config: FederationConfig) ->
     template = TaskTemplate(
         request, args.duration, args.argv, args.image, args.timeout, constraints
     )
-    reply = await client.submit([template.build() for _ in range(args.count)], queue=args.queue)
+    reply = await client.submit(
+        [template.build() for _ in range(args.count)], queue=args.queue, job_id=args.job_id
+    )
     print(
         f"job {reply.job_id}: {len(reply.task_ids)} tasks queued ({format_resources(request)} each)"
     )

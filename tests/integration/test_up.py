@@ -94,12 +94,26 @@ async def test_cli_submit_job_and_status(tmp_path):
         )
         assert shown.returncode == 0 and shown.stdout.count("succeeded") == 3
 
+        # A job named on the command line can be submitted again without running twice.
+        named = [*MEGHA, "submit", "--count", "2", "--duration", "0.1", "--job-id", "nightly"]
+        for _ in range(2):
+            again = subprocess.run(
+                [*named, "--wait"], capture_output=True, text=True, timeout=60, env=env
+            )
+            assert again.returncode == 0, again.stderr
+            assert again.stdout.startswith("job nightly: 2 tasks queued")
+            assert again.stdout.count("succeeded") == 2
+        shown = subprocess.run(
+            [*MEGHA, "job", "nightly"], capture_output=True, text=True, timeout=30, env=env
+        )
+        assert shown.stdout.splitlines()[0] == "job nightly (queue default): 2 tasks"
+
         status = subprocess.run(
             [*MEGHA, "status"], capture_output=True, text=True, timeout=30, env=env
         )
         assert status.returncode == 0
         assert "lm-1" in status.stdout and "lm-2" in status.stdout
-        assert "allocation time (last 3 tasks of this GM)" in status.stdout
+        assert "allocation time (last 5 tasks of this GM)" in status.stdout
 
         bad = subprocess.run(
             [*MEGHA, "submit", "--resources", "gpu=1"], capture_output=True, text=True,
