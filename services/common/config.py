@@ -141,7 +141,26 @@ class FederationConfig(_Model):
                 raise ValueError(f"queue {queue.name!r} names unknown GM {queue.gm!r}")
         if sum(q.share for q in self.queues) > 1 + 1e-9:
             raise ValueError("queue shares add up to more than 1")
+        self._ports_distinct()
         return self
+
+    def _ports_distinct(self) -> None:
+        """No two servers listen on one port of one host (the second would fail to start,
+        or a client would reach the wrong service)."""
+        servers: list[tuple[str, Endpoint]] = [
+            *((f"GM {g.id}", g) for g in self.gms),
+            *((f"LM {m.id}", m) for m in self.lms),
+            *((("predictor", self.predictor),) if self.predictor is not None else ()),
+        ]
+        taken: dict[tuple[str, int], str] = {}
+        for who, endpoint in servers:
+            for what, port in (("port", endpoint.port), ("metrics_port", endpoint.metrics_port)):
+                if not port:
+                    continue
+                where = (endpoint.host, port)
+                if where in taken:
+                    raise ValueError(f"{who} {what} {endpoint.host}:{port} is also {taken[where]}")
+                taken[where] = f"{who}'s {what}"
 
     def placement_policy(self) -> PlacementPolicy:
         """A fresh instance of the configured policy (GM and LM each hold their own)."""

@@ -53,6 +53,14 @@ def test_toml_and_environment_overrides(tmp_path):
         ),
         ({"heartbeat_interval_s": 0}, "heartbeat_interval_s: Input should be greater than 0"),
         ({"surprise": 1}, "surprise: Extra inputs are not permitted"),
+        (
+            {"lms": [{"id": "lm-1", "port": 50050}], "workers": [{"lm": "lm-1"}]},
+            "LM lm-1 port 127.0.0.1:50050 is also GM gm-1's port",
+        ),
+        (
+            {"predictor": {"port": 7000, "metrics_port": 50150}},
+            "predictor metrics_port 127.0.0.1:50150 is also GM gm-1's metrics_port",
+        ),
     ],
 )
 def test_invalid_configs_say_what_is_wrong(change, words):
@@ -73,3 +81,10 @@ def test_unreadable_files(tmp_path):
     scalar.write_text("42\n")
     with pytest.raises(ConfigError, match="expected a mapping"):
         load_config(scalar, env={})
+
+
+def test_one_port_on_two_hosts_is_fine():
+    data = default_config()
+    data["lms"] = [{"id": "lm-1", "host": "lm-1.example", "port": data["gms"][0]["port"]}]
+    data["workers"] = [{"lm": "lm-1", "count": 1}]
+    assert parse_config(data, env={}).lm("lm-1").port == data["gms"][0]["port"]

@@ -29,10 +29,10 @@ def closed_port() -> int:
 
 
 def test_node_ids_follow_the_prefix_and_offset() -> None:
-    cfg = config(1, count=3)
+    cfg = config(2, count=3)
     assert node_ids(cfg.workers[0]) == ["lm-1-w0", "lm-1-w1", "lm-1-w2"]
     assert node_ids(cfg.workers[0], 10) == ["lm-1-w10", "lm-1-w11", "lm-1-w12"]
-    named = config(1, count=2, name_prefix="rack7-")
+    named = config(2, count=2, name_prefix="rack7-")
     assert node_ids(named.workers[0], 5) == ["rack7-5", "rack7-6"]
 
 
