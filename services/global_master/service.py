@@ -384,7 +384,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self._failing[job_id] = local
             self._spawn(self._forget_failed(key, local, job_id))
             for item in self.queues.remove(queue, lambda item: item.batch is local):
-                self._drop_refused(item)
+                self._dropped_if_refused(item)
             log.warning(
                 "enqueue failed; dropping the job's unlaunched tasks",
                 extra={"job_id": job_id, "error": repr(err)},
@@ -640,8 +640,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         failed: dict[tuple[str, int, bytes], str] = {}
         now = time.time_ns()
         for queue, item in round_:
-            if item.batch.cancelled:
-                self._drop_refused(item)
+            if self._dropped_if_refused(item):
                 continue
             item.task.timestamps.dequeued_unix_nanos = now
             shape = (queue, item.spec.constraint_mask, item.spec.resources.tobytes())
@@ -740,9 +739,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             )
             self.view.forget(lm_id)  # until its next heartbeat proves it is back
             for item, _ in items:
-                if item.batch.cancelled:
-                    self._drop_refused(item)
-                else:
+                if not self._dropped_if_refused(item):
                     self.queues.push_front(item.task.queue, item)
             self._wake.set()
             return
@@ -774,8 +771,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self._wake.set()
 
     def _rejected(self, item: Pending, status: PlacementStatus, reason: str) -> None:
-        if item.batch.cancelled:
-            self._drop_refused(item)
+        if self._dropped_if_refused(item):
             return
         item.rejections += 1
         if item.rejections >= MAX_REJECTIONS:
@@ -795,7 +791,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self._pledged.difference_update(plan.victims.task_ids)
         if reply is None:
             self.view.release(plan.lm_id, item.task.task_id)
-            self.queues.park(queue, item)
+            if not self._dropped_if_refused(item):
+                self.queues.park(queue, item)
             return
         result = reply.results[0]
         status = placement_status_from_proto(result.status)
@@ -827,10 +824,14 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             log.warning("Preempt failed", extra={"lm": plan.lm_id, "code": err.code().name})
             return None
 
-    def _drop_refused(self, item: Pending) -> None:
-        """A task of a job the broker did not confirm ends here, rejected, so that a retry
-        (or the message, if it was stored after all) queues it again."""
+    def _dropped_if_refused(self, item: Pending) -> bool:
+        """A task of a job the broker did not confirm ends here, rejected, instead of
+        going back to its queue, so that a retry (or the message, if it was stored after
+        all) queues it again. True when it was dropped."""
+        if not item.batch.cancelled:
+            return False
         self._event(item.task, common_pb2.TASK_STATE_REJECTED, "the broker refused it")
+        return True
 
     async def _launched(self, batch: Batch) -> None:
         batch.remaining -= 1

@@ -16,7 +16,9 @@ from services._proto.megha.v1 import (
     common_pb2,
     global_master_pb2,
 )
-from services.global_master.service import Batch, _message_key
+from services.common.convert import parse_task
+from services.core.status import PlacementStatus
+from services.global_master.service import Batch, Pending, _message_key
 from tests.integration.harness import (
     StoredAfterAll,
     embedded_federation,
@@ -138,3 +140,20 @@ async def test_a_failed_submission_delivered_long_after_still_checks_what_launch
         assert delivery.acked
         assert gm.queues.pending(batch.queue) == 0
         assert "late" not in gm._failed_jobs
+
+
+async def test_a_refused_jobs_launch_that_comes_back_rejected_ends_at_once():
+    """A task of a job the broker did not confirm, whose launch was out: when the LM
+    turns it down it is rejected there and then, not put back in the queue, so that by
+    the time its launches have landed a retry knows it has to queue it again."""
+    async with embedded_federation("submit-refused-back") as (_config, gm, _bus, client):
+        await client.submit(sim_tasks(1, 0.05, cpu_milli=100), job_id="known")
+        queue = (await client.job("known")).queue
+        task = common_pb2.Task(task_id="gone.0", job_id="gone", queue=queue)
+        task.resources.cpu_milli = 100
+        gm.jobs.queued(task)
+        item = Pending(task, parse_task(task, 21), Batch(None, remaining=1, cancelled=True))
+        gm._rejected(item, PlacementStatus.REJECTED_RESOURCES, "node 0 is full")
+        assert gm.queues.pending(queue) == 0
+        assert (await client.job("gone")).tasks[0].state == common_pb2.TASK_STATE_REJECTED
+        assert gm.jobs.taken("gone", [task]) == set()  # a retry queues it again
