@@ -728,6 +728,14 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, ValueError, ModelError) as err:
         print(f"megha-loadgen: {err}", file=sys.stderr)
         return 2
+    span_h = float(trace.arrival_s.max()) / HOUR_S if len(trace.arrival_s) else 0.0
+    if span_h < args.warmup_hours:
+        print(
+            f"megha-loadgen: warning: the trace spans {span_h:.1f} h, less than the "
+            f"{args.warmup_hours:g} h warm-up (--warmup-hours): each row is one sample, "
+            "taken at the trace's end",
+            file=sys.stderr,
+        )
     if args.seeds > 1 and (args.trace or args.model):
         print("megha-loadgen: --seeds N > 1 needs the synthetic trace", file=sys.stderr)
         return 2

@@ -160,6 +160,17 @@ def test_vm_sim_command_rejects_unknown_names(capsys):
     assert "unknown policy or predictor first_fit" in capsys.readouterr().err
 
 
+def test_vm_sim_warns_when_the_trace_is_shorter_than_the_warm_up(capsys):
+    parser = argparse.ArgumentParser()
+    vm_sim.add_subcommand(parser.add_subparsers(dest="command"))
+    argv = ["vm-sim", "--vms", "200", "--days", "0.5", "--predictors", "oracle"]
+    assert vm_sim.main(parser.parse_args([*argv, "--policies", "best_fit", "--json"])) == 0
+    err = capsys.readouterr().err
+    assert "less than the 48 h warm-up (--warmup-hours): each row is one sample" in err
+    assert vm_sim.main(parser.parse_args([*argv, "--warmup-hours", "1", "--json"])) == 0
+    assert "warm-up" not in capsys.readouterr().err
+
+
 def test_model_extension_curve_starts_at_the_mean_and_falls(small_trace, tiny_model):
     predictor = vm_sim.ModelPredictor(tiny_model, small_trace)
     vms = np.arange(50)
