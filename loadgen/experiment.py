@@ -94,6 +94,9 @@ def run_experiment(
     experiment = EXPERIMENTS[name]
     stats = ReadStats()
     jobs = list(read_tr(trace, max_jobs=max_jobs, stats=stats))
+    if not jobs:
+        skipped = f" ({stats.skipped} malformed lines skipped)" if stats.skipped else ""
+        raise TraceError(f"no jobs in {trace}{skipped}")
     runs = []
     configs = experiment.runs()
     for n, (label, config) in enumerate(configs.items(), 1):

@@ -120,15 +120,15 @@ def main(args: argparse.Namespace) -> int:
     except (SimConfigError, TraceError, ValueError, OSError) as err:
         print(f"megha-loadgen simulate: {err}", file=sys.stderr)
         return 2
-    if not jobs:
-        print(f"megha-loadgen simulate: no jobs in {args.trace}", file=sys.stderr)
-        return 2
     if stats.skipped:
         print(
             f"skipped {stats.skipped} malformed lines of {args.trace} (--strict stops at the "
             "first): " + "; ".join(stats.problems),
             file=sys.stderr,
         )
+    if not jobs:
+        print(f"megha-loadgen simulate: no jobs in {args.trace}", file=sys.stderr)
+        return 2
     for note in stats.notes:
         print(note, file=sys.stderr)
     try:

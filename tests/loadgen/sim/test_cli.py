@@ -58,6 +58,12 @@ def test_bad_input_exits_2_with_the_reason(tmp_path, capsys):
     assert main(["simulate", str(trace), "--strict", "--quiet"]) == 2
     assert "bad.tr" in capsys.readouterr().err
     assert main(["simulate", str(tmp_path / "missing.tr"), "--quiet"]) == 2
+    # Without --strict, a trace of nothing but bad lines says what was skipped.
+    assert main(["simulate", str(trace), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "skipped 1 malformed lines" in err and "no jobs in" in err
+    assert main(["experiment", "fig6", "--trace", str(trace), "--out", str(tmp_path)]) == 2
+    assert "no jobs in" in capsys.readouterr().err
     with pytest.raises(SystemExit, match="2"):
         main(["simulate", str(trace), "--workers", "0", "--quiet"])
     assert "argument --workers: must be > 0, got 0" in capsys.readouterr().err
