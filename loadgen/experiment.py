@@ -94,9 +94,7 @@ def run_experiment(
     experiment = EXPERIMENTS[name]
     stats = ReadStats()
     jobs = list(read_tr(trace, max_jobs=max_jobs, stats=stats))
-    if not jobs:
-        skipped = f" ({stats.skipped} malformed lines skipped)" if stats.skipped else ""
-        raise TraceError(f"no jobs in {trace}{skipped}")
+    stats.require_jobs(jobs, trace)
     runs = []
     configs = experiment.runs()
     for n, (label, config) in enumerate(configs.items(), 1):

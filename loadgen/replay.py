@@ -27,7 +27,7 @@ import grpc
 from loadgen import report
 from loadgen.events import ENDED, EventLog
 from loadgen.sim.engine import Progress, bar
-from loadgen.trace import TraceError, TraceJob
+from loadgen.trace import ReadStats, TraceError, TraceJob
 from services._proto.megha.v1 import common_pb2
 from services.client import GlobalMasterClient
 from services.common.argtypes import positive_float, positive_int
@@ -242,6 +242,17 @@ def write_report(out_dir: Path, result: ReplayResult) -> list[Path]:
     return files
 
 
+def read_replay(path: str | Path, max_jobs: int | None = None) -> tuple[list[TraceJob], ReadStats]:
+    """The jobs of a trace file (any format ``loadgen.readers`` knows), malformed lines
+    skipped and counted; ``TraceError`` (or ``OSError``) when there is nothing to replay."""
+    from loadgen.readers.dispatch import read_trace
+
+    stats = ReadStats()
+    jobs = list(read_trace(path, None, False, max_jobs, stats))
+    stats.require_jobs(jobs, path)
+    return jobs, stats
+
+
 async def replay_trace(
     path: str | Path,
     gms: Sequence[str],
@@ -251,13 +262,11 @@ async def replay_trace(
     timeout_s: float | None = None,
     out: Path | None = None,
     progress: Progress | None = None,
+    loaded: tuple[list[TraceJob], ReadStats] | None = None,
 ) -> ReplayResult:
-    """Read a trace file (any format ``loadgen.readers`` knows) and replay it."""
-    from loadgen.readers.dispatch import read_trace
-    from loadgen.trace import ReadStats
-
-    stats = ReadStats()
-    jobs = list(read_trace(path, None, False, max_jobs, stats))
+    """Read a trace file (``read_replay``; or take ``loaded``, what it read before) and
+    replay it."""
+    jobs, stats = loaded if loaded is not None else read_replay(path, max_jobs)
     result = await replay_jobs(
         jobs,
         gms,
@@ -317,6 +326,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         jobs, stats = jobs_from_args(args)
+        stats.require_jobs(jobs, args.trace)
     except (TraceError, ValueError, OSError) as err:
         print(f"megha-loadgen replay: {err}", file=sys.stderr)
         return 2

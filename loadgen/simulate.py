@@ -126,8 +126,10 @@ def main(args: argparse.Namespace) -> int:
             "first): " + "; ".join(stats.problems),
             file=sys.stderr,
         )
-    if not jobs:
-        print(f"megha-loadgen simulate: no jobs in {args.trace}", file=sys.stderr)
+    try:
+        stats.require_jobs(jobs, args.trace)
+    except TraceError as err:
+        print(f"megha-loadgen simulate: {err}", file=sys.stderr)
         return 2
     for note in stats.notes:
         print(note, file=sys.stderr)

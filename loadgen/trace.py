@@ -9,7 +9,7 @@ Google 2019, Alibaba 2018 and Azure tables live in ``loadgen/readers`` and produ
 from __future__ import annotations
 
 import gzip
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -60,6 +60,17 @@ class ReadStats:
     incomplete: int = 0
     # What augmentation did to the jobs (Gridiron settings, constraint repairs), one line each.
     notes: list[str] = field(default_factory=list)
+
+    def require_jobs(self, jobs: Sequence[TraceJob], path: str | Path) -> None:
+        """Raise ``TraceError`` when a trace gave no job at all, saying how many of its
+        lines were skipped as malformed (and the first reason), so that a run does not
+        go ahead with nothing to do."""
+        if jobs:
+            return
+        why = ""
+        if self.skipped:
+            why = f" ({self.skipped} malformed lines skipped, e.g. {self.problems[0]})"
+        raise TraceError(f"no jobs in {path}{why}")
 
     def malformed(self, err: TraceError, strict: bool) -> None:
         """Raise ``err`` when ``strict``; else count the line and keep its message."""

@@ -55,6 +55,15 @@ def _federation(args: argparse.Namespace) -> FederationConfig:
 # --------------------------------------------------------------------------- up
 def up(args: argparse.Namespace) -> int:
     config = _federation(args)
+    if args.replay:  # a trace that cannot be replayed stops us before anything starts
+        from loadgen.replay import read_replay
+        from loadgen.trace import TraceError
+
+        try:
+            args.replay_jobs = read_replay(args.replay, args.max_jobs)
+        except (TraceError, OSError) as err:
+            print(f"megha: --replay: {err}", file=sys.stderr)
+            return 2
     embedded = args.embedded
     if not embedded and not broker_reachable(config.rabbitmq_url):
         print(
@@ -224,6 +233,7 @@ async def _replay(config: FederationConfig, args: argparse.Namespace) -> int:
         queues=[q.name for q in config.effective_queues()],
         out=Path(args.out) if getattr(args, "out", "") else None,
         progress=Progress(),
+        loaded=args.replay_jobs,
     )
     print(report.render(), flush=True)
     return 0 if report.completed == report.tasks else 1
