@@ -252,7 +252,8 @@ async def client_command(args: argparse.Namespace, config: FederationConfig) -> 
                 return await _status(client)
     except grpc.aio.AioRpcError as err:
         print(f"megha: {err.code().name}: {err.details()}", file=sys.stderr)
-        if err.code() == grpc.StatusCode.UNAVAILABLE:
+        # Not for UNAVAILABLE answers of a running GM (no LM heard from, broker down).
+        if err.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" in err.details():
             print(
                 f"megha: no Global Master answers at {target}; start a federation with "
                 "`megha up`, or name a running GM with --gm HOST:PORT",

@@ -125,3 +125,35 @@ async def test_cli_submit_job_and_status(tmp_path):
             timeout=30, env=env,
         )  # fmt: skip
         assert never.returncode == 1 and "FAILED_PRECONDITION" in never.stderr
+
+
+def test_a_gm_that_answers_unavailable_is_not_called_missing(tmp_path):
+    """UNAVAILABLE from a running GM (here: no LM heard from yet) is its own reason; the
+    hint to start a federation is only for a GM that does not answer at all."""
+    gm_port, lm_port = free_ports(2)
+    config = tmp_path / "federation.yaml"
+    config.write_text(
+        f"gms: [{{id: gm-1, port: {gm_port}}}]\n"
+        f"lms: [{{id: lm-1, port: {lm_port}}}]\n"
+        f"exchange_prefix: lonely-{gm_port}\n"
+    )
+    gm = subprocess.Popen(
+        [*MEGHA, "gm", "--id", "gm-1", "--config", str(config)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            submit = subprocess.run(
+                [*MEGHA, "submit", "--config", str(config)],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            if "failed to connect" not in submit.stderr or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)  # the GM is still starting
+        assert submit.returncode == 1
+        assert "UNAVAILABLE: no Local Master heard from yet" in submit.stderr
+        assert "no Global Master answers" not in submit.stderr
+    finally:
+        gm.terminate()
+        gm.wait(10)
