@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,11 @@ class ReplayResult:
         )
         if s["submit_errors"]:
             lines.append(f"submit errors          {s['submit_errors']}")
+        if s.get("rerouted_submissions"):
+            lines.append(
+                f"rerouted               {s['rerouted_submissions']} submissions to another "
+                "GM (the first could not take them)"
+            )
         if s["timed_out"]:
             lines.append(
                 f"gave up after {s['timeout_s']:g} s: {s['tasks'] - s['completed']} tasks "
@@ -73,6 +79,21 @@ class ReplayResult:
         for path in self.files:
             lines.append(f"wrote {path}")
         return "\n".join(lines)
+
+
+# A GM that answers so is down, restarting or without LMs yet: another may take the job.
+_ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+async def _first_answer(clients: Sequence[GlobalMasterClient]):
+    """The cluster view from the first GM that answers; the last error if none does."""
+    for k, client in enumerate(clients):
+        try:
+            return await client.cluster()
+        except grpc.aio.AioRpcError:
+            if k == len(clients) - 1:
+                raise
+    raise ValueError("no GM address given")
 
 
 def build_tasks(job: TraceJob, speedup: float, memory_mb: int) -> list[common_pb2.Task]:
@@ -105,11 +126,15 @@ async def replay_jobs(
         raise ValueError(f"speedup must be > 0, got {speedup}")
     progress = progress or Progress(enabled=False)
     clients = [GlobalMasterClient(target, streaming=True) for target in gms]
-    view = await clients[0].cluster()
+    view = await _first_answer(clients)
     workers = sum(p.node_count for lm in view.lms for p in lm.partitions)
     events = EventLog()
     accepted: dict[str, tuple[str, str]] = {}  # task id -> (job id, GM)
     errors: dict[str, int] = {}
+    rerouted = 0  # submissions a GM could not take, handed to the next one
+    # Job ids of this replay: a job handed to another GM keeps its id, so the federation
+    # never runs it twice even if the first GM queued it after all.
+    run_id = uuid.uuid4().hex[:8]
     lags: list[float] = []
     submitted_tasks = 0
     queue_cycle = itertools.cycle(queues or [""])
@@ -138,6 +163,22 @@ async def replay_jobs(
                 if len(ended) >= tasks:
                     return
 
+    async def submit(tasks: list[common_pb2.Task], queue: str, job_id: str):
+        """Through the next GM; one that cannot take it (down, restarting, no answer in
+        time) hands it to the one after, under the same job id. (gm, client, reply), or
+        None once every GM refused it (counted in ``errors``)."""
+        nonlocal rerouted
+        for attempt in range(len(gms)):
+            gm, client = next(client_cycle)
+            try:
+                return gm, client, await client.submit(tasks, queue=queue, job_id=job_id)
+            except grpc.aio.AioRpcError as err:
+                if err.code() not in _ELSEWHERE or attempt == len(gms) - 1:
+                    errors[err.code().name] = errors.get(err.code().name, 0) + 1
+                    return None
+                rerouted += 1
+        return None
+
     async def redraw() -> None:
         while True:
             progress.show(line)
@@ -148,20 +189,17 @@ async def replay_jobs(
     reporter = asyncio.create_task(redraw())
     timed_out = False
     try:
-        for job in jobs:
+        for index, job in enumerate(jobs):
             due = (job.arrival_s - first_arrival) / speedup
             delay = due - (time.monotonic() - began)
             if delay > 0:
                 await asyncio.sleep(delay)
             lags.append(max(0.0, time.monotonic() - began - due))
-            gm, client = next(client_cycle)
             tasks = build_tasks(job, speedup, memory_mb)
-            try:
-                reply = await client.submit(tasks, queue=next(queue_cycle))
-            except grpc.aio.AioRpcError as err:
-                key = err.code().name
-                errors[key] = errors.get(key, 0) + 1
+            taken = await submit(tasks, next(queue_cycle), f"replay-{run_id}-{index}")
+            if taken is None:
                 continue
+            gm, client, reply = taken
             submitted_tasks += len(tasks)
             for task_id in reply.task_ids:
                 accepted[task_id] = (reply.job_id, gm)
@@ -216,6 +254,7 @@ async def replay_jobs(
         offered_rate=round(total / span, 3) if span > 0 else None,
         accepted=len(accepted),
         submit_errors=errors,
+        rerouted_submissions=rerouted,
         failed=sum(1 for t in accepted if t in events.ended and t not in events.successes),
         duplicates=events.duplicates,
         timed_out=timed_out,
@@ -351,7 +390,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     except grpc.aio.AioRpcError as err:
         print(
-            f"megha-loadgen replay: GM {gms[0]} did not answer: {err.code().name}: {err.details()}",
+            f"megha-loadgen replay: no GM of {', '.join(gms)} answered: {err.code().name}: "
+            f"{err.details()}",
             file=sys.stderr,
         )
         return 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 
 import pytest
 
@@ -74,3 +75,19 @@ async def test_a_job_submitted_to_a_gm_that_does_not_serve_its_queue_is_followed
         await asyncio.wait_for(follow(), timeout=30)
         job = await client.job(reply.job_id)
         assert all(t.state == SUCCEEDED for t in job.tasks)
+
+
+async def test_a_replay_routes_around_a_gm_that_is_down(tmp_path):
+    """gm-2 is killed before the replay starts and named first: the cluster view comes
+    from gm-1, and every job gm-2 cannot take goes to gm-1 under the same job id."""
+    async with Federation(tmp_path, workers_per_lm=4) as fed:
+        fed.children.kill("gm-gm-2", signal.SIGKILL)
+        gms = [fed.config.gm("gm-2").target, fed.config.gm("gm-1").target]
+        result = await replay_jobs(small_trace(), gms, speedup=20.0, timeout_s=60)
+        live = result.summary
+        assert live["submit_errors"] == {}
+        assert live["rerouted_submissions"] == 12  # every job tried gm-2 first
+        assert live["completed"] == live["tasks"] == 120
+        assert live["duplicates"] == 0
+        assert {row["gm"] for row in result.rows} == {fed.config.gm("gm-1").target}
+        assert "rerouted               12 submissions to another GM" in result.render()
