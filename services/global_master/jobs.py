@@ -69,10 +69,9 @@ class JobBook:
 
     def queued(self, task: common_pb2.Task) -> None:
         job = self.record(task.job_id, task.queue)
-        status = job.tasks.get(task.task_id)
         # A task rejected before (its job's first message was refused) is queued again;
         # a preempted or lost one comes back as its next attempt.
-        if status is None or status.state in _NOT_TAKEN or task.attempt > status.attempt:
+        if not _holds(job.tasks.get(task.task_id), task):
             job.tasks[task.task_id] = global_master_pb2.TaskStatus(
                 task_id=task.task_id,
                 state=common_pb2.TASK_STATE_QUEUED,
@@ -109,18 +108,15 @@ class JobBook:
         job = self.jobs.get(job_id)
         if job is None:
             return set()
-        taken = set()
-        for task in tasks:
-            status = job.tasks.get(task.task_id)
-            if (
-                status is not None
-                and status.state not in _NOT_TAKEN
-                and status.attempt >= task.attempt
-            ):
-                taken.add(task.task_id)
-        return taken
+        return {task.task_id for task in tasks if _holds(job.tasks.get(task.task_id), task)}
 
     def set_reason(self, job_id: str, task_id: str, reason: str) -> None:
         job = self.jobs.get(job_id)
         if job is not None and task_id in job.tasks:
             job.tasks[task_id].pending_reason = reason
+
+
+def _holds(status: global_master_pb2.TaskStatus | None, task: common_pb2.Task) -> bool:
+    """Whether a task whose status is ``status`` is queued, placed, running or ended at
+    ``task``'s attempt or a later one (not rejected, not an earlier attempt)."""
+    return status is not None and status.state not in _NOT_TAKEN and status.attempt >= task.attempt

@@ -136,16 +136,16 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # Jobs submitted here to our own queues, scheduled from memory, whose broker
         # delivery has not arrived yet (see SubmitJob).
         self._local: dict[tuple, Batch] = {}
-        # Jobs whose publish failed here, so the broker may or may not hold their message:
-        # its delivery, if it ever comes, must first ask the LMs what launched. Only the
-        # id stays once none of its launches is out (``_forget_failed``).
-        self._failed_jobs: set[str] = set()
+        # Jobs whose publish failed here, by job id, so the broker may or may not hold
+        # their message: its delivery, if it ever comes, must first ask the LMs what
+        # launched, and a retry must first wait for the launches still out to land, so
+        # that it knows which tasks ran and which were dropped (``JobBook.taken``). Kept
+        # until the delivery comes; the ``_local`` entry goes once nothing is out
+        # (``_forget_failed``).
+        self._failed: dict[str, Batch] = {}
         # Client-named jobs (SubmitJob.job_id) whose submission is under way here: a retry
-        # of the same id waits for it (``_submit``). And failed submissions whose launches
-        # are still out at LMs: a retry waits for those to land, so that it knows which of
-        # its tasks ran and which were dropped (``JobBook.taken``).
+        # of the same id waits for it (``_submit``).
         self._submitting: dict[str, asyncio.Event] = {}
-        self._failing: dict[str, Batch] = {}
         self.recent = Recent()
         self._stubs = {
             lm.id: local_master_pb2_grpc.LocalMasterStub(channel(lm.target)) for lm in config.lms
@@ -267,8 +267,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             await under_way.wait()
         self._submitting[job_id] = done = asyncio.Event()
         try:
-            if (failing := self._failing.get(job_id)) is not None:
-                await failing.all_landed()
+            if (failed := self._failed.get(job_id)) is not None:
+                await failed.all_landed()
             return await self._queue_job(request, job_id)
         finally:
             del self._submitting[job_id]
@@ -381,8 +381,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             # delivery is then scheduled like a redelivered one, skipping what launched.
             # Those still queued here go now; one out at an LM is dropped if it comes back.
             local.cancelled = True
-            self._failing[job_id] = local
-            self._spawn(self._forget_failed(key, local, job_id))
+            self._failed[job_id] = local
+            self._spawn(self._forget_failed(key, local))
             for item in self.queues.remove(queue, lambda item: item.batch is local):
                 self._dropped_if_refused(item)
             log.warning(
@@ -398,16 +398,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             raise
         return global_master_pb2.SubmitJobResponse(job_id=job_id, task_ids=ids)
 
-    async def _forget_failed(self, key: tuple, local: Batch, job_id: str) -> None:
+    async def _forget_failed(self, key: tuple, local: Batch) -> None:
         """A failed submission's message may never arrive: once none of its launches is
-        out, its entry (which holds every task id) leaves ``_local`` and only the job id
-        remains, enough for a late delivery to check what launched."""
+        out, its entry (which holds every task id) leaves ``_local``; ``_failed`` keeps
+        its job id, enough for a late delivery to check what launched."""
         await local.all_landed()
-        if self._failing.get(job_id) is local:
-            del self._failing[job_id]
         if self._local.get(key) is local:
             del self._local[key]
-            self._failed_jobs.add(job_id)
 
     def _push(self, queue: str, items: list[Pending]) -> None:
         for item in items:
@@ -504,11 +501,14 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # Redelivered, or stored although its submission failed here: some of its tasks
         # may already run. Of a failed submission, launches still out must be answered
         # first, or the LMs would not know of tasks about to start and they would run twice.
-        failed = batch_msg.job_id in self._failed_jobs
-        self._failed_jobs.discard(batch_msg.job_id)
+        failed = self._failed.get(batch_msg.job_id)
         if local is not None:
             await local.all_landed()
-        check = delivery.redelivered or local is not None or failed
+        if failed is not None:  # gone once landed: a retry meanwhile still waits for it
+            await failed.all_landed()
+            if self._failed.get(batch_msg.job_id) is failed:
+                del self._failed[batch_msg.job_id]
+        check = delivery.redelivered or local is not None or failed is not None
         launched = await self._already_launched(batch_msg) if check else set()
         # A second message of a job whose tasks this GM already holds (a client retried
         # it through another GM, or its first message was stored after all): not again.

@@ -86,7 +86,7 @@ async def test_a_publish_that_fails_drops_the_tasks_that_had_not_launched():
         assert await lm_knows(config, ["lost.0", "hog.0", "hog.1"]) == ["hog.0", "hog.1"]
         # Nothing of it was out at an LM: the GM keeps only its id, for a late delivery.
         assert not [key for key in gm._local if key[0] == "lost"]
-        assert "lost" in gm._failed_jobs
+        assert "lost" in gm._failed
 
 
 async def test_a_failed_submission_delivered_after_all_waits_for_its_launches_in_flight():
@@ -128,7 +128,7 @@ async def test_a_failed_submission_delivered_long_after_still_checks_what_launch
         job = await client.job("late")
         batch = common_pb2.TaskBatch(job_id="late", queue=job.queue, tasks=tasks)
         batch.tasks[0].MergeFrom(common_pb2.Task(task_id="late.0", job_id="late", queue=job.queue))
-        gm._failed_jobs.add("late")
+        gm._failed["late"] = Batch(None, remaining=1, cancelled=True)  # landed
         # And as if the GM had forgotten the job too (100,000 newer ones): only the LMs
         # can tell what launched.
         del gm.jobs.jobs["late"]
@@ -139,7 +139,7 @@ async def test_a_failed_submission_delivered_long_after_still_checks_what_launch
         # the task, so the message is acked and the task not queued again.
         assert delivery.acked
         assert gm.queues.pending(batch.queue) == 0
-        assert "late" not in gm._failed_jobs
+        assert "late" not in gm._failed
 
 
 async def test_a_refused_jobs_launch_that_comes_back_rejected_ends_at_once():
