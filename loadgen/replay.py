@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from loadgen import report
-from loadgen.events import ENDED, EventLog
+from loadgen.events import EventLog
 from loadgen.sim.engine import Progress, bar
 from loadgen.trace import ReadStats, TraceError, TraceJob
 from services._proto.megha.v1 import common_pb2
@@ -151,14 +151,12 @@ async def replay_jobs(
             f"wall {time.monotonic() - began:.0f} s"
         )
 
-    async def follow(client: GlobalMasterClient, job_id: str, tasks: int) -> None:
-        ended: set[str] = set()
-        async for event in client.watch(job_id):
+    async def follow(client: GlobalMasterClient, job_id: str, task_ids: Sequence[str]) -> None:
+        # Through the other GMs when this one dies; what a new watch replays is not
+        # counted twice (client.follow), so a second SUCCEEDED still means a second run.
+        others = [c for c in clients if c is not client]
+        async for event in client.follow(job_id, task_ids, timeout_s, others):
             events.add_event(event)
-            if event.state in ENDED:
-                ended.add(event.task_id)
-                if len(ended) >= tasks:
-                    return
 
     async def submit(tasks: list[common_pb2.Task], queue: str, job_id: str):
         """Through the next GM; one that cannot take it (down, restarting, no answer in
@@ -200,7 +198,7 @@ async def replay_jobs(
             submitted_tasks += len(tasks)
             for task_id in reply.task_ids:
                 accepted[task_id] = (reply.job_id, gm)
-            watchers.append(asyncio.create_task(follow(client, reply.job_id, len(tasks))))
+            watchers.append(asyncio.create_task(follow(client, reply.job_id, reply.task_ids)))
         remaining = timeout_s - (time.monotonic() - began)
         if watchers:
             _, pending = await asyncio.wait(watchers, timeout=max(1.0, remaining))

@@ -3,14 +3,28 @@ generator use). Any GM accepts any job; jobs go to the queue's own GM via the br
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
+
+import grpc
 
 from services._proto.megha.v1 import common_pb2, global_master_pb2, global_master_pb2_grpc
 from services.common.convert import resources_to_proto
 from services.common.request_stream import Submitter
 from services.common.server import channel
+from services.global_master.jobs import TERMINAL
+
+# Errors after which GlobalMasterClient.follow watches again (NOT_FOUND too, for a job
+# it knows exists: a GM that restarted learns of it shortly).
+FOLLOW_AGAIN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+FOLLOW_PAUSE_S, FOLLOW_PAUSE_MAX_S = 0.2, 2.0
+
+
+class FollowStalled(RuntimeError):
+    """A GM keeps ending the watch of a job whose tasks it does not all know ended."""
+
 
 STATE_NAMES = {
     v.number: v.name.removeprefix("TASK_STATE_").lower()
@@ -92,6 +106,62 @@ class GlobalMasterClient:
         call = self.stub.WatchJob(global_master_pb2.WatchJobRequest(job_id=job_id))
         async for reply in call:
             yield reply.event
+
+    async def follow(
+        self,
+        job_id: str,
+        task_ids: Iterable[str] = (),
+        give_up_s: float = 60.0,
+        fallbacks: Sequence[GlobalMasterClient] = (),
+    ) -> AsyncIterator[common_pb2.TaskEvent]:
+        """``watch`` that outlives the GM: when the stream breaks (the GM restarted, the
+        network blinked) it watches again, through the next of ``fallbacks`` if any,
+        until every task of ``task_ids`` has ended (without them: until the GM ends the
+        watch, which it does once every task it knows of has ended). A GM that does not
+        know the job (yet: it restarted) is asked again. A new watch first replays each
+        task's current state: what was yielded already is not yielded again (a second
+        SUCCEEDED of a task that ran twice still is: its stamps differ).
+
+        Raises the last error once ``give_up_s`` pass without a GM answering, and
+        ``FollowStalled`` once they pass with GMs ending the watch while some of
+        ``task_ids`` have not ended.
+        """
+        expected = set(task_ids)
+        clients = [self, *fallbacks]
+        last: dict[str, tuple] = {}  # task -> what was last yielded of it
+        ended: set[str] = set()
+        pause, since, turn = FOLLOW_PAUSE_S, time.monotonic(), 0
+        while True:
+            try:
+                async for event in clients[turn % len(clients)].watch(job_id):
+                    key = (event.attempt, event.state, event.node_id, event.timestamps)
+                    if last.get(event.task_id) != key:
+                        last[event.task_id] = key
+                        pause, since = FOLLOW_PAUSE_S, time.monotonic()
+                        if event.state in TERMINAL:
+                            ended.add(event.task_id)
+                        yield event
+                        if expected and expected <= ended:
+                            return
+                if expected <= ended:
+                    return
+                if time.monotonic() - since > give_up_s:
+                    missing = sorted(expected - ended)
+                    raise FollowStalled(
+                        f"job {job_id}: the GM says it is done, but {len(missing)} of its "
+                        f"tasks never ended there, e.g. {missing[:3]}"
+                    )
+                turn += 1  # another GM may know more
+            except grpc.aio.AioRpcError as err:
+                known = bool(expected or last)  # a job id never heard of fails at once
+                again = err.code() in FOLLOW_AGAIN or (
+                    known and err.code() == grpc.StatusCode.NOT_FOUND
+                )
+                if not again or time.monotonic() - since > give_up_s:
+                    raise
+                turn += 1
+            await asyncio.sleep(pause)
+            pause = min(FOLLOW_PAUSE_MAX_S, pause * 2)
 
     async def cluster(self) -> global_master_pb2.GetClusterViewResponse:
         return await self.stub.GetClusterView(global_master_pb2.GetClusterViewRequest(), timeout=10)

@@ -3,8 +3,10 @@
 ``megha up`` starts the federation of a config (default: 2 GMs, 3 LMs, 8 workers per LM,
 one predictor) as child processes against RabbitMQ, waits until every service is
 healthy and every GM sees every worker, prints the endpoints, and stops everything
-cleanly on Ctrl-C / SIGTERM. Without a reachable RabbitMQ (or with ``--embedded``) it
-runs all services in this one process on an in-memory bus, and says so.
+cleanly on Ctrl-C / SIGTERM. A child that dies after that is started again (every role
+recovers from a restart), unless it keeps dying: then everything stops. Without a
+reachable RabbitMQ (or with ``--embedded``) it runs all services in this one process on
+an in-memory bus, and says so.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict, deque
 from pathlib import Path
 from urllib.parse import urlparse
 
 import grpc
 import yaml
 
-from services.client import STATE_NAMES, GlobalMasterClient, TaskTemplate
+from services.client import STATE_NAMES, FollowStalled, GlobalMasterClient, TaskTemplate
 from services.common.config import FederationConfig, default_config, load_config, parse_config
 from services.common.runner import endpoints, wait_all_healthy
 from services.core.constraints import ConstraintError, from_mask, parse_constraints
@@ -120,13 +123,14 @@ async def _up_processes(config: FederationConfig, args: argparse.Namespace) -> i
         await children.guard(wait_all_healthy(config, timeout_s=60))
         await children.guard(wait_until_ready(config))
         _print_endpoints(config, f"processes, logs in {log_dir}")
+        # From here on a child that dies is started again: the federation recovers.
         if args.replay:
-            return await children.guard(_replay(config, args))
+            return await children.guard(_replay(config, args), restart=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await children.guard(stop.wait())
+        await children.guard(stop.wait(), restart=True)
         return 0
     except ChildDied as err:
         print(f"megha: {err}", file=sys.stderr)
@@ -155,6 +159,11 @@ class ChildDied(RuntimeError):
     pass
 
 
+# A child of ``megha up`` that exits is started again, up to this many times a window.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
+
+
 class Children:
     """Child processes with their logs; a dead child aborts what ``guard`` waits for."""
 
@@ -162,6 +171,7 @@ class Children:
         self.log_dir = log_dir
         self.procs: dict[str, subprocess.Popen] = {}
         self.argv: dict[str, list[str]] = {}
+        self.restarts: dict[str, deque[float]] = defaultdict(deque)  # when, per child
 
     def start(self, name: str, argv: list[str]) -> None:
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (lives with the child)
@@ -179,16 +189,43 @@ class Children:
     def restart(self, name: str) -> None:
         self.start(name, self.argv[name])
 
-    async def guard(self, coro):
+    async def guard(self, coro, restart: bool = False):
+        """Await ``coro``; a child that exits meanwhile aborts it with ``ChildDied``, or,
+        with ``restart``, is started again (as compose's ``restart: unless-stopped``
+        would; every role recovers from a restart) unless it exits for the
+        ``MAX_RESTARTS + 1``-th time within ``RESTART_WINDOW_S``: a crash loop."""
         task = asyncio.ensure_future(coro)
         while not task.done():
             await asyncio.wait({task}, timeout=0.2)
-            for name, proc in self.procs.items():
-                if proc.poll() is not None and not task.done():
-                    task.cancel()
-                    tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-1500:]
-                    raise ChildDied(f"{name} exited with {proc.returncode}:\n{tail}")
+            for name, proc in list(self.procs.items()):
+                if proc.poll() is None or task.done():
+                    continue
+                if restart and self._may_restart(name):
+                    print(
+                        f"megha: {name} exited with {proc.returncode}; restarting it "
+                        f"(log {self.log_dir / f'{name}.log'})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    self.restart(name)
+                    continue
+                task.cancel()
+                why = f"{name} exited with {proc.returncode}"
+                if restart:
+                    why += f", restarted {MAX_RESTARTS} times in {RESTART_WINDOW_S:g} s already"
+                tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-1500:]
+                raise ChildDied(f"{why}:\n{tail}")
         return task.result()
+
+    def _may_restart(self, name: str) -> bool:
+        times = self.restarts[name]
+        now = time.monotonic()
+        while times and now - times[0] > RESTART_WINDOW_S:
+            times.popleft()
+        if len(times) >= MAX_RESTARTS:
+            return False
+        times.append(now)
+        return True
 
     def stop(self, timeout_s: float = 10.0) -> None:
         for proc in self.procs.values():
@@ -280,21 +317,29 @@ async def _submit(client: GlobalMasterClient, args, config: FederationConfig) ->
         f"job {reply.job_id}: {len(reply.task_ids)} tasks queued ({format_resources(request)} each)"
     )
     if args.wait:
-        args.job_id, args.watch = reply.job_id, True
-        return await _job(client, args)
+        return await _follow(client, reply.job_id, reply.task_ids)
     return 0
 
 
-async def _job(client: GlobalMasterClient, args) -> int:
-    if args.watch:
-        failed = False
-        async for event in client.watch(args.job_id):
+async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
+    """Print a job's events until it ends, through GM restarts (``client.follow``)."""
+    failed = False
+    try:
+        async for event in client.follow(job_id, task_ids):
             state = STATE_NAMES.get(event.state, "?")
             where = f" on {event.lm_id}/{event.node_id}" if event.node_id else ""
             why = f" ({event.reason})" if event.reason else ""
             print(f"{event.task_id:<24} {state:<10}{where}{why}", flush=True)
             failed |= state in ("failed", "rejected")
-        return 1 if failed else 0
+    except FollowStalled as err:
+        print(f"megha: {err}", file=sys.stderr)
+        return 1
+    return 1 if failed else 0
+
+
+async def _job(client: GlobalMasterClient, args) -> int:
+    if args.watch:
+        return await _follow(client, args.job_id)
     job = await client.job(args.job_id)
     print(f"job {job.job_id} (queue {job.queue}): {len(job.tasks)} tasks")
     for task in job.tasks:

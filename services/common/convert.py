@@ -153,6 +153,20 @@ def partition_totals(state: ClusterState) -> list[PartitionTotals]:
     return [PartitionTotals(sizes[p], free[p], borrowed[p]) for p in range(len(sizes))]
 
 
+def next_attempt(task: common_pb2.Task, queued_unix_nanos: int) -> common_pb2.Task:
+    """A copy of ``task`` as its next attempt, for its user queue again: it keeps when the
+    user submitted it; everything after is the new attempt's own."""
+    again = common_pb2.Task.FromString(task.SerializeToString())
+    again.attempt = task.attempt + 1
+    again.timestamps.CopyFrom(
+        common_pb2.TaskTimestamps(
+            submitted_unix_nanos=task.timestamps.submitted_unix_nanos,
+            queued_unix_nanos=queued_unix_nanos,
+        )
+    )
+    return again
+
+
 def snapshot_to_proto(
     snap: Snapshot, partitions: Sequence[PartitionTotals] | None = None
 ) -> common_pb2.LocalMasterState:
@@ -167,6 +181,7 @@ def snapshot_to_proto(
         base_version=snap.base_version,
         gm_ids=snap.gm_ids,
         ended_task_ids=snap.ended_task_ids,
+        incarnation=snap.incarnation,
     )
     _add_nodes(msg, snap.nodes)
     msg.free.indices.extend(snap.free_indices.tolist())
@@ -258,6 +273,7 @@ def snapshot_from_proto(msg: common_pb2.LocalMasterState, num_constraints: int) 
         ended_task_ids=list(msg.ended_task_ids),
         usage_mean=usage_mean,
         usage_var=usage_var,
+        incarnation=msg.incarnation,
     )
 
 

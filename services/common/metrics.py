@@ -52,3 +52,13 @@ WORKERS = Gauge("megha_workers", "Worker nodes registered with an LM, by health.
 TASKS_FINISHED = Counter(
     "megha_tasks_finished_total", "Tasks ended, by final state.", ["lm", "state"]
 )
+EVENTS_RECOVERED = Counter(
+    "megha_events_recovered_total",
+    "Task ends a GM never heard of on the broker and learnt from the LM instead.",
+    ["gm"],
+)
+TASKS_ADOPTED = Counter(
+    "megha_tasks_adopted_total",
+    "Tasks an LM booked again from its workers' word after it restarted.",
+    ["lm"],
+)

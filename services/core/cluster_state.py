@@ -11,6 +11,8 @@ requests follow the paper:
   they are released (to be re-queued by their GM) and the task takes their place.
 
 Requests are idempotent by ``(task_id, attempt)``: a repeated launch changes nothing.
+After a restart the books start empty (a new ``incarnation``); ``adopt`` books again what
+the workers say they run.
 
 Books per node: ``free`` (capacity minus the running tasks' requests) and, for GPA, the
 sums of their CPU usage means and variances (``gpa.task_usage``; a task without a usage
@@ -62,12 +64,14 @@ class ClusterState:
         num_constraints: int = DEFAULT_NUM_CONSTRAINTS,
         policy: PlacementPolicy | None = None,
         delta_history: int = 100_000,
+        incarnation: int = 0,
     ):
         if not gm_ids:
             raise ValueError("an LM needs at least one GM (one partition per GM)")
         if len(set(gm_ids)) != len(gm_ids):
             raise ValueError(f"GM ids must be unique, got {list(gm_ids)}")
         self.lm_id = lm_id
+        self.incarnation = incarnation  # which life of the LM these books belong to
         self.gm_ids = tuple(gm_ids)
         self._partition_of = {gm: p for p, gm in enumerate(self.gm_ids)}
         self.table = NodeTable(len(self.gm_ids), num_constraints)
@@ -118,7 +122,7 @@ class ClusterState:
         self._static_version[index] = self.version
         if alive:
             return []
-        lost = [self.allocations[t] for t in sorted(self._by_node.get(index, ()))]
+        lost = [self.allocations[t] for t in self.task_ids_on(index)]
         for allocation in lost:
             self._release(allocation)
         return lost
@@ -180,6 +184,25 @@ class ClusterState:
         allocation = self._allocate(task, node, partition, logical)
         return Decision(PlacementStatus.ACCEPTED, allocation=allocation, preempted=tuple(victims))
 
+    def task_ids_on(self, node: int) -> list[str]:
+        """The tasks booked on ``node``, in id order."""
+        return sorted(self._by_node.get(node, ()))
+
+    def adopt(self, task: TaskSpec, node: int) -> Allocation | None:
+        """Book a task that ``node`` says it runs but these books do not hold: the LM
+        restarted and lost them, and the worker tells it on registering again.
+
+        Booked in the node's owner partition (which GM borrowed it by repartition went
+        with the old books; the resources return to the owner when it ends either way),
+        with no checks: it already runs. None when the books hold this attempt or a
+        later one, or saw it end: the caller kills what the worker still runs of it.
+        """
+        if self._duplicate(task) is not None:
+            return None
+        if not 0 <= node < self.table.size:
+            raise ValueError(f"no node with index {node}")
+        return self._allocate(task, node, int(self.table.owner[node]), logical=False)
+
     def release(self, task_id: str) -> Allocation | None:
         """Give a task's resources back (to the owner partition, for a logical node).
 
@@ -230,6 +253,7 @@ class ClusterState:
             ended.reverse()
         return Snapshot(
             lm_id=self.lm_id,
+            incarnation=self.incarnation,
             version=self.version,
             full=full,
             base_version=base,

@@ -61,6 +61,8 @@ class LMView:
     version: int
     partition: int | None  # this GM's partition in the LM, None if the LM doesn't know us
     updated_at: float
+    incarnation: int = 0  # the LM's life that ``version`` counts in (Snapshot.incarnation)
+    restarted_at: float | None = None  # when this GM first heard of this life, if not the first
     allocations: dict[str, Allocation] = field(default_factory=dict)
     internal: bitarray | None = None
     external: bitarray | None = None
@@ -134,6 +136,15 @@ class GlobalView:
     def apply(self, snapshot: Snapshot, now: float) -> ApplyResult:
         """Fold an LM snapshot (heartbeat or reply) into the view."""
         view = self.lms.get(snapshot.lm_id)
+        if view is not None and snapshot.incarnation != view.incarnation:
+            # The LM restarted: its versions count from zero again, and its books (node
+            # rows, tasks) are new. A late message of its earlier life changes nothing.
+            if snapshot.incarnation < view.incarnation:
+                return ApplyResult.STALE
+            if not snapshot.full:
+                return ApplyResult.NEEDS_FULL
+            self._apply_full(snapshot, now)
+            return ApplyResult.APPLIED
         if view is not None and snapshot.version <= view.version:
             if snapshot.version == view.version:
                 view.updated_at = now  # nothing changed, but the LM is alive and current
@@ -218,15 +229,30 @@ class GlobalView:
             partition=gm_ids.index(self.gm_id) if self.gm_id in gm_ids else None,
             updated_at=now,
             allocations={a.task_id: a for a in snapshot.allocations},
+            incarnation=snapshot.incarnation,
         )
         view.refresh_masks()
         old = self.lms.get(snapshot.lm_id)
         if old is None:
             self._order = sorted([*self._order, snapshot.lm_id])
-        else:
+        elif old.incarnation == snapshot.incarnation:
             view.inflight, view.ended, view.unanswered = old.inflight, old.ended, old.unanswered
+            view.restarted_at = old.restarted_at
+        else:
+            view.restarted_at = now
+        # else: what this GM learnt about an earlier life (its node rows may now be other
+        # nodes) would only corrupt the new books; launches still out are answered anyway.
         self.lms[snapshot.lm_id] = view
         self._reconcile(view, snapshot, now)
+
+    def restarted(self, now: float, within_s: float) -> list[str]:
+        """The LMs that restarted less than ``within_s`` ago: their workers may still be
+        registering again, so their nodes are not all in the view yet."""
+        return sorted(
+            lm_id
+            for lm_id, view in self.lms.items()
+            if view.restarted_at is not None and now - view.restarted_at < within_s
+        )
 
     def forget(self, lm_id: str) -> None:
         """Drop an LM (gone silent for too long); its nodes take no more placements."""

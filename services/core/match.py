@@ -196,6 +196,8 @@ def assess(
     if missing:
         names = ", ".join(str(c) for c in from_mask(missing))
         return Verdict(Schedulability.INFEASIBLE, f"no node has constraint {names}")
+    if not any_match and not task.constraint_mask:
+        return Verdict(Schedulability.INFEASIBLE, "no worker node has registered")
     if not any_match:
         wanted = ", ".join(str(c) for c in from_mask(task.constraint_mask))
         return Verdict(Schedulability.INFEASIBLE, f"no node has constraints {wanted} together")

@@ -58,6 +58,9 @@ class Snapshot:
     # free (see ``NodeTable.set_free``).
     usage_mean: np.ndarray | None = None
     usage_var: np.ndarray | None = None
+    # Which life of the LM took it (its start time in ns; 0 for an LM that never
+    # restarts, as in the simulator). Versions count from zero in each.
+    incarnation: int = 0
 
     @staticmethod
     def empty_free() -> tuple[np.ndarray, np.ndarray]:

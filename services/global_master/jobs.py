@@ -1,8 +1,9 @@
 """What a GM remembers about jobs: each task's latest state, for GetJob and WatchJob.
 
 Built from the GM's own submissions and from the lifecycle events every LM publishes,
-so any GM can answer for any job it has heard of. Bounded: the oldest jobs are forgotten
-first once ``max_jobs`` is reached.
+so any GM can answer for any job it has heard of (an end whose event was lost comes from
+the LM instead: ``open`` lists the tasks whose end is awaited). Bounded: the oldest jobs
+are forgotten first once ``max_jobs`` is reached.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ TERMINAL = {
     common_pb2.TASK_STATE_FAILED,
     common_pb2.TASK_STATE_REJECTED,
 }
+# States in which a task's end is still to come, from the LM that holds it.
+_OPEN = {common_pb2.TASK_STATE_PLACED, common_pb2.TASK_STATE_RUNNING}
 # States after which a task with the same id and attempt may be queued again.
 _NOT_TAKEN = {common_pb2.TASK_STATE_UNSPECIFIED, common_pb2.TASK_STATE_REJECTED}
 # Lifecycle order: a late, older event never overwrites a newer state of the same attempt.
@@ -55,6 +58,8 @@ class JobBook:
     def __init__(self, max_jobs: int = 100_000):
         self.max_jobs = max_jobs
         self.jobs: OrderedDict[str, JobRecord] = OrderedDict()
+        # Tasks placed or running, by (job id, task id): their ends are awaited.
+        self.open: dict[tuple[str, str], global_master_pb2.TaskStatus] = {}
 
     def get(self, job_id: str) -> JobRecord | None:
         return self.jobs.get(job_id)
@@ -64,7 +69,9 @@ class JobBook:
         if job is None:
             job = self.jobs[job_id] = JobRecord(job_id, queue)
             while len(self.jobs) > self.max_jobs:
-                self.jobs.popitem(last=False)
+                _, gone = self.jobs.popitem(last=False)
+                for task_id in gone.tasks:
+                    self.open.pop((gone.job_id, task_id), None)
         return job
 
     def queued(self, task: common_pb2.Task) -> None:
@@ -79,6 +86,7 @@ class JobBook:
                 attempt=task.attempt,
                 predicted_lifetime_s=task.predicted_lifetime_s,
             )
+            self.open.pop((job.job_id, task.task_id), None)
 
     def apply(self, event: common_pb2.TaskEvent) -> None:
         job = self.record(event.job_id, event.queue)
@@ -97,6 +105,10 @@ class JobBook:
         status.attempt = event.attempt
         status.timestamps.CopyFrom(event.timestamps)
         status.pending_reason = event.reason if event.state != common_pb2.TASK_STATE_RUNNING else ""
+        if event.state in _OPEN:
+            self.open[job.job_id, event.task_id] = status
+        else:
+            self.open.pop((job.job_id, event.task_id), None)
         for watcher in job.watchers:
             watcher.put_nowait(event)
 

@@ -19,7 +19,8 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import defaultdict, deque
+from collections import OrderedDict, defaultdict, deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import grpc
@@ -37,6 +38,7 @@ from services.common.bus import Bus, Delivery
 from services.common.config import FederationConfig
 from services.common.convert import (
     InvalidTask,
+    next_attempt,
     parse_task,
     placement_status_from_proto,
     resources_to_proto,
@@ -51,7 +53,7 @@ from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
 from services.global_master.jobs import JobBook
 from services.global_master.predictions import LifetimePredictions
-from services.local_master.service import EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, user_queue
+from services.local_master.service import ENDED, EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, user_queue
 
 log = logging.getLogger("megha.gm")
 
@@ -60,6 +62,14 @@ ROUND_PER_QUEUE = 512  # tasks taken from each queue per scheduling round
 # Jobs of up to this many tasks are scheduled while the broker confirms them, bigger ones
 # once it has (see SubmitJob).
 SCHEDULE_BEFORE_CONFIRM = 16
+# How long after an LM restarted a task no node in the view fits is queued, not refused.
+RESTART_SETTLE_S = 30.0
+CATCH_UP_S = 60.0  # how long a starting GM keeps asking an LM that does not answer
+RECOVER_EVERY_S = 2.0  # how often a GM looks for task ends it never heard of
+# After an LM restart, how long past worker_timeout_s a GM waits before re-queueing the
+# tasks it had placed there that never started (their workers had time to come back).
+RESTART_GRACE_S = 5.0
+UNSTARTED_KEPT = 100_000  # accepted launches remembered until they start
 MAX_REJECTIONS = 20  # an LM rejecting a task this often parks it until the view changes
 
 
@@ -157,6 +167,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self._loops: list[asyncio.Task] = []
         self._inflight: set[asyncio.Task] = set()
         self._pledged: set[str] = set()  # victims of preemptions under way
+        # Tasks an LM accepted from this GM that no event has shown started yet, by id:
+        # (LM, when, the wire task). If that LM dies before passing one to its worker,
+        # this is the only copy left (see _requeue_lost_starts).
+        self._unstarted: OrderedDict[str, tuple[str, float, common_pb2.Task]] = OrderedDict()
         self._subscriptions: list = []
         self._closed = False
         self.counters: dict[str, int] = defaultdict(int)
@@ -177,6 +191,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             )
         self._loops.append(asyncio.create_task(self._schedule_loop(), name="gm-schedule"))
         self._loops.append(asyncio.create_task(self._gauge_loop(), name="gm-gauges"))
+        self._loops.append(asyncio.create_task(self._recover_loop(), name="gm-recover"))
+        self._loops.append(asyncio.create_task(self._catch_up(), name="gm-catch-up"))
 
     async def shutdown(self) -> None:
         if self._closed:
@@ -306,7 +322,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             except InvalidTask as err:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
             never = self.view.infeasible(spec)
-            if never is not None:
+            if never is not None and not self.view.restarted(time.monotonic(), RESTART_SETTLE_S):
+                # (Right after an LM restart its nodes come back one by one: the task
+                # waits for them rather than being refused.)
                 raise Refused(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"task {task.task_id} can never run here: {never}",
@@ -536,22 +554,25 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         launching them but before acking the message. Launches are idempotent per LM,
         so without this check a retry on another LM would run them twice."""
         attempts = {t.task_id: t.attempt for t in batch.tasks}
-        request = local_master_pb2.LookupTasksRequest(task_ids=list(attempts))
-
-        async def ask(lm_id: str):
-            try:
-                return await self._stubs[lm_id].LookupTasks(request, timeout=5)
-            except grpc.aio.AioRpcError as err:
-                log.warning("LookupTasks failed", extra={"lm": lm_id, "code": err.code().name})
-                return local_master_pb2.LookupTasksResponse()
-
-        replies = await asyncio.gather(*(ask(lm_id) for lm_id in self._stubs))
+        replies = await asyncio.gather(*(self._lookup(lm_id, attempts) for lm_id in self._stubs))
         return {
             known.task_id
             for reply in replies
+            if reply is not None
             for known in reply.tasks
             if known.attempt >= attempts[known.task_id]
         }
+
+    async def _lookup(
+        self, lm_id: str, task_ids: Iterable[str]
+    ) -> local_master_pb2.LookupTasksResponse | None:
+        """What ``lm_id`` knows of these tasks; None (logged) if it did not answer."""
+        request = local_master_pb2.LookupTasksRequest(task_ids=list(task_ids))
+        try:
+            return await self._stubs[lm_id].LookupTasks(request, timeout=5)
+        except grpc.aio.AioRpcError as err:
+            log.warning("LookupTasks failed", extra={"lm": lm_id, "code": err.code().name})
+            return None
 
     async def _on_heartbeat(self, body: bytes) -> None:
         msg = common_pb2.LocalMasterState.FromString(body)
@@ -579,15 +600,17 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self._wake.set()
 
     async def _on_events(self, routing_key: str, body: bytes) -> None:
+        self._take_events(common_pb2.TaskEventBatch.FromString(body).events)
+
+    def _take_events(self, events: Iterable[common_pb2.TaskEvent]) -> None:
         freed = False
-        for event in common_pb2.TaskEventBatch.FromString(body).events:
+        for event in events:
             self.jobs.apply(event)
-            if event.state in (
-                common_pb2.TASK_STATE_SUCCEEDED,
-                common_pb2.TASK_STATE_FAILED,
-                common_pb2.TASK_STATE_PREEMPTED,
-                common_pb2.TASK_STATE_LOST,
-            ):
+            if event.state not in (common_pb2.TASK_STATE_QUEUED, common_pb2.TASK_STATE_PLACED):
+                unstarted = self._unstarted.get(event.task_id)
+                if unstarted is not None and event.attempt >= unstarted[2].attempt:
+                    del self._unstarted[event.task_id]
+            if event.state in ENDED:
                 freed |= self.view.release(
                     event.lm_id,
                     event.task_id,
@@ -603,6 +626,113 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     metrics.ALLOCATION_SECONDS.labels(self.gm_id).observe(seconds)
         if freed and self.queues.unpark():
             self._wake.set()
+
+    async def _catch_up(self) -> None:
+        """Learn what the LMs hold of tasks (running, and recent endings), so that a GM
+        that restarted still knows the jobs it had heard of. Events that arrive meanwhile
+        are newer or the same: the book keeps the latest state of each attempt."""
+
+        async def from_lm(lm_id: str) -> None:
+            deadline = time.monotonic() + CATCH_UP_S
+            # Not before the LM is heard from: a call to an LM not listening yet would
+            # leave the channel backing off, and the first launches would fail.
+            while lm_id not in self.view.lms and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            while True:
+                try:
+                    call = self._stubs[lm_id].ListTasks(local_master_pb2.ListTasksRequest())
+                    async for batch in call:
+                        for event in batch.events:
+                            self.jobs.apply(event)
+                    return
+                except grpc.aio.AioRpcError as err:
+                    if time.monotonic() > deadline:
+                        log.warning(
+                            "could not learn an LM's tasks",
+                            extra={"lm": lm_id, "code": err.code().name},
+                        )
+                        return
+                    await asyncio.sleep(1.0)
+
+        await asyncio.gather(*(from_lm(lm_id) for lm_id in self._stubs))
+
+    async def _recover_loop(self) -> None:
+        """Ends whose events never arrived: a broker restart drops what is published
+        meanwhile, an LM that dies takes unpublished events with it. Without this a task
+        would show RUNNING for ever, and its job never end."""
+        interval = max(RECOVER_EVERY_S, 4 * self.config.heartbeat_interval_s)
+        suspects: set[tuple[str, str]] = set()
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                suspects = await self._recover_lost_ends(suspects)
+            except Exception:
+                log.exception("recovering lost task events failed")
+
+    async def _recover_lost_ends(self, suspects: set[tuple[str, str]]) -> set[tuple[str, str]]:
+        """Tasks this GM's books show placed or running that their LM's books (as this
+        GM's view has them) do not hold: a suspect once, asked about if still so a round
+        later (the view may just lag), from the LM, which remembers how they ended.
+        Returns this round's new suspects."""
+        now: dict[tuple[str, str], global_master_pb2.TaskStatus] = {}
+        for key, status in self.jobs.open.items():
+            view = self.view.lms.get(status.lm_id)
+            held = view.allocations.get(status.task_id) if view is not None else None
+            if held is None or held.attempt < status.attempt:
+                now[key] = status
+        ask: dict[str, list[global_master_pb2.TaskStatus]] = defaultdict(list)
+        for key in now.keys() & suspects:
+            if now[key].lm_id in self._stubs:
+                ask[now[key].lm_id].append(now[key])
+        recovered = []
+        for lm_id, statuses in ask.items():
+            attempts = {t.task_id: t.attempt for t in statuses}
+            reply = await self._lookup(lm_id, attempts)
+            if reply is None:
+                continue
+            for known in reply.tasks:
+                ended = known.last_ended
+                if known.HasField("last_ended") and ended.attempt >= attempts[known.task_id]:
+                    recovered.append(ended)
+            unknown = set(attempts) - {known.task_id for known in reply.tasks}
+            await self._requeue_lost_starts(lm_id, unknown)
+        if recovered:
+            log.warning("recovered lost task events", extra={"events": len(recovered)})
+            metrics.EVENTS_RECOVERED.labels(self.gm_id).inc(len(recovered))
+            self._take_events(recovered)
+        return now.keys() - suspects
+
+    async def _accepted(self, lm_id: str, item: Pending) -> None:
+        """An LM took the task (launch or preemption): booked in the view, kept until an
+        event shows it started, one task of its message landed."""
+        self.view.accepted(lm_id, item.task.task_id)
+        self._unstarted[item.task.task_id] = (lm_id, time.monotonic(), item.task)
+        self._unstarted.move_to_end(item.task.task_id)
+        while len(self._unstarted) > UNSTARTED_KEPT:
+            self._unstarted.popitem(last=False)
+        await self._launched(item.batch)
+
+    async def _requeue_lost_starts(self, lm_id: str, task_ids: set[str]) -> None:
+        """Tasks ``lm_id`` accepted from this GM, never started, and no longer knows: it
+        restarted before passing them to their workers. Queued again as their next
+        attempt, once the LM has been back long enough for every live worker to have
+        registered again and named what it runs (a task that did start is adopted)."""
+        view = self.view.lms.get(lm_id)
+        if view is None or view.restarted_at is None:
+            return
+        if time.monotonic() - view.restarted_at < self.config.worker_timeout_s + RESTART_GRACE_S:
+            return
+        for task_id in sorted(task_ids):
+            unstarted = self._unstarted.get(task_id)
+            if unstarted is None or unstarted[0] != lm_id or unstarted[1] > view.restarted_at:
+                continue
+            del self._unstarted[task_id]
+            task = unstarted[2]
+            self._event(task, common_pb2.TASK_STATE_LOST, f"{lm_id} restarted before it started")
+            again = next_attempt(task, time.time_ns())
+            batch = common_pb2.TaskBatch(job_id=again.job_id, queue=again.queue, tasks=[again])
+            await self.bus.enqueue(user_queue(again.queue), batch.SerializeToString())
+            log.warning("re-queued a task its LM lost", extra={"lm": lm_id, "task_id": task_id})
 
     def _reported_shares(self) -> dict[str, float]:
         """Each queue's dominant share as reported (status, gauge): what the LMs hold or
@@ -747,8 +877,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         for (item, _), result in zip(items, reply.results, strict=True):
             status = placement_status_from_proto(result.status)
             if status.ok:
-                self.view.accepted(lm_id, item.task.task_id)
-                await self._launched(item.batch)
+                await self._accepted(lm_id, item)
             else:
                 # Undo the optimistic reservation first; the LM's state then overwrites
                 # every node that really changed.
@@ -801,9 +930,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         if reply.HasField("state"):
             await self._apply_state(reply.state)
         if status.ok:
-            self.view.accepted(plan.lm_id, item.task.task_id)
             self.counters["preemptions"] += len(reply.preempted_task_ids)
-            await self._launched(item.batch)
+            await self._accepted(plan.lm_id, item)
         else:
             self._rejected(item, status, result.reason)
             self._wake.set()

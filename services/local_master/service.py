@@ -7,6 +7,12 @@
 
 Every decision is the core's; this module moves bytes, keeps worker sessions, and turns
 lost or preempted tasks back into durable queue messages (attempt + 1).
+
+Nothing here is written to disk. An LM that restarts is a new ``incarnation`` with empty
+books; each worker, registering again, names what it runs and what it has not reported,
+and the LM books that again (``_take_back``). What it remembers of ended tasks
+(``endings``) answers GMs that missed an event (``LookupTasks``) or restarted
+(``ListTasks``).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import defaultdict, deque
+from collections import OrderedDict, defaultdict, deque
 from dataclasses import dataclass, field
 
 import grpc
@@ -28,6 +34,7 @@ from services.common.bus import Bus
 from services.common.config import FederationConfig
 from services.common.convert import (
     InvalidTask,
+    next_attempt,
     parse_task,
     partition_totals,
     placement_status_to_proto,
@@ -52,6 +59,12 @@ TERMINAL = {
     common_pb2.TASK_STATE_FAILED,
     common_pb2.TASK_STATE_PREEMPTED,
 }
+# Events that end an attempt (LOST and PREEMPTED re-queue the task as the next one).
+ENDED = TERMINAL | {common_pb2.TASK_STATE_LOST}
+EVENT_RETRY_S = 0.5  # between tries to publish events while the broker is away
+LIST_BATCH = 5_000  # task events per ListTasks message, far below gRPC's 4 MiB
+# How many endings an LM remembers for GMs that missed their events (LookupTasks).
+ENDINGS_KEPT = 100_000
 
 
 def user_queue(queue: str) -> str:
@@ -90,13 +103,18 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         self.lm_id = lm_id
         self.bus = bus
         self.state = ClusterState(
-            lm_id, config.gm_ids, config.num_constraints, config.placement_policy()
+            lm_id,
+            config.gm_ids,
+            config.num_constraints,
+            config.placement_policy(),
+            incarnation=time.time_ns(),  # a restart is a new life, told apart by GMs
         )
         self.fair = FairShare(
             [QueueShare(q.name, q.share, q.gm) for q in config.effective_queues()]
         )
         self.sessions: dict[int, WorkerSession] = {}
         self.tasks: dict[str, common_pb2.Task] = {}  # running attempt's wire task, by id
+        self.endings: OrderedDict[str, common_pb2.TaskEvent] = OrderedDict()  # newest last
         self._events: list[common_pb2.TaskEvent] = []
         self._events_ready = asyncio.Event()
         self._published_version = -1
@@ -247,14 +265,22 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                     request.node_id, capacity, mask, address=request.worker_address
                 )
             else:  # a known worker reconnecting: it may take work again
-                for lost in self.state.set_alive(node, True):
-                    await self._requeue(lost, common_pb2.TASK_STATE_LOST, "worker re-registered")
+                self.state.set_alive(node, True)
         except ValueError as err:  # ResourceError, ConstraintError: a malformed worker
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         session = self.sessions.get(node)
         if session is None:
             session = self.sessions[node] = WorkerSession(node, request.node_id, time.monotonic())
         session.last_seen = time.monotonic()
+        stale, lost = self._take_back(node, request, session)
+        for task_id in stale:
+            self._send(node, kill=(task_id, "this attempt ended on the LM's books"))
+        for allocation in lost:
+            await self._requeue(
+                allocation,
+                common_pb2.TASK_STATE_LOST,
+                f"worker {request.node_id} came back without it (restarted?)",
+            )
         self._count_workers()
         log.info("worker registered", extra={"node_id": request.node_id, "node": node})
         return local_master_pb2.RegisterWorkerResponse(
@@ -262,6 +288,57 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             node_index=node,
             heartbeat_interval_s=self.config.worker_heartbeat_interval_s,
         )
+
+    def _take_back(
+        self, node: int, request, session: WorkerSession
+    ) -> tuple[list[str], list[Allocation]]:
+        """Square the books with what a registering worker holds. What it holds that the
+        books do not is booked: after an LM restart they are empty, and without this the
+        tasks would run unbooked and their ends never reach anyone; its reports then go
+        the usual way. What the books hold on the node that the worker neither holds nor
+        is yet to be sent was lost with it (a worker process that died and came back
+        before the watchdog noticed): released, for the caller to re-queue. Returns (the
+        running tasks to kill: attempts these books saw end; the lost allocations)."""
+        named = {t.task_id for t in request.running_tasks}
+        named.update(t.task_id for t in request.finished_tasks)
+        named.update(c.start.task.task_id for c in session.commands if c.HasField("start"))
+        lost = [
+            self.state.allocations[task_id]
+            for task_id in self.state.task_ids_on(node)
+            if task_id not in named
+        ]
+        for allocation in lost:
+            self.state.release(allocation.task_id)
+        stale: list[str] = []
+        adopted = 0
+        for held, running in itertools.chain(
+            zip(request.running_tasks, itertools.repeat(True)),
+            zip(request.finished_tasks, itertools.repeat(False)),
+        ):
+            try:
+                spec = parse_task(held, self.config.num_constraints)
+            except InvalidTask as err:
+                log.warning(
+                    "worker holds a malformed task",
+                    extra={"task_id": held.task_id, "error": str(err)},
+                )
+                continue
+            booked = self.state.allocations.get(held.task_id)
+            if booked is not None and booked.node == node and booked.attempt == held.attempt:
+                continue  # known: a worker reconnecting to the LM it left
+            if self.state.adopt(spec, node) is None:
+                if running:
+                    stale.append(held.task_id)
+                continue
+            self.tasks[held.task_id] = common_pb2.Task().FromString(held.SerializeToString())
+            adopted += 1
+        if adopted:
+            log.info(
+                "took back tasks a worker holds",
+                extra={"node": node, "tasks": adopted, "incarnation": self.state.incarnation},
+            )
+            metrics.TASKS_ADOPTED.labels(self.lm_id).inc(adopted)
+        return stale, lost
 
     async def WorkerHeartbeats(self, request_iterator, context):
         """Bidirectional: reports in, commands out, for as long as the worker stays."""
@@ -271,6 +348,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         session = self.sessions.get(first.node_index)
         if session is None or session.node_id != first.node_id:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "register first")
+        if not self.state.table.is_alive(session.node):
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "taken for dead: register")
         session.streams += 1
         await self._on_heartbeat(session, first)
 
@@ -278,6 +357,11 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             while True:
                 beat = await context.read()
                 if beat is grpc.aio.EOF:
+                    return
+                if not self.state.table.is_alive(session.node):
+                    # Taken for dead meanwhile, its tasks re-queued: ending the stream
+                    # makes it register again and say what it still runs, so what it
+                    # runs of those tasks is killed (see _take_back), not run twice.
                     return
                 await self._on_heartbeat(session, beat)
 
@@ -327,14 +411,27 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         for task_id in request.task_ids:
             known = self.state.known_attempt(task_id)
             if known is not None:
-                reply.tasks.add(task_id=task_id, attempt=known[0], running=known[1])
+                reply.tasks.add(
+                    task_id=task_id,
+                    attempt=known[0],
+                    running=known[1],
+                    last_ended=self.endings.get(task_id),
+                )
         return reply
+
+    async def ListTasks(self, request, context):
+        events = list(self.endings.values())
+        for task_id, task in self.tasks.items():
+            allocation = self.state.allocations.get(task_id)
+            if allocation is not None:
+                started = task.timestamps.started_unix_nanos
+                state = common_pb2.TASK_STATE_RUNNING if started else common_pb2.TASK_STATE_PLACED
+                events.append(self._event_of(task, state, allocation.node))
+        for start in range(0, len(events), LIST_BATCH):
+            yield local_master_pb2.ListTasksResponse(events=events[start : start + LIST_BATCH])
 
     async def _on_heartbeat(self, session: WorkerSession, beat) -> None:
         session.last_seen = time.monotonic()
-        if not self.state.table.is_alive(session.node):  # back from the dead
-            self.state.set_alive(session.node, True)
-            self._count_workers()
         for report in beat.reports:
             self._on_report(session.node, report)
 
@@ -401,32 +498,35 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         if task is None:
             return
         self._event(task, state, allocation.node, reason)
-        task.attempt = allocation.attempt + 1
-        # The new attempt keeps when the user submitted it; everything after is its own.
-        task.timestamps.CopyFrom(
-            common_pb2.TaskTimestamps(
-                submitted_unix_nanos=task.timestamps.submitted_unix_nanos,
-                queued_unix_nanos=time.time_ns(),
-            )
-        )
+        task.attempt = allocation.attempt
+        task = next_attempt(task, time.time_ns())
         batch = common_pb2.TaskBatch(job_id=task.job_id, queue=task.queue, tasks=[task])
         await self.bus.enqueue(user_queue(task.queue), batch.SerializeToString())
 
-    def _event(self, task: common_pb2.Task, state: int, node: int, reason: str) -> None:
-        self._events.append(
-            common_pb2.TaskEvent(
-                task_id=task.task_id,
-                job_id=task.job_id,
-                queue=task.queue,
-                state=state,
-                lm_id=self.lm_id,
-                node_id=self.state.table.node_ids[node] if node >= 0 else "",
-                reason=reason,
-                timestamps=task.timestamps,
-                attempt=task.attempt,
-            )
+    def _event_of(
+        self, task: common_pb2.Task, state: int, node: int, reason: str = ""
+    ) -> common_pb2.TaskEvent:
+        return common_pb2.TaskEvent(
+            task_id=task.task_id,
+            job_id=task.job_id,
+            queue=task.queue,
+            state=state,
+            lm_id=self.lm_id,
+            node_id=self.state.table.node_ids[node] if node >= 0 else "",
+            reason=reason,
+            timestamps=task.timestamps,
+            attempt=task.attempt,
         )
+
+    def _event(self, task: common_pb2.Task, state: int, node: int, reason: str) -> None:
+        event = self._event_of(task, state, node, reason)
+        self._events.append(event)
         self._events_ready.set()
+        if state in ENDED:
+            self.endings[task.task_id] = event
+            self.endings.move_to_end(task.task_id)
+            if len(self.endings) > ENDINGS_KEPT:
+                self.endings.popitem(last=False)
 
     def _state_proto(self, since: int | None = None) -> common_pb2.LocalMasterState:
         msg = snapshot_to_proto(self.state.snapshot(since), partition_totals(self.state))
@@ -465,15 +565,23 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             await asyncio.sleep(self.config.event_batch_s)  # gather events into one message
             try:
                 await self._flush_events()
-            except Exception:
-                log.exception("event publish failed")
+            except Exception as err:
+                log.warning("event publish failed; trying again", extra={"error": repr(err)})
+                await asyncio.sleep(EVENT_RETRY_S)
 
     async def _flush_events(self) -> None:
         self._events_ready.clear()
         events, self._events = self._events, []
         if events:
             body = common_pb2.TaskEventBatch(events=events).SerializeToString()
-            await self.bus.publish_topic(EVENT_EXCHANGE, f"task.{self.lm_id}", body)
+            try:
+                await self.bus.publish_topic(EVENT_EXCHANGE, f"task.{self.lm_id}", body)
+            except BaseException:
+                # Kept, in order, for the next try (the broker may be restarting). What
+                # is lost anyway (sent into a dying connection) GMs recover: LookupTasks.
+                self._events[:0] = events
+                self._events_ready.set()
+                raise
 
     async def _watchdog_loop(self) -> None:
         """A worker silent for longer than the timeout is dead; its tasks are re-queued."""

@@ -16,6 +16,9 @@ exponential backoff, registers again under the same node id and sends what it ow
 
 What the LM can rely on:
 
+- A registration names every task running here and every task whose final report is
+  still owed (``RegisterWorkerRequest.running_tasks`` / ``finished_tasks``): an LM that
+  restarted, its books lost, books them again from that.
 - The first heartbeat of every stream is an inventory: it carries a RUNNING report for
   each task running here and the terminal reports still owed (a resync after an LM
   restart or a disconnect). A RUNNING report for a task already RUNNING is a no-op. (Over
@@ -160,6 +163,10 @@ class WorkerAgent:
         self._running: dict[str, _Running] = {}
         self._outbox: list[local_master_pb2.TaskReport] = []
         self._sent: deque[_Sent] = deque()  # written on the current stream, newest last
+        # The tasks of the final reports in the outbox or in _sent, by (id, attempt): a
+        # registration names them, so an LM that restarted can book them and take the
+        # reports (see RegisterWorkerRequest.finished_tasks).
+        self._owed: dict[tuple[str, int], common_pb2.Task] = {}
         # Created lazily: asyncio primitives belong to the loop that runs the agent.
         self._wake: asyncio.Event | None = None
         self._stop: asyncio.Event | None = None
@@ -235,6 +242,7 @@ class WorkerAgent:
                 connected.clear()
                 if self._closing:
                     self._sent.clear()
+                    self._owed.clear()
                 else:
                     self._requeue_recent()
             if self._closing:
@@ -298,6 +306,8 @@ class WorkerAgent:
             worker_address=self.address,
             capacity=resources_to_proto(self.capacity),
             constraints=self.constraints,
+            running_tasks=[entry.task for entry in self._running.values()],
+            finished_tasks=list(self._owed.values()),
         )
         async with self._registration_slots or contextlib.nullcontext():
             reply: local_master_pb2.RegisterWorkerResponse = await self._stub.RegisterWorker(
@@ -347,7 +357,15 @@ class WorkerAgent:
         horizon = time.monotonic() - REDELIVERY_WINDOW_S
         again = [s.report for s in self._sent if s.at >= horizon and s.report.state != RUNNING]
         self._outbox[:0] = again
+        for sent in self._sent:
+            if sent.at < horizon:
+                self._delivered(sent.report)
         self._sent.clear()
+
+    def _delivered(self, report: local_master_pb2.TaskReport) -> None:
+        """A report sent long enough ago to count as received: its task is owed no more."""
+        if report.state != RUNNING:
+            self._owed.pop((report.task_id, report.attempt), None)
 
     async def _send_loop(self, call: grpc.aio.StreamStreamCall, wake: asyncio.Event) -> None:
         while True:
@@ -369,7 +387,7 @@ class WorkerAgent:
             self._sent.extend(_Sent(r, now) for r in reports)
             horizon = now - REDELIVERY_WINDOW_S
             while self._sent and self._sent[0].at < horizon:
-                self._sent.popleft()
+                self._delivered(self._sent.popleft().report)
             if closing:
                 await call.done_writing()
                 return
@@ -404,20 +422,20 @@ class WorkerAgent:
         stamps.worker_received_unix_nanos = time.time_ns()
         if self._closing:
             stamps.finished_unix_nanos = time.time_ns()
-            self._send(_report(task, LOST, message=f"worker {self.node_id} is shutting down"))
+            self._send(task, LOST, message=f"worker {self.node_id} is shutting down")
             return
         try:
             executor = executor_for(task, self.default_executor, self._executors)
         except ValueError as err:
             stamps.finished_unix_nanos = time.time_ns()
-            self._send(_report(task, FAILED, exit_code=-1, message=str(err)))
+            self._send(task, FAILED, exit_code=-1, message=str(err))
             log.warning("task refused", extra={"node_id": self.node_id, "task_id": task_id})
             return
         runner = asyncio.create_task(self._execute(task, executor), name=f"task {task_id}")
         self._running[task_id] = _Running(task, runner)
         runner.add_done_callback(functools.partial(self._runner_done, task_id))
         stamps.started_unix_nanos = time.time_ns()
-        self._send(_report(task, RUNNING))
+        self._send(task, RUNNING)
         log.debug(
             "task started",
             extra={"node_id": self.node_id, "task_id": task_id, "executor": executor.name},
@@ -448,7 +466,7 @@ class WorkerAgent:
         task_id = task.task_id
         self._running.pop(task_id, None)
         task.timestamps.finished_unix_nanos = time.time_ns()
-        self._send(_report(task, result.state, result.exit_code, result.message))
+        self._send(task, result.state, result.exit_code, result.message)
         log.debug(
             "task ended",
             extra={
@@ -476,9 +494,17 @@ class WorkerAgent:
             entry.kill_state, entry.kill_message = state, message
             entry.runner.cancel()
 
-    def _send(self, report: local_master_pb2.TaskReport) -> None:
+    def _send(
+        self,
+        task: common_pb2.Task,
+        state: common_pb2.TaskState.ValueType,
+        exit_code: int = 0,
+        message: str = "",
+    ) -> None:
         """Queue a report and wake the sender: state changes do not wait for the interval."""
-        self._outbox.append(report)
+        self._outbox.append(_report(task, state, exit_code, message))
+        if state != RUNNING:
+            self._owed[task.task_id, task.attempt] = task
         if self._wake is not None:
             self._wake.set()
 

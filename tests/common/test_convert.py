@@ -12,6 +12,7 @@ from hypothesis.extra import numpy as hnp
 from services._proto.megha.v1 import common_pb2, local_master_pb2
 from services.common.convert import (
     InvalidTask,
+    next_attempt,
     parse_task,
     partition_totals,
     placement_status_from_proto,
@@ -56,6 +57,7 @@ def _assert_same(got: Snapshot, want: Snapshot) -> None:
         want.base_version,
         want.gm_ids,
     )
+    assert got.incarnation == want.incarnation
     assert got.num_constraints == want.num_constraints
     for name in ("indices", "capacity", "constraint_masks", "partitions", "alive"):
         g, w = getattr(got.nodes, name), getattr(want.nodes, name)
@@ -73,7 +75,9 @@ def _assert_same(got: Snapshot, want: Snapshot) -> None:
 
 def _busy_state() -> ClusterState:
     """Two GMs, six nodes with constraints, launches, a repartition, a dead node."""
-    state = ClusterState("lm-0", GMS, num_constraints=NUM_CONSTRAINTS)
+    state = ClusterState(
+        "lm-0", GMS, num_constraints=NUM_CONSTRAINTS, incarnation=1_700_000_000_123_456_789
+    )
     for i in range(6):
         state.add_node(
             f"node-{i}",
@@ -401,3 +405,17 @@ def test_placement_status_mirrors_the_proto_enum() -> None:
         assert placement_status_from_proto(value) is status
     with pytest.raises(ValueError, match="placement status 0"):
         placement_status_from_proto(wire.Value("PLACEMENT_STATUS_UNSPECIFIED"))
+
+
+def test_next_attempt_is_a_copy_that_keeps_only_the_submission_time():
+    task = common_pb2.Task(task_id="t", job_id="j", queue="q", attempt=2)
+    task.timestamps.submitted_unix_nanos = 10
+    task.timestamps.started_unix_nanos = 20
+    task.sim.duration_s = 1.5
+    again = next_attempt(task, queued_unix_nanos=30)
+    assert (again.task_id, again.job_id, again.queue, again.attempt) == ("t", "j", "q", 3)
+    assert again.sim.duration_s == 1.5
+    assert again.timestamps == common_pb2.TaskTimestamps(
+        submitted_unix_nanos=10, queued_unix_nanos=30
+    )
+    assert task.attempt == 2 and task.timestamps.started_unix_nanos == 20  # untouched

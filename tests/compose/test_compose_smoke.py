@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -266,6 +267,30 @@ def test_work_goes_on_when_a_gm_stops(stack: Stack):
     stack.wait_healthy(("gm-1",), timeout_s=60)
     out = stack.submit("gm-1", count=4, duration=0.5).stdout
     assert _succeeded(out) == 4, out
+
+
+def test_an_lm_that_crashes_is_restarted_and_keeps_its_tasks(stack: Stack):
+    reply = stack.submit("gm-2", count=12, duration=8, wait=False).stdout
+    job = re.match(r"job (\S+): 12 tasks queued", reply)
+    assert job, reply
+    _wait_for("the tasks running", lambda: stack.free_cpu() < TOTAL_CPU_MILLI, 30, stack)
+    (container,) = stack("ps", "-q", "lm-1").stdout.split()
+
+    def inspect(field: str) -> str:
+        return _run(["docker", "inspect", "-f", field, container], 30).stdout.strip()
+
+    # A crash, not a stop: the LM's process dies, and compose's restart policy acts.
+    os.kill(int(inspect("{{.State.Pid}}")), signal.SIGKILL)
+    _wait_for("lm-1 restarted", lambda: int(inspect("{{.RestartCount}}")) >= 1, 60, stack)
+    stack.wait_healthy(("lm-1",), timeout_s=60)
+
+    def finished():
+        argv = ["megha", "job", "--gm", GM["gm-2"][0], job.group(1)]
+        out = stack.exec("workers-1", *argv, timeout=60).stdout
+        return len(re.findall(r"^\s+\S+\s+succeeded\s", out, flags=re.M)) == 12 and out
+
+    _wait_for("every task of the job succeeded", finished, 90, stack)
+    _wait_for("every node free again", lambda: stack.free_cpu() == TOTAL_CPU_MILLI, 60, stack)
 
 
 def test_loadgen_replays_the_sample_trace(stack: Stack):

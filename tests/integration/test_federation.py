@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import grpc
 import pytest
 
 from services._proto.megha.v1 import common_pb2, global_master_pb2, global_master_pb2_grpc
+from services.worker.agent import REDELIVERY_WINDOW_S
 from tests.integration.harness import HEARTBEAT_S, Federation, sim_tasks
 
 pytestmark = pytest.mark.integration
@@ -161,6 +164,36 @@ async def test_gm_killed_mid_run_rebuilds_view_and_loses_nothing(tmp_path):
         await fed.assert_books_balanced()
 
 
+async def test_a_gm_restart_neither_ends_a_watch_nor_forgets_a_job(tmp_path):
+    succeeded = common_pb2.TASK_STATE_SUCCEEDED
+    async with Federation(tmp_path, gms=1, lms=2, workers_per_lm=2) as fed:
+        client = fed.gm()
+        before = await client.submit(sim_tasks(4, 0.05), job_id="before")
+        await fed.events.wait_succeeded(set(before.task_ids), timeout_s=20)
+        reply = await client.submit(sim_tasks(6, 3.0))
+        seen: list[common_pb2.TaskEvent] = []
+
+        async def follow() -> None:
+            async for event in client.follow(reply.job_id, reply.task_ids):
+                seen.append(event)
+
+        follower = asyncio.create_task(follow())
+        await asyncio.sleep(1.0)
+        assert not follower.done()
+        fed.children.kill("gm-gm-1")  # kill -9: the watch breaks, the GM's memory goes
+        fed.children.restart("gm-gm-1")
+        await asyncio.wait_for(follower, timeout=40)
+        ended = Counter(e.task_id for e in seen if e.state == succeeded)
+        assert set(ended) == set(reply.task_ids) and max(ended.values()) == 1
+        # The restarted GM knows the job that ended before it died: the LMs told it.
+        job = await client.job("before")
+        assert len(job.tasks) == 4 and {t.state for t in job.tasks} == {succeeded}
+        with pytest.raises(grpc.aio.AioRpcError) as err:  # a job never heard of: at once
+            async for _ in client.follow("no-such-job"):
+                pass
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
 async def test_constraints_are_honoured(tmp_path):
     groups = [
         {"lm": "lm-1", "count": 3, "constraints": [1, 2], "name_prefix": "both-"},
@@ -180,16 +213,26 @@ async def test_constraints_are_honoured(tmp_path):
         assert "no node has constraint 5" in err.value.details()
 
 
-async def test_a_lost_worker_is_marked_dead_and_its_tasks_rerun(tmp_path):
-    groups = [
-        {"lm": "lm-1", "count": 2, "capacity": "cpu=1,mem=1Gi", "name_prefix": "doomed-"},
+def two_small_lms(lm1_prefix: str) -> list[dict]:
+    """Two 1-CPU workers on lm-1 (named ``lm1_prefix``-) and two on lm-2 (safe-)."""
+    return [
+        {"lm": "lm-1", "count": 2, "capacity": "cpu=1,mem=1Gi", "name_prefix": f"{lm1_prefix}-"},
         {"lm": "lm-2", "count": 2, "capacity": "cpu=1,mem=1Gi", "name_prefix": "safe-"},
     ]
-    async with Federation(tmp_path, gms=1, lms=2, worker_groups=groups) as fed:
-        reply = await fed.gm().submit(sim_tasks(4, 3.0))
-        await asyncio.sleep(0.8)
-        doomed = {t for t, n in fed.events.nodes_of(RUNNING).items() if n.startswith("doomed")}
-        assert len(doomed) == 2
+
+
+async def fill_two_small_lms(fed: Federation, duration_s: float, lm1_prefix: str):
+    """Four tasks, one per worker; returns the reply and the two running on lm-1."""
+    reply = await fed.gm().submit(sim_tasks(4, duration_s))
+    await asyncio.sleep(0.8)
+    on_lm1 = {t for t, n in fed.events.nodes_of(RUNNING).items() if n.startswith(lm1_prefix)}
+    assert len(on_lm1) == 2
+    return reply, on_lm1
+
+
+async def test_a_lost_worker_is_marked_dead_and_its_tasks_rerun(tmp_path):
+    async with Federation(tmp_path, gms=1, lms=2, worker_groups=two_small_lms("doomed")) as fed:
+        reply, doomed = await fill_two_small_lms(fed, 3.0, "doomed")
         fed.children.kill("workers-lm-1")
         await fed.events.wait_succeeded(set(reply.task_ids), timeout_s=30)
         lost = fed.events.states(common_pb2.TASK_STATE_LOST)
@@ -201,6 +244,142 @@ async def test_a_lost_worker_is_marked_dead_and_its_tasks_rerun(tmp_path):
         assert max(fed.events.succeeded().values()) == 1
         state = await fed.lm_state("lm-1")
         assert all(n.health == common_pb2.NODE_HEALTH_DEAD for n in state.nodes)
+
+
+async def test_tasks_an_lm_lost_before_they_started_are_queued_again(tmp_path):
+    # The LM accepts launches for workers that died a moment ago (not yet taken for
+    # dead), keeps the starts for when they reconnect, and dies too: only the GM that
+    # placed the tasks still has them.
+    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2) as fed:
+        fed.children.kill("workers-lm-1")
+        reply = await fed.gm().submit(sim_tasks(4, 0.2))
+        ids = set(reply.task_ids)
+        deadline = time.monotonic() + 5
+        while set(fed.events.states(common_pb2.TASK_STATE_PLACED)) != ids:
+            assert time.monotonic() < deadline, "the tasks were never placed"
+            await asyncio.sleep(0.05)
+        fed.children.kill("lm-lm-1")
+        fed.children.restart("lm-lm-1")
+        fed.children.restart("workers-lm-1")
+        await fed.events.wait_succeeded(ids, timeout_s=40)
+        assert max(fed.events.succeeded().values()) == 1
+        job = await fed.gm().job(reply.job_id)
+        assert {(t.state, t.attempt) for t in job.tasks} == {(common_pb2.TASK_STATE_SUCCEEDED, 1)}
+        assert "re-queued a task its LM lost" in fed.log("gm-gm-1")
+
+
+async def test_after_a_long_lm_outage_its_workers_are_back_within_seconds(tmp_path):
+    # gRPC's own reconnect backoff grows to 120 s: with it, after 40 s down a channel
+    # polled every 0.1-3 s reached the server again 21-27 s after it was back (or at once,
+    # by luck of the backoff's phase). The worker host's channel caps it at 2 s, so the
+    # workers are back one step after the LM answers. Timed from that first answer, not
+    # from the restart, which includes the LM's start-up on a loaded machine.
+    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2) as fed:
+        fed.children.kill("lm-lm-1")
+        await asyncio.sleep(40)
+        fed.children.restart("lm-lm-1")
+        restarted = time.monotonic()
+        answered = None
+        while True:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                nodes = len((await fed.lm_state("lm-1")).nodes)
+                answered = answered or time.monotonic()
+                if nodes == 2:
+                    break
+            assert time.monotonic() - restarted < 60, "the LM never came back"
+            if answered is not None:
+                waited = time.monotonic() - answered
+                assert waited < 8, "the workers took over 8 s to reach the LM once it answered"
+            await asyncio.sleep(0.1)
+        reply = await fed.gm().submit(sim_tasks(2, 0.1))
+        await fed.events.wait_succeeded(set(reply.task_ids), timeout_s=10)
+
+
+async def test_a_worker_host_killed_and_back_at_once_gets_its_tasks_rerun(tmp_path):
+    # Back before the LM's watchdog could take its workers for dead: the LM learns what
+    # they lost from their registrations, which name no task.
+    async with Federation(tmp_path, gms=1, lms=2, workers_per_lm=4) as fed:
+        reply = await fed.gm().submit(sim_tasks(16, 3.0))
+        await asyncio.sleep(0.8)
+        gone = {t for t, n in fed.events.nodes_of(RUNNING).items() if n.startswith("lm-1-")}
+        assert gone
+        fed.children.kill("workers-lm-1")
+        fed.children.restart("workers-lm-1")
+        await fed.events.wait_succeeded(set(reply.task_ids), timeout_s=30)
+        assert set(fed.events.states(common_pb2.TASK_STATE_LOST)) == gone
+        assert max(fed.events.succeeded().values()) == 1
+        await asyncio.sleep(3 * HEARTBEAT_S)
+        await fed.assert_books_balanced()
+
+
+async def test_an_lm_killed_and_restarted_takes_back_what_its_workers_run(tmp_path):
+    async with Federation(tmp_path, gms=1, lms=2, workers_per_lm=4) as fed:
+        warm = await fed.gm().submit(sim_tasks(150, 0.01))  # a first life of many versions
+        await fed.events.wait_succeeded(set(warm.task_ids), timeout_s=30)
+        # Past the window in which a worker sends a final report again on a new stream
+        # (below): the warm-up's reports are settled.
+        await asyncio.sleep(REDELIVERY_WINDOW_S + 0.5)
+        reply = await fed.gm().submit(sim_tasks(16, 3.0))
+        ids = set(reply.task_ids)
+        deadline = time.monotonic() + 10
+        while set(fed.events.nodes_of(RUNNING)) < ids | set(warm.task_ids):
+            assert time.monotonic() < deadline, "the tasks never all ran"
+            await asyncio.sleep(0.05)
+        on_lm1 = {e.task_id for e in fed.events.events if e.task_id in ids and e.lm_id == "lm-1"}
+        assert on_lm1, "nothing ran on lm-1"
+        old_version = (await fed.lm_state("lm-1")).version
+        fed.children.kill("lm-lm-1")  # kill -9: its books are gone
+        fed.children.restart("lm-lm-1")
+        await fed.events.wait_succeeded(ids, timeout_s=30)
+        # Each ran once, where it started: nothing was lost, re-queued or run again.
+        assert [e for e in fed.events.events if e.attempt > 0] == []
+        running = Counter(e.task_id for e in fed.events.events if e.state == RUNNING)
+        assert set(running) == ids | set(warm.task_ids) and max(running.values()) == 1
+        # A final report the old LM took in its last seconds would be taken again by the
+        # new one (the worker cannot know whether the old LM published it); none here.
+        assert max(fed.events.succeeded().values()) == 1
+        assert "took back tasks a worker holds" in fed.log("lm-lm-1")
+        # The GM follows the new life although its versions started again from zero.
+        deadline = time.monotonic() + 5
+        while True:
+            state = await fed.lm_state("lm-1")
+            view = {lm.lm_id: lm for lm in (await fed.gm().cluster()).lms}
+            if view["lm-1"].version == state.version:
+                break
+            assert time.monotonic() < deadline, (
+                f"the GM still sees lm-1 at version {view['lm-1'].version} "
+                f"(its first life ended at {old_version}), the LM is at {state.version}"
+            )
+            await asyncio.sleep(0.1)
+        assert state.version < old_version
+        await asyncio.sleep(3 * HEARTBEAT_S)
+        await fed.assert_books_balanced()
+
+
+async def test_a_worker_taken_for_dead_stops_the_attempts_rerun_elsewhere(tmp_path):
+    async with Federation(tmp_path, gms=1, lms=2, worker_groups=two_small_lms("frozen")) as fed:
+        reply, frozen = await fill_two_small_lms(fed, 6.0, "frozen")
+        workers = fed.children.procs["workers-lm-1"]
+        workers.send_signal(signal.SIGSTOP)  # silent, not gone: its tasks are taken for lost
+        try:
+            deadline = time.monotonic() + 10
+            while set(fed.events.states(common_pb2.TASK_STATE_LOST)) != frozen:
+                assert time.monotonic() < deadline, "the frozen worker was never taken for dead"
+                await asyncio.sleep(0.05)
+        finally:
+            workers.send_signal(signal.SIGCONT)
+        # Back, it still runs attempt 0 of tasks re-queued as attempt 1: the LM has it
+        # register again, learns what it runs and kills those attempts.
+        deadline = time.monotonic() + 10
+        while fed.log("workers-lm-1").count("task killed") < len(frozen):
+            assert time.monotonic() < deadline, "the stale attempts were never killed"
+            await asyncio.sleep(0.1)
+        await fed.events.wait_succeeded(set(reply.task_ids), timeout_s=30)
+        assert max(fed.events.succeeded().values()) == 1
+        state = await fed.lm_state("lm-1")
+        assert all(n.health == common_pb2.NODE_HEALTH_ALIVE for n in state.nodes)
+        await asyncio.sleep(3 * HEARTBEAT_S)
+        await fed.assert_books_balanced()
 
 
 async def test_bad_input_gets_clear_errors_and_changes_nothing(tmp_path):

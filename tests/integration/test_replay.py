@@ -91,3 +91,22 @@ async def test_a_replay_routes_around_a_gm_that_is_down(tmp_path):
         assert live["duplicates"] == 0
         assert {row["gm"] for row in result.rows} == {fed.config.gm("gm-1").target}
         assert "rerouted               12 submissions to another GM" in result.render()
+
+
+async def test_a_replay_follows_its_jobs_through_another_gm_when_one_dies(tmp_path):
+    """gm-1 dies for good mid-replay, after it took jobs: their events come through gm-2,
+    and what gm-2 replays of them on a new watch is not counted twice."""
+    async with Federation(tmp_path, workers_per_lm=4) as fed:
+        gms = [gm.target for gm in fed.config.gms]
+        # 40 tasks of 2 s (at speedup 20) arriving over 0.2 s, 48 CPUs: all run at once.
+        # (A task still queued would wait for gm-1: each queue has one GM.)
+        jobs = [
+            TraceJob(f"j{j}", j * 0.5, tuple(TraceTask(40.0) for _ in range(5))) for j in range(8)
+        ]
+        replay = asyncio.create_task(replay_jobs(jobs, gms, speedup=20.0, timeout_s=60))
+        await asyncio.sleep(1.0)  # every job submitted and running
+        fed.children.kill("gm-gm-1", signal.SIGKILL)
+        result = await replay
+        assert result.summary["completed"] == result.summary["tasks"] == 40
+        assert result.summary["duplicates"] == 0 and result.summary["submit_errors"] == {}
+        assert sum(1 for row in result.rows if row["gm"] == gms[0]) == 20

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from tests.integration.harness import Federation, free_ports
 
@@ -23,6 +25,30 @@ def small_trace(tmp_path):
     # arrival num_tasks mean durations...; one malformed line is reported, not fatal
     path.write_text("0.0 3 10 10 10 10\n5.0 2 20 20 20\nthis line is broken\n9.0 4 5 5 5 5 5\n")
     return path
+
+
+def _stop(up: subprocess.Popen) -> None:
+    """End a ``megha up`` a failed test left running, with its children (SIGTERM stops
+    them; a SIGKILL would leave them behind)."""
+    if up.poll() is None:
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(30)
+        except subprocess.TimeoutExpired:
+            up.kill()
+
+
+def _pids(pattern: str) -> list[int]:
+    found = subprocess.run(["pgrep", "-f", "--", pattern], capture_output=True, text=True)
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def _wait_for(what: str, probe, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while not (found := probe()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+    return found
 
 
 def test_embedded_up_replays_a_trace_and_prints_allocation_times(tmp_path):
@@ -71,8 +97,49 @@ def test_up_runs_processes_and_stops_them_all_on_sigterm(tmp_path):
             with pytest.raises(ProcessLookupError):
                 os.kill(int(pid), 0)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _stop(proc)
+
+
+def test_up_restarts_a_child_that_dies_and_gives_up_on_a_crash_loop(tmp_path):
+    base = free_ports(1)[0]
+    errors = tmp_path / "up.err"
+    with errors.open("w") as err:
+        proc = subprocess.Popen(
+            [*MEGHA, "up", "--base-port", str(base), "--gms", "1", "--lms", "1",
+             "--workers", "2", "--log-dir", str(tmp_path)],
+            stdout=subprocess.PIPE, stderr=err, text=True,
+        )  # fmt: skip
+    try:
+        _wait_for("federation up", lambda: "predictor" in proc.stdout.readline(), 60)
+        config = yaml.safe_load((tmp_path / "federation.yaml").read_text())
+        env = {**os.environ, "MEGHA_GM": f"127.0.0.1:{config['gms'][0]['port']}"}
+        lm = f"lm --id lm-1 --config {tmp_path}/federation.yaml"
+        (first,) = _pids(lm)
+        os.kill(first, signal.SIGKILL)  # a crash: the LM comes back, and so does the work
+        _wait_for(
+            "restart said",
+            lambda: "lm-lm-1 exited with -9; restarting it" in errors.read_text(),
+            10,
+        )
+        _wait_for("a new LM", lambda: [p for p in _pids(lm) if p != first], 10)
+        submit = subprocess.run(
+            [*MEGHA, "submit", "--count", "3", "--duration", "0.1", "--wait"],
+            capture_output=True, text=True, timeout=60, env=env,
+        )  # fmt: skip
+        assert submit.returncode == 0 and submit.stdout.count("succeeded") == 3, submit.stderr
+        assert proc.poll() is None
+        # An LM that keeps dying is a crash loop: up stops everything and says why.
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            for pid in _pids(lm):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+        assert proc.wait(30) == 1
+        assert "lm-lm-1 exited with -9, restarted 5 times in 60 s already" in errors.read_text()
+        assert _pids(f"--config {tmp_path}/federation.yaml") == []
+    finally:
+        _stop(proc)
 
 
 async def test_cli_submit_job_and_status(tmp_path):

@@ -177,3 +177,32 @@ def test_queue_usage_sums_per_queue():
     usage = state.queue_usage()
     assert usage["q1"].tolist() == [1500, 2048, 0, 0]
     assert usage["q2"].tolist() == [200, 1024, 0, 0]
+
+
+def test_a_restarted_lm_adopts_what_its_workers_run_in_the_owner_partition():
+    state = lm()
+    adopted = state.adopt(task("t1", cpu=3000, attempt=2), 1)
+    assert adopted is not None
+    assert (adopted.node, adopted.partition, adopted.logical, adopted.attempt) == (1, 1, False, 2)
+    assert state.table.free[0, 1] == 1000
+    # already booked (this attempt or a later one), or ended: not again
+    assert state.adopt(task("t1", attempt=2), 1) is None
+    assert state.adopt(task("t1", attempt=1), 3) is None
+    state.release("t1")
+    assert state.adopt(task("t1", attempt=2), 1) is None
+    assert state.table.free[:, 1].tolist() == NODE.tolist()
+    # a later attempt replaces an earlier one still on the books
+    state.launch("gm-a", task("t2"), 0)
+    assert state.adopt(task("t2", attempt=1), 2) is not None
+    assert state.allocations["t2"].node == 2 and state.table.free[:, 0].tolist() == NODE.tolist()
+    # it already runs: booked even past what the node has free
+    assert state.adopt(task("big", cpu=4000), 2) is not None
+    assert state.table.free[0, 2] == -1000
+    with pytest.raises(ValueError, match="no node with index 9"):
+        state.adopt(task("t3"), 9)
+
+
+def test_snapshots_name_the_incarnation():
+    state = ClusterState("lm-1", ("gm-a",), incarnation=1234)
+    assert state.snapshot().incarnation == 1234
+    assert state.snapshot(since_version=0).incarnation == 1234

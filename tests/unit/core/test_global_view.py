@@ -356,3 +356,60 @@ def test_the_feasibility_cache_follows_nodes_joining(ops):
             spec = task(f"t{n}", cpu=cpu, constraints=constraints)
             never = view.assess(spec).schedulability is Schedulability.INFEASIBLE
             assert (view.infeasible(spec) is not None) == never
+
+
+def restarted(state: ClusterState, incarnation: int, nodes: list[str]) -> ClusterState:
+    """The same LM after a restart: empty books, its workers back in another order."""
+    again = ClusterState(state.lm_id, state.gm_ids, incarnation=incarnation)
+    for i, node_id in enumerate(nodes):
+        again.add_node(node_id, NODE, partition=i % 2)
+    return again
+
+
+def test_a_restarted_lm_replaces_the_view_though_its_versions_start_again():
+    old = ClusterState("lm-0", GMS, incarnation=100)
+    for i in range(4):
+        old.add_node(f"w{i}", NODE, partition=i % 2)
+    view = view_of([old])
+    for n in range(30):  # a long first life: its versions are far ahead
+        old.launch("gm-a", task(f"t{n}", cpu=100, mem=100), n % 2 * 2)
+    assert view.apply(old.snapshot(), 1.0) is ApplyResult.APPLIED
+    new = restarted(old, 200, ["w3", "w2", "w1", "w0"])
+    new.launch("gm-a", task("fresh"), 0)
+    assert new.version < old.version
+    assert view.apply(new.snapshot(new.version - 1), 2.0) is ApplyResult.NEEDS_FULL
+    assert view.restarted(1.5, within_s=30) == []
+    assert view.apply(new.snapshot(), 2.0) is ApplyResult.APPLIED
+    lmv = view.lms["lm-0"]
+    assert lmv.incarnation == 200 and lmv.version == new.version
+    # its workers may still be coming back: for a while the view knows it restarted
+    assert view.restarted(31.9, within_s=30) == ["lm-0"]
+    assert view.restarted(32.0, within_s=30) == []
+    assert lmv.table.node_ids == ["w3", "w2", "w1", "w0"]
+    assert set(lmv.allocations) == {"fresh"}
+    np.testing.assert_array_equal(lmv.table.free, new.table.free)
+    # a late heartbeat of the earlier life, full or not, changes nothing
+    assert view.apply(old.snapshot(), 3.0) is ApplyResult.STALE
+    assert view.lms["lm-0"].incarnation == 200 and set(view.lms["lm-0"].allocations) == {"fresh"}
+    # and deltas of the new life apply as usual
+    base = new.version
+    new.release("fresh")
+    assert view.apply(new.snapshot(base), 4.0) is ApplyResult.APPLIED
+    assert not view.lms["lm-0"].allocations
+    assert view.lms["lm-0"].restarted_at == 2.0  # the same life
+
+
+def test_what_a_gm_learnt_about_an_lms_earlier_life_is_dropped_with_it():
+    old = ClusterState("lm-0", GMS, incarnation=1)
+    for i in range(2):
+        old.add_node(f"w{i}", NODE, partition=0)
+    view = view_of([old])
+    placement = view.match(task("sent", cpu=4000))
+    view.reserve(placement, task("sent", cpu=4000), now=0.0)  # never answered
+    view.release("lm-0", "gone", ended=True, attempt=0, now=0.0)
+    new = restarted(old, 2, ["w1", "w0"])
+    assert view.apply(new.snapshot(), 1.0) is ApplyResult.APPLIED
+    lmv = view.lms["lm-0"]
+    assert not lmv.inflight and not lmv.ended and not lmv.unanswered
+    # the launch no snapshot of the new life shows is not booked on whatever row it named
+    np.testing.assert_array_equal(lmv.table.free, new.table.free)

@@ -144,3 +144,6 @@ def test_assess_tells_never_from_not_now():
     assert verdict.reason == "every node that could hold it is dead"
 
     assert assess([table_of(1)], task()).schedulability is Schedulability.SCHEDULABLE
+    verdict = assess([table_of(0)], task())
+    assert verdict.schedulability is Schedulability.INFEASIBLE
+    assert verdict.reason == "no worker node has registered"

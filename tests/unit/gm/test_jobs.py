@@ -70,3 +70,25 @@ def test_a_requeued_attempt_shows_as_queued_and_an_old_event_does_not_undo_it():
     assert (status.state, status.attempt) == (S.TASK_STATE_QUEUED, 1)
     book.apply(event("j.0", S.TASK_STATE_PREEMPTED))  # attempt 0's event, arriving late
     assert (status.state, status.attempt) == (S.TASK_STATE_QUEUED, 1)
+
+
+def test_open_holds_the_placed_and_running_tasks_whose_end_is_awaited():
+    book = JobBook(max_jobs=2)
+    for t in ("j.0", "j.1", "j.2"):
+        book.queued(task(t))
+    assert book.open == {}
+    book.apply(event("j.0", S.TASK_STATE_PLACED))
+    book.apply(event("j.1", S.TASK_STATE_RUNNING))
+    book.apply(event("j.2", S.TASK_STATE_RUNNING))
+    assert set(book.open) == {("j", "j.0"), ("j", "j.1"), ("j", "j.2")}
+    assert book.open["j", "j.1"] is book.get("j").tasks["j.1"]  # the live status
+    book.apply(event("j.0", S.TASK_STATE_SUCCEEDED))
+    book.apply(event("j.1", S.TASK_STATE_LOST))
+    book.apply(event("j.1", S.TASK_STATE_RUNNING))  # a late event of the ended attempt
+    assert set(book.open) == {("j", "j.2")}
+    book.queued(task("j.1", attempt=1))  # re-queued: waiting, not open
+    book.apply(event("j.1", S.TASK_STATE_RUNNING, attempt=1))
+    assert set(book.open) == {("j", "j.1"), ("j", "j.2")}
+    book.record("k", "q")
+    book.record("m", "q")  # j is forgotten, and with it its open tasks
+    assert book.get("j") is None and book.open == {}

@@ -664,9 +664,12 @@ class LocalMasterState(_message.Message):
     GM_IDS_FIELD_NUMBER: _builtins.int
     SENT_UNIX_NANOS_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
     lm_id: _builtins.str
     version: _builtins.int
-    """Increases with every change; a GM ignores states older than its view."""
+    """Increases with every change within one incarnation; a GM ignores states older
+    than its view.
+    """
     full: _builtins.bool
     """True = complete snapshot, false = delta."""
     base_version: _builtins.int
@@ -675,6 +678,12 @@ class LocalMasterState(_message.Message):
     """
     sent_unix_nanos: _builtins.int
     """When the LM sent this state, so a GM can measure its staleness."""
+    incarnation: _builtins.int
+    """Which life of the LM sent this: set when the LM process starts (its start time in
+    nanoseconds), so a restarted LM, whose versions count from zero again, is told
+    from a late message of its old life. A newer incarnation replaces the view (a delta
+    of it asks for a full state); an older one is ignored.
+    """
     @_builtins.property
     def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeState]:
         """Full: all nodes. Delta: nodes whose static info, health or partition changed."""
@@ -718,10 +727,11 @@ class LocalMasterState(_message.Message):
         gm_ids: _abc.Iterable[_builtins.str] | None = ...,
         sent_unix_nanos: _builtins.int = ...,
         usage: Global___UsageColumns | None = ...,
+        incarnation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["free", b"free", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "base_version", b"base_version", "ended_task_ids", b"ended_task_ids", "free", b"free", "full", b"full", "gm_ids", b"gm_ids", "lm_id", b"lm_id", "nodes", b"nodes", "partitions", b"partitions", "sent_unix_nanos", b"sent_unix_nanos", "usage", b"usage", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocations", b"allocations", "base_version", b"base_version", "ended_task_ids", b"ended_task_ids", "free", b"free", "full", b"full", "gm_ids", b"gm_ids", "incarnation", b"incarnation", "lm_id", b"lm_id", "nodes", b"nodes", "partitions", b"partitions", "sent_unix_nanos", b"sent_unix_nanos", "usage", b"usage", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

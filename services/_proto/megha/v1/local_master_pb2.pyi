@@ -79,6 +79,41 @@ LaunchStream, where an error would end the stream for every launch on it.
 Global___PlacementStatus: _TypeAlias = PlacementStatus  # noqa: Y015
 
 @_typing.final
+class ListTasksRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksRequest: _TypeAlias = ListTasksRequest  # noqa: Y015
+
+@_typing.final
+class ListTasksResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TaskEvent]: ...
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[_common_pb2.TaskEvent] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksResponse: _TypeAlias = ListTasksResponse  # noqa: Y015
+
+@_typing.final
 class Placement(_message.Message):
     """A GM's decision to run a task on a node of this LM."""
 
@@ -423,6 +458,8 @@ class RegisterWorkerRequest(_message.Message):
     WORKER_ADDRESS_FIELD_NUMBER: _builtins.int
     CAPACITY_FIELD_NUMBER: _builtins.int
     CONSTRAINTS_FIELD_NUMBER: _builtins.int
+    RUNNING_TASKS_FIELD_NUMBER: _builtins.int
+    FINISHED_TASKS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     worker_address: _builtins.str
     """host:port where the worker serves the Worker service."""
@@ -432,6 +469,20 @@ class RegisterWorkerRequest(_message.Message):
     def constraints(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Placement constraint ids (0..63) the node satisfies."""
 
+    @_builtins.property
+    def running_tasks(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Task]:
+        """What the worker holds, so an LM that restarted (and lost its books) can take its
+        tasks back: the tasks running here, and the tasks that ended here whose final report
+        the worker has not yet delivered (or delivered within the last few seconds, and
+        sends again). The LM books the ones it does not know; it tells the worker to kill a
+        running attempt it already saw end (its task was re-queued, say after the worker
+        was taken for dead), so it does not run twice. A final report the old LM took just
+        before it died is taken again by the new one: across an LM crash a task's final
+        event may be published twice, though the task ran once.
+        """
+
+    @_builtins.property
+    def finished_tasks(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Task]: ...
     def __init__(
         self,
         *,
@@ -439,10 +490,12 @@ class RegisterWorkerRequest(_message.Message):
         worker_address: _builtins.str = ...,
         capacity: _common_pb2.Resources | None = ...,
         constraints: _abc.Iterable[_builtins.int] | None = ...,
+        running_tasks: _abc.Iterable[_common_pb2.Task] | None = ...,
+        finished_tasks: _abc.Iterable[_common_pb2.Task] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "constraints", b"constraints", "node_id", b"node_id", "worker_address", b"worker_address"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "constraints", b"constraints", "finished_tasks", b"finished_tasks", "node_id", b"node_id", "running_tasks", b"running_tasks", "worker_address", b"worker_address"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -743,19 +796,28 @@ class KnownTask(_message.Message):
     TASK_ID_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     RUNNING_FIELD_NUMBER: _builtins.int
+    LAST_ENDED_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     attempt: _builtins.int
     running: _builtins.bool
+    @_builtins.property
+    def last_ended(self) -> _common_pb2.TaskEvent:
+        """The event that ended its latest ended attempt (SUCCEEDED, FAILED, PREEMPTED, LOST),
+        if the LM still remembers it (the newest 100,000 endings): what a GM that missed
+        the event on the broker goes by.
+        """
+
     def __init__(
         self,
         *,
         task_id: _builtins.str = ...,
         attempt: _builtins.int = ...,
         running: _builtins.bool = ...,
+        last_ended: _common_pb2.TaskEvent | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["last_ended", b"last_ended"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "running", b"running", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "last_ended", b"last_ended", "running", b"running", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

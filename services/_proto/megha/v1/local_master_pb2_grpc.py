@@ -79,6 +79,11 @@ class LocalMasterStub:
                 request_serializer=megha_dot_v1_dot_local__master__pb2.LookupTasksRequest.SerializeToString,
                 response_deserializer=megha_dot_v1_dot_local__master__pb2.LookupTasksResponse.FromString,
                 _registered_method=True)
+        self.ListTasks = channel.unary_stream(
+                '/megha.v1.LocalMaster/ListTasks',
+                request_serializer=megha_dot_v1_dot_local__master__pb2.ListTasksRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_local__master__pb2.ListTasksResponse.FromString,
+                _registered_method=True)
 
 
 class LocalMasterServicer:
@@ -148,7 +153,17 @@ class LocalMasterServicer:
     def LookupTasks(self, request, context):
         """Which of these tasks this LM has launched (running, or an attempt that ended). A GM
         that restarted gets its unacked queue messages back; tasks any LM already launched
-        must not run again, even on another LM.
+        must not run again, even on another LM. A GM whose books show a task running that
+        the LM's state no longer holds missed its end's event, and learns it here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTasks(self, request, context):
+        """Called by a GM when it starts: the latest event of every task this LM holds (PLACED
+        or RUNNING) and of every ending it remembers (the newest 100,000), in batches, so a
+        GM that restarted knows the jobs it had heard of (GetJob, WatchJob).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -201,6 +216,11 @@ def add_LocalMasterServicer_to_server(servicer, server):
                     servicer.LookupTasks,
                     request_deserializer=megha_dot_v1_dot_local__master__pb2.LookupTasksRequest.FromString,
                     response_serializer=megha_dot_v1_dot_local__master__pb2.LookupTasksResponse.SerializeToString,
+            ),
+            'ListTasks': grpc.unary_stream_rpc_method_handler(
+                    servicer.ListTasks,
+                    request_deserializer=megha_dot_v1_dot_local__master__pb2.ListTasksRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_local__master__pb2.ListTasksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -446,6 +466,33 @@ class LocalMaster:
             '/megha.v1.LocalMaster/LookupTasks',
             megha_dot_v1_dot_local__master__pb2.LookupTasksRequest.SerializeToString,
             megha_dot_v1_dot_local__master__pb2.LookupTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/megha.v1.LocalMaster/ListTasks',
+            megha_dot_v1_dot_local__master__pb2.ListTasksRequest.SerializeToString,
+            megha_dot_v1_dot_local__master__pb2.ListTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

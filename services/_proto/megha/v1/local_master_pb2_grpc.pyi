@@ -61,7 +61,13 @@ class LocalMasterStub:
     LookupTasks: _grpc.UnaryUnaryMultiCallable[_local_master_pb2.LookupTasksRequest, _local_master_pb2.LookupTasksResponse]
     """Which of these tasks this LM has launched (running, or an attempt that ended). A GM
     that restarted gets its unacked queue messages back; tasks any LM already launched
-    must not run again, even on another LM.
+    must not run again, even on another LM. A GM whose books show a task running that
+    the LM's state no longer holds missed its end's event, and learns it here.
+    """
+    ListTasks: _grpc.UnaryStreamMultiCallable[_local_master_pb2.ListTasksRequest, _local_master_pb2.ListTasksResponse]
+    """Called by a GM when it starts: the latest event of every task this LM holds (PLACED
+    or RUNNING) and of every ending it remembers (the newest 100,000), in batches, so a
+    GM that restarted knows the jobs it had heard of (GetJob, WatchJob).
     """
 
 @_typing.type_check_only
@@ -95,7 +101,13 @@ class LocalMasterAsyncStub(LocalMasterStub):
     LookupTasks: _aio.UnaryUnaryMultiCallable[_local_master_pb2.LookupTasksRequest, _local_master_pb2.LookupTasksResponse]  # type: ignore[assignment]
     """Which of these tasks this LM has launched (running, or an attempt that ended). A GM
     that restarted gets its unacked queue messages back; tasks any LM already launched
-    must not run again, even on another LM.
+    must not run again, even on another LM. A GM whose books show a task running that
+    the LM's state no longer holds missed its end's event, and learns it here.
+    """
+    ListTasks: _aio.UnaryStreamMultiCallable[_local_master_pb2.ListTasksRequest, _local_master_pb2.ListTasksResponse]  # type: ignore[assignment]
+    """Called by a GM when it starts: the latest event of every task this LM holds (PLACED
+    or RUNNING) and of every ending it remembers (the newest 100,000), in batches, so a
+    GM that restarted knows the jobs it had heard of (GetJob, WatchJob).
     """
 
 class LocalMasterServicer(metaclass=_abc_1.ABCMeta):
@@ -180,7 +192,19 @@ class LocalMasterServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_local_master_pb2.LookupTasksResponse, _abc.Awaitable[_local_master_pb2.LookupTasksResponse]]:
         """Which of these tasks this LM has launched (running, or an attempt that ended). A GM
         that restarted gets its unacked queue messages back; tasks any LM already launched
-        must not run again, even on another LM.
+        must not run again, even on another LM. A GM whose books show a task running that
+        the LM's state no longer holds missed its end's event, and learns it here.
+        """
+
+    @_abc_1.abstractmethod
+    def ListTasks(
+        self,
+        request: _local_master_pb2.ListTasksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_local_master_pb2.ListTasksResponse], _abc.AsyncIterator[_local_master_pb2.ListTasksResponse]]:
+        """Called by a GM when it starts: the latest event of every task this LM holds (PLACED
+        or RUNNING) and of every ending it remembers (the newest 100,000), in batches, so a
+        GM that restarted knows the jobs it had heard of (GetJob, WatchJob).
         """
 
 def add_LocalMasterServicer_to_server(servicer: LocalMasterServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
