@@ -54,6 +54,13 @@ class Decision:
         return self.status.ok
 
 
+# How many ended attempts an LM remembers to refuse their retries (about 170 bytes each).
+# A GM that dies redelivers the messages it had not acked, and it acks a message once all
+# its tasks have launched; a task that ended more than this many endings before such a
+# redelivery is not recognised and runs again.
+ENDED_KEPT = 1_000_000
+
+
 class ClusterState:
     """One LM's nodes, partitions and running allocations, versioned for heartbeats."""
 
@@ -65,6 +72,7 @@ class ClusterState:
         policy: PlacementPolicy | None = None,
         delta_history: int = 100_000,
         incarnation: int = 0,
+        ended_kept: int = ENDED_KEPT,
     ):
         if not gm_ids:
             raise ValueError("an LM needs at least one GM (one partition per GM)")
@@ -84,7 +92,10 @@ class ClusterState:
         self._ended: collections.deque[tuple[int, str]] = collections.deque()
         self._delta_history = delta_history
         self._delta_floor = 0  # deltas from a base below this need a full snapshot
-        self._ended_attempt: dict[str, int] = {}
+        # The newest ``ended_kept`` ended attempts, oldest first: a retry of one of them
+        # is a duplicate. Bounded, so a long-lived LM does not grow by a task per task.
+        self._ended_attempt: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._ended_kept = ended_kept
         self._sequence = 0
 
     # ------------------------------------------------------------------ nodes
@@ -368,6 +379,9 @@ class ClusterState:
         )
         self._free_version[allocation.node] = self.version
         self._ended_attempt[allocation.task_id] = allocation.attempt
+        self._ended_attempt.move_to_end(allocation.task_id)
+        if len(self._ended_attempt) > self._ended_kept:
+            self._ended_attempt.popitem(last=False)
         self._ended.append((self.version, allocation.task_id))
         while len(self._ended) > self._delta_history:
             version, _ = self._ended.popleft()

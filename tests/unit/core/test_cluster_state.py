@@ -96,6 +96,24 @@ def test_repeated_launch_is_a_no_op():
     assert state.launch("gm-a", task(), 0).status is S.DUPLICATE  # finished: never twice
 
 
+def test_an_lm_remembers_only_the_newest_ended_attempts():
+    state = ClusterState("lm-1", ("gm-a",), ended_kept=2)
+    state.add_node("w0", NODE, 0, partition=0)
+    for task_id in ("t1", "t2", "t3"):
+        assert state.launch("gm-a", task(task_id), 0).ok
+        state.release(task_id)
+    assert state.known_attempt("t1") is None  # the oldest is forgotten
+    assert state.known_attempt("t3") == (0, False)
+    # An attempt that ends again counts as new: t2's second attempt outlives t3.
+    assert state.launch("gm-a", task("t2", attempt=1), 0).ok
+    state.release("t2")
+    assert state.launch("gm-a", task("t4"), 0).ok
+    state.release("t4")
+    assert state.known_attempt("t3") is None
+    assert state.launch("gm-a", task("t2", attempt=1), 0).status is S.DUPLICATE
+    assert state.launch("gm-a", task("t4"), 0).status is S.DUPLICATE
+
+
 def test_repartition_carves_a_logical_node_and_returns_it_to_the_owner():
     state = lm()
     assert state.repartition("gm-a", task(), 0).status is S.REJECTED_WRONG_PARTITION
