@@ -13,7 +13,8 @@ RUN python -m venv /opt/megha \
  && /opt/megha/bin/megha --help >/dev/null
 
 FROM ${PYTHON_IMAGE}
-RUN useradd --system --create-home --uid 10001 --user-group megha
+RUN useradd --system --create-home --uid 10001 --user-group megha \
+ && install -d -o megha -g megha /var/lib/megha
 COPY --from=install /opt/megha /opt/megha
 COPY docker/healthcheck.py docker/replay.py /usr/local/share/megha/
 COPY docker/federation.yaml /etc/megha/federation.yaml

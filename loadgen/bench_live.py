@@ -216,6 +216,7 @@ async def running_federation(
     and exchanges of the config's prefix are deleted from the broker.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
+    config = config.with_journals(log_dir)  # as `megha up` runs its LMs
     config_path = log_dir / "federation.yaml"
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     children = Children(log_dir)

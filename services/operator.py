@@ -115,6 +115,7 @@ async def _up_embedded(config: FederationConfig, args: argparse.Namespace) -> in
 async def _up_processes(config: FederationConfig, args: argparse.Namespace) -> int:
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="megha-up-"))
     log_dir.mkdir(parents=True, exist_ok=True)
+    config = config.with_journals(log_dir)
     config_path = log_dir / "federation.yaml"
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     children = Children(log_dir)

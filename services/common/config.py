@@ -52,6 +52,11 @@ class GlobalMasterConfig(Endpoint):
 
 class LocalMasterConfig(Endpoint):
     id: str = Field(..., min_length=1, description="Unique LM id.")
+    journal: str = Field(
+        "",
+        description="File where the LM keeps the tasks that ended on it, so that after a "
+        "restart it neither runs them again nor forgets how they ended; empty = memory only.",
+    )
 
 
 class WorkerGroup(_Model):
@@ -161,6 +166,17 @@ class FederationConfig(_Model):
                 if where in taken:
                     raise ValueError(f"{who} {what} {endpoint.host}:{port} is also {taken[where]}")
                 taken[where] = f"{who}'s {what}"
+
+    def with_journals(self, directory: Path) -> FederationConfig:
+        """This config, with a journal file in ``directory`` for every LM that has none
+        (how ``megha up`` runs its LMs: a restarted one remembers what ended on it)."""
+        lms = [
+            lm
+            if lm.journal
+            else lm.model_copy(update={"journal": str(directory / f"{lm.id}.journal")})
+            for lm in self.lms
+        ]
+        return self.model_copy(update={"lms": lms})
 
     def placement_policy(self) -> PlacementPolicy:
         """A fresh instance of the configured policy (GM and LM each hold their own)."""

@@ -225,6 +225,17 @@ class ClusterState:
         self._release(allocation)
         return allocation
 
+    def remember_ended(self, task_id: str, attempt: int) -> None:
+        """Note that ``attempt`` of ``task_id`` ended (a retry of it is a duplicate): on
+        every release, and from the LM's journal when it restarts."""
+        ended = self._ended_attempt
+        if ended.get(task_id, -1) > attempt:
+            return
+        ended[task_id] = attempt
+        ended.move_to_end(task_id)
+        if len(ended) > self._ended_kept:
+            ended.popitem(last=False)
+
     def known_attempt(self, task_id: str) -> tuple[int, bool] | None:
         """The latest attempt of ``task_id`` launched here and whether it still runs;
         None if this LM never launched it."""
@@ -378,10 +389,7 @@ class ClusterState:
             allocation.node, allocation.resources, allocation.usage_mean, allocation.usage_var
         )
         self._free_version[allocation.node] = self.version
-        self._ended_attempt[allocation.task_id] = allocation.attempt
-        self._ended_attempt.move_to_end(allocation.task_id)
-        if len(self._ended_attempt) > self._ended_kept:
-            self._ended_attempt.popitem(last=False)
+        self.remember_ended(allocation.task_id, allocation.attempt)
         self._ended.append((self.version, allocation.task_id))
         while len(self._ended) > self._delta_history:
             version, _ = self._ended.popleft()

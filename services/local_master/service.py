@@ -8,11 +8,12 @@
 Every decision is the core's; this module moves bytes, keeps worker sessions, and turns
 lost or preempted tasks back into durable queue messages (attempt + 1).
 
-Nothing here is written to disk. An LM that restarts is a new ``incarnation`` with empty
-books; each worker, registering again, names what it runs and what it has not reported,
-and the LM books that again (``_take_back``). What it remembers of ended tasks
-(``endings``) answers GMs that missed an event (``LookupTasks``) or restarted
-(``ListTasks``).
+An LM that restarts is a new ``incarnation`` with empty books; each worker, registering
+again, names what it runs and what it has not reported, and the LM books that again
+(``_take_back``). What it remembers of ended tasks (``endings``) answers GMs that missed
+an event (``LookupTasks``) or restarted (``ListTasks``). With a ``journal`` file in its
+config, those endings are also on disk (``journal.py``), the one thing it writes there, so
+a restarted LM still refuses to run an ended attempt again and still knows how it ended.
 """
 
 from __future__ import annotations
@@ -42,13 +43,14 @@ from services.common.convert import (
     snapshot_from_proto,
     snapshot_to_proto,
 )
-from services.core.cluster_state import ClusterState, Decision
+from services.core.cluster_state import ENDED_KEPT, ClusterState, Decision
 from services.core.constraints import to_mask
 from services.core.fairness import FairShare, QueueShare, usage_by_queue
 from services.core.global_view import GlobalView
 from services.core.snapshot import Allocation
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
+from services.local_master.journal import FLUSH_S, EndingsJournal
 
 log = logging.getLogger("megha.lm")
 
@@ -125,6 +127,29 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         # is verified against global shares, not this LM's slice of them.
         self.peers = GlobalView("", num_constraints=config.num_constraints)
         self._closed = False
+        path = config.lm(lm_id).journal
+        self.journal = EndingsJournal(path, ENDED_KEPT, ENDINGS_KEPT) if path else None
+        self._unjournaled: list[common_pb2.TaskEvent] = []
+        if self.journal is not None:
+            self._recall(self.journal)
+
+    def _recall(self, journal: EndingsJournal) -> None:
+        """Take back, from the journal, what ended here in earlier lives."""
+        began = time.monotonic()
+        attempts, events = journal.load()
+        for task_id, attempt in attempts:
+            self.state.remember_ended(task_id, attempt)
+        for event in events:
+            self.endings[event.task_id] = event
+        log.info(
+            "recalled the tasks that ended here",
+            extra={
+                "lm": self.lm_id,
+                "tasks": len(attempts),
+                "journal": str(journal.path),
+                "seconds": round(time.monotonic() - began, 3),
+            },
+        )
 
     # ----------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -138,6 +163,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             asyncio.create_task(self._event_loop(), name="lm-events"),
             asyncio.create_task(self._watchdog_loop(), name="lm-watchdog"),
         ]
+        if self.journal is not None:
+            self._loops.append(asyncio.create_task(self._journal_loop(), name="lm-journal"))
 
     async def shutdown(self) -> None:
         if self._closed:
@@ -153,6 +180,10 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 await loop
         with contextlib.suppress(Exception):
             await self._flush_events()
+        if self.journal is not None:
+            with contextlib.suppress(Exception):
+                self.journal.append(self._unjournaled)
+            self.journal.close()
 
     # ------------------------------------------------------------- GM RPCs
     async def Launch(self, request, context):
@@ -527,6 +558,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             self.endings.move_to_end(task.task_id)
             if len(self.endings) > ENDINGS_KEPT:
                 self.endings.popitem(last=False)
+            if self.journal is not None:
+                self._unjournaled.append(event)
 
     def _state_proto(self, since: int | None = None) -> common_pb2.LocalMasterState:
         msg = snapshot_to_proto(self.state.snapshot(since), partition_totals(self.state))
@@ -582,6 +615,24 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 self._events[:0] = events
                 self._events_ready.set()
                 raise
+
+    async def _journal_loop(self) -> None:
+        """Write the endings gathered meanwhile, off the event loop, every ``FLUSH_S``."""
+        assert self.journal is not None
+        failing = False
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            batch, self._unjournaled = self._unjournaled, []
+            try:
+                await asyncio.to_thread(self.journal.append, batch)
+            except Exception as err:
+                # Kept for the next try (a full disk may get room again); one warning.
+                self._unjournaled[:0] = batch
+                if not failing:
+                    log.warning("journal write failed", extra={"error": repr(err)})
+                failing = True
+            else:
+                failing = False
 
     async def _watchdog_loop(self) -> None:
         """A worker silent for longer than the timeout is dead; its tasks are re-queued."""

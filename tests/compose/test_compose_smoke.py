@@ -283,6 +283,9 @@ def test_an_lm_that_crashes_is_restarted_and_keeps_its_tasks(stack: Stack):
     os.kill(int(inspect("{{.State.Pid}}")), signal.SIGKILL)
     _wait_for("lm-1 restarted", lambda: int(inspect("{{.RestartCount}}")) >= 1, 60, stack)
     stack.wait_healthy(("lm-1",), timeout_s=60)
+    # It opened its journal of ended tasks in its volume (owned by the image's user).
+    logs = stack("logs", "--no-color", "lm-1", timeout=60).stdout
+    assert "recalled the tasks that ended here" in logs, logs[-3000:]
 
     def finished():
         argv = ["megha", "job", "--gm", GM["gm-2"][0], job.group(1)]

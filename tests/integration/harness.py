@@ -84,6 +84,7 @@ class Federation:
         queues: list[dict] | None = None,
         worker_groups: list[dict] | None = None,
         metrics: bool = False,
+        journal: bool = True,
         **overrides,
     ):
         ports = free_ports(2 * (gms + lms))
@@ -103,7 +104,14 @@ class Federation:
                 }
                 for i in range(gms)
             ],
-            "lms": [{"id": f"lm-{i + 1}", "port": ports[gms + i]} for i in range(lms)],
+            "lms": [
+                {
+                    "id": f"lm-{i + 1}",
+                    "port": ports[gms + i],
+                    "journal": str(tmp_path / f"lm-{i + 1}.journal") if journal else "",
+                }
+                for i in range(lms)
+            ],
             "workers": worker_groups
             if worker_groups is not None
             else [

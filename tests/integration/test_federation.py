@@ -13,7 +13,15 @@ from collections import Counter
 import grpc
 import pytest
 
-from services._proto.megha.v1 import common_pb2, global_master_pb2, global_master_pb2_grpc
+from services._proto.megha.v1 import (
+    common_pb2,
+    global_master_pb2,
+    global_master_pb2_grpc,
+    local_master_pb2,
+    local_master_pb2_grpc,
+)
+from services.common.server import channel
+from services.local_master.journal import FLUSH_S
 from services.worker.agent import REDELIVERY_WINDOW_S
 from tests.integration.harness import HEARTBEAT_S, Federation, sim_tasks
 
@@ -354,6 +362,45 @@ async def test_an_lm_killed_and_restarted_takes_back_what_its_workers_run(tmp_pa
         assert state.version < old_version
         await asyncio.sleep(3 * HEARTBEAT_S)
         await fed.assert_books_balanced()
+
+
+async def test_a_restarted_lm_neither_reruns_nor_forgets_what_ended_on_it(tmp_path):
+    # A GM that retries a launch the old LM ran to the end (its reply was lost) must get
+    # DUPLICATE from the new LM, and a GM that missed the final event must still learn it.
+    # From its journal the LM knows both; without one (journal=False), it knows neither.
+    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2) as fed:
+        reply = await fed.gm().submit(sim_tasks(6, 0.05))
+        ids = list(reply.task_ids)
+        await fed.events.wait_succeeded(set(ids), timeout_s=20)
+        # Past the window in which the workers would name them again when they register
+        # (their final reports might not have arrived): from then on only the LM knows.
+        await asyncio.sleep(max(FLUSH_S, REDELIVERY_WINDOW_S) + 0.5)
+        fed.children.kill("lm-lm-1")
+        fed.children.restart("lm-lm-1")
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                if len((await fed.lm_state("lm-1")).nodes) == 2:
+                    break
+            assert time.monotonic() < deadline, "lm-1 and its workers never came back"
+            await asyncio.sleep(0.1)
+        retry = sim_tasks(1, 0.05)[0]
+        retry.task_id, retry.job_id, retry.queue = ids[0], reply.job_id, "default"
+        async with channel(fed.config.lm("lm-1").target) as ch:
+            stub = local_master_pb2_grpc.LocalMasterStub(ch)
+            known = await stub.LookupTasks(
+                local_master_pb2.LookupTasksRequest(task_ids=ids), timeout=5
+            )
+            launched = await stub.Launch(
+                local_master_pb2.LaunchRequest(
+                    gm_id="gm-1", placements=[local_master_pb2.Placement(task=retry)]
+                ),
+                timeout=5,
+            )
+        assert launched.results[0].status == local_master_pb2.PLACEMENT_STATUS_DUPLICATE
+        ended = {t.task_id: (t.attempt, t.running, t.last_ended.state) for t in known.tasks}
+        assert ended == {i: (0, False, common_pb2.TASK_STATE_SUCCEEDED) for i in ids}
+        assert "recalled the tasks that ended here" in fed.log("lm-lm-1")
 
 
 async def test_a_worker_taken_for_dead_stops_the_attempts_rerun_elsewhere(tmp_path):

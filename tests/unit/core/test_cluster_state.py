@@ -114,6 +114,15 @@ def test_an_lm_remembers_only_the_newest_ended_attempts():
     assert state.launch("gm-a", task("t4"), 0).status is S.DUPLICATE
 
 
+def test_endings_recalled_from_a_journal_refuse_their_retries():
+    state = lm()
+    state.remember_ended("t1", 2)
+    state.remember_ended("t1", 1)  # an older ending does not undo a newer one
+    assert state.known_attempt("t1") == (2, False)
+    assert state.launch("gm-a", task("t1", attempt=2), 0).status is S.DUPLICATE
+    assert state.launch("gm-a", task("t1", attempt=3), 0).ok
+
+
 def test_repartition_carves_a_logical_node_and_returns_it_to_the_owner():
     state = lm()
     assert state.repartition("gm-a", task(), 0).status is S.REJECTED_WRONG_PARTITION
