@@ -188,6 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _predictor_train(args)
 
     from services.common.config import ConfigError, load_config
+    from services.local_master.journal import JournalError
 
     try:
         if args.command == "up":
@@ -211,6 +212,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as err:
         print(f"megha: {err}", file=sys.stderr)
         return 2
+    except JournalError as err:  # an LM's journal file is unusable: the operator's to mend
+        print(f"megha: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

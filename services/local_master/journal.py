@@ -68,7 +68,10 @@ class EndingsJournal:
             self._db.executescript(_SCHEMA)
             row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM ended").fetchone()
         except (OSError, sqlite3.Error) as err:
-            raise JournalError(f"cannot open the LM journal {self.path}: {err}") from err
+            raise JournalError(
+                f"cannot open the LM journal {self.path}: {err} (move it aside, and the LM "
+                "starts with no memory of the tasks that ended on it)"
+            ) from err
         self._seq = int(row[0])
         self._since_trim = 0
 

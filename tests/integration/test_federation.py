@@ -23,7 +23,7 @@ from services._proto.megha.v1 import (
 from services.common.server import channel
 from services.local_master.journal import FLUSH_S
 from services.worker.agent import REDELIVERY_WINDOW_S
-from tests.integration.harness import HEARTBEAT_S, Federation, sim_tasks
+from tests.integration.harness import HEARTBEAT_S, RABBITMQ_URL, Federation, sim_tasks
 
 pytestmark = pytest.mark.integration
 
@@ -501,3 +501,24 @@ def test_malformed_config_exits_with_a_readable_message(tmp_path):
         timeout=30,
     )
     assert missing.returncode == 2 and "cannot read config" in missing.stderr
+
+
+def test_an_lm_whose_journal_is_not_one_exits_with_a_readable_message(tmp_path):
+    junk = tmp_path / "lm-1.journal"
+    junk.write_bytes(b"not a journal " * 200)
+    config = tmp_path / "federation.yaml"
+    config.write_text(
+        f"rabbitmq_url: {RABBITMQ_URL}\n"
+        "gms: [{id: gm-1, port: 1}]\n"
+        f"lms: [{{id: lm-1, port: 2, journal: '{junk}'}}]\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", "lm", "--id", "lm-1", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert f"cannot open the LM journal {junk}: file is not a database" in proc.stderr
+    assert "move it aside" in proc.stderr
