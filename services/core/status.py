@@ -24,6 +24,7 @@ class PlacementStatus(enum.IntEnum):
     REJECTED_VICTIMS = 8
     REJECTED_UNKNOWN_GM = 9
     REJECTED_INVALID = 10  # the task is malformed for this LM; retrying cannot help
+    REJECTED_EXPIRED = 11  # read after the GM gave up on the request: nothing was done
 
     @property
     def ok(self) -> bool:

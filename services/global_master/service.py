@@ -71,6 +71,13 @@ RECOVER_EVERY_S = 2.0  # how often a GM looks for task ends it never heard of
 RESTART_GRACE_S = 5.0
 UNSTARTED_KEPT = 100_000  # accepted launches remembered until they start
 MAX_REJECTIONS = 20  # an LM rejecting a task this often parks it until the view changes
+# A launch, repartition or preemption the LM has not answered within LM_CALL_TIMEOUT_S is
+# given up and its task placed again, maybe elsewhere. The LM must then not act on it if
+# it reads it late (frozen, overloaded): each request expires LM_ACCEPT_S after it is
+# sent, by the wall clock, and the LM refuses an expired one. The 2 s between the two
+# cover the answer's way back and clocks that differ by up to about a second.
+LM_CALL_TIMEOUT_S = 10.0
+LM_ACCEPT_S = 8.0
 
 
 @dataclass(eq=False)
@@ -100,6 +107,11 @@ class Batch:
         while self.out:
             self._landed = asyncio.Event()
             await self._landed.wait()
+
+
+def _expiry() -> int:
+    """``expires_unix_nanos`` for a request to an LM sent now."""
+    return time.time_ns() + int(LM_ACCEPT_S * 1e9)
 
 
 def _message_key(batch: common_pb2.TaskBatch) -> tuple:
@@ -851,16 +863,22 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 self.counters["repartitions"] += len(items)
                 reply = await stub.Repartition(
                     local_master_pb2.RepartitionRequest(
-                        gm_id=self.gm_id, placements=placements, known_version=known
+                        gm_id=self.gm_id,
+                        placements=placements,
+                        known_version=known,
+                        expires_unix_nanos=_expiry(),
                     ),
-                    timeout=10,
+                    timeout=LM_CALL_TIMEOUT_S,
                 )
             else:
                 reply = await self._launchers[lm_id].launch(
                     local_master_pb2.LaunchRequest(
-                        gm_id=self.gm_id, placements=placements, known_version=known
+                        gm_id=self.gm_id,
+                        placements=placements,
+                        known_version=known,
+                        expires_unix_nanos=_expiry(),
                     ),
-                    timeout=10,
+                    timeout=LM_CALL_TIMEOUT_S,
                 )
         except grpc.aio.AioRpcError as err:
             log.warning(
@@ -945,8 +963,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     node_index=plan.victims.node,
                     victim_task_ids=list(plan.victims.task_ids),
                     known_version=lmv.version if lmv is not None else 0,
+                    expires_unix_nanos=_expiry(),
                 ),
-                timeout=10,
+                timeout=LM_CALL_TIMEOUT_S,
             )
         except grpc.aio.AioRpcError as err:
             log.warning("Preempt failed", extra={"lm": plan.lm_id, "code": err.code().name})

@@ -69,6 +69,11 @@ LIST_BATCH = 5_000  # task events per ListTasks message, far below gRPC's 4 MiB
 ENDINGS_KEPT = 100_000
 
 
+def _expired(request, now: int) -> bool:
+    """A GM's request read after its ``expires_unix_nanos``: the GM has given up on it."""
+    return 0 < request.expires_unix_nanos < now
+
+
 def user_queue(queue: str) -> str:
     """The durable work queue that holds a user queue's pending tasks."""
     return f"user.{queue}"
@@ -207,6 +212,11 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         whole (INVALID_ARGUMENT, nothing placed); on a stream, where an error would end
         the stream for every launch on it, that task alone is REJECTED_INVALID."""
         received = time.time_ns()
+        if _expired(request, received):
+            late = self._refuse_late(request, received, kind)
+            return {
+                "results": [self._result(p.task.task_id, late, kind) for p in request.placements]
+            }
         specs: list[TaskSpec | Decision] = []
         for p in request.placements:
             try:
@@ -236,6 +246,10 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
 
     async def Preempt(self, request, context):
         received = time.time_ns()
+        if _expired(request, received):
+            late = self._refuse_late(request, received, "preempt")
+            result = self._result(request.task.task_id, late, "preempt")
+            return local_master_pb2.PreemptResponse(results=[result])
         spec = await self._spec(request.task, context)
         usage, total = self.global_usage()
         decision = self.state.preempt(
@@ -491,6 +505,17 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             return parse_task(task, self.config.num_constraints)
         except InvalidTask as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+
+    def _refuse_late(self, request, received: int, kind: str) -> Decision:
+        late_s = (received - request.expires_unix_nanos) / 1e9
+        log.warning(
+            "refused a request read after the GM gave up on it",
+            extra={"gm": request.gm_id, "kind": kind, "late_s": round(late_s, 3)},
+        )
+        return Decision(
+            PlacementStatus.REJECTED_EXPIRED,
+            f"{self.lm_id} read this {kind} {late_s:.1f} s after it expired; nothing was done",
+        )
 
     def _result(self, task_id: str, decision: Decision, kind: str):
         metrics.LM_PLACEMENTS.labels(self.lm_id, kind, decision.status.name.lower()).inc()

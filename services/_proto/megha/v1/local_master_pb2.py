@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from services._proto.megha.v1 import common_pb2 as megha_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmegha/v1/local_master.proto\x12\x08megha.v1\x1a\x15megha/v1/common.proto\"\x12\n\x10ListTasksRequest\"8\n\x11ListTasksResponse\x12#\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x13.megha.v1.TaskEvent\"=\n\tPlacement\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.megha.v1.Task\x12\x12\n\nnode_index\x18\x02 \x01(\r\"]\n\x0fPlacementResult\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.megha.v1.PlacementStatus\x12\x0e\n\x06reason\x18\x03 \x01(\t\"^\n\rLaunchRequest\x12\r\n\x05gm_id\x18\x01 \x01(\t\x12\'\n\nplacements\x18\x02 \x03(\x0b\x32\x13.megha.v1.Placement\x12\x15\n\rknown_version\x18\x03 \x01(\x04\"g\n\x0eLaunchResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.megha.v1.PlacementResult\x12)\n\x05state\x18\x02 \x01(\x0b\x32\x1a.megha.v1.LocalMasterState\"R\n\x13LaunchStreamRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\'\n\x06launch\x18\x02 \x01(\x0b\x32\x17.megha.v1.LaunchRequest\"T\n\x14LaunchStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12(\n\x06launch\x18\x02 \x01(\x0b\x32\x18.megha.v1.LaunchResponse\"c\n\x12RepartitionRequest\x12\r\n\x05gm_id\x18\x01 \x01(\t\x12\'\n\nplacements\x18\x02 \x03(\x0b\x32\x13.megha.v1.Placement\x12\x15\n\rknown_version\x18\x03 \x01(\x04\"l\n\x13RepartitionResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.megha.v1.PlacementResult\x12)\n\x05state\x18\x02 \x01(\x0b\x32\x1a.megha.v1.LocalMasterState\"\x81\x01\n\x0ePreemptRequest\x12\r\n\x05gm_id\x18\x01 \x01(\t\x12\x1c\n\x04task\x18\x02 \x01(\x0b\x32\x0e.megha.v1.Task\x12\x12\n\nnode_index\x18\x03 \x01(\r\x12\x17\n\x0fvictim_task_ids\x18\x04 \x03(\t\x12\x15\n\rknown_version\x18\x05 \x01(\x04\"\x84\x01\n\x0fPreemptResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.megha.v1.PlacementResult\x12)\n\x05state\x18\x02 \x01(\x0b\x32\x1a.megha.v1.LocalMasterState\x12\x1a\n\x12preempted_task_ids\x18\x03 \x03(\t\"(\n\x0fGetStateRequest\x12\x15\n\rsince_version\x18\x01 \x01(\x04\"=\n\x10GetStateResponse\x12)\n\x05state\x18\x01 \x01(\x0b\x32\x1a.megha.v1.LocalMasterState\"\xcb\x01\n\x15RegisterWorkerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x16\n\x0eworker_address\x18\x02 \x01(\t\x12%\n\x08\x63\x61pacity\x18\x03 \x01(\x0b\x32\x13.megha.v1.Resources\x12\x13\n\x0b\x63onstraints\x18\x04 \x03(\r\x12%\n\rrunning_tasks\x18\x05 \x03(\x0b\x32\x0e.megha.v1.Task\x12&\n\x0e\x66inished_tasks\x18\x06 \x03(\x0b\x32\x0e.megha.v1.Task\"Y\n\x16RegisterWorkerResponse\x12\r\n\x05lm_id\x18\x01 \x01(\t\x12\x12\n\nnode_index\x18\x02 \x01(\r\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\"\xa4\x01\n\nTaskReport\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.megha.v1.TaskState\x12\x11\n\texit_code\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12,\n\ntimestamps\x18\x05 \x01(\x0b\x32\x18.megha.v1.TaskTimestamps\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\r\"v\n\x0fWorkerHeartbeat\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_index\x18\x02 \x01(\r\x12\x17\n\x0fsent_unix_nanos\x18\x03 \x01(\x03\x12%\n\x07reports\x18\x04 \x03(\x0b\x32\x14.megha.v1.TaskReport\"\x8c\x01\n\rWorkerCommand\x12$\n\x05start\x18\x01 \x01(\x0b\x32\x13.megha.v1.StartTaskH\x00\x12\"\n\x04kill\x18\x02 \x01(\x0b\x32\x12.megha.v1.KillTaskH\x00\x12&\n\x06starts\x18\x03 \x01(\x0b\x32\x14.megha.v1.StartTasksH\x00\x42\t\n\x07\x63ommand\"+\n\nStartTasks\x12\x1d\n\x05tasks\x18\x01 \x03(\x0b\x32\x0e.megha.v1.Task\")\n\tStartTask\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.megha.v1.Task\"+\n\x08KillTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"K\n\x11ReportTaskRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12%\n\x07reports\x18\x02 \x03(\x0b\x32\x14.megha.v1.TaskReport\"&\n\x12ReportTaskResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\"&\n\x12LookupTasksRequest\x12\x10\n\x08task_ids\x18\x01 \x03(\t\"9\n\x13LookupTasksResponse\x12\"\n\x05tasks\x18\x01 \x03(\x0b\x32\x13.megha.v1.KnownTask\"g\n\tKnownTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x0f\n\x07running\x18\x03 \x01(\x08\x12\'\n\nlast_ended\x18\x04 \x01(\x0b\x32\x13.megha.v1.TaskEvent*\xc2\x03\n\x0fPlacementStatus\x12 \n\x1cPLACEMENT_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n\x19PLACEMENT_STATUS_ACCEPTED\x10\x01\x12\x1e\n\x1aPLACEMENT_STATUS_DUPLICATE\x10\x02\x12*\n&PLACEMENT_STATUS_REJECTED_UNKNOWN_NODE\x10\x03\x12-\n)PLACEMENT_STATUS_REJECTED_WRONG_PARTITION\x10\x04\x12\'\n#PLACEMENT_STATUS_REJECTED_NODE_DEAD\x10\x05\x12)\n%PLACEMENT_STATUS_REJECTED_CONSTRAINTS\x10\x06\x12\'\n#PLACEMENT_STATUS_REJECTED_RESOURCES\x10\x07\x12%\n!PLACEMENT_STATUS_REJECTED_VICTIMS\x10\x08\x12(\n$PLACEMENT_STATUS_REJECTED_UNKNOWN_GM\x10\t\x12%\n!PLACEMENT_STATUS_REJECTED_INVALID\x10\n2\xea\x05\n\x0bLocalMaster\x12;\n\x06Launch\x12\x17.megha.v1.LaunchRequest\x1a\x18.megha.v1.LaunchResponse\x12Q\n\x0cLaunchStream\x12\x1d.megha.v1.LaunchStreamRequest\x1a\x1e.megha.v1.LaunchStreamResponse(\x01\x30\x01\x12J\n\x0bRepartition\x12\x1c.megha.v1.RepartitionRequest\x1a\x1d.megha.v1.RepartitionResponse\x12>\n\x07Preempt\x12\x18.megha.v1.PreemptRequest\x1a\x19.megha.v1.PreemptResponse\x12\x41\n\x08GetState\x12\x19.megha.v1.GetStateRequest\x1a\x1a.megha.v1.GetStateResponse\x12S\n\x0eRegisterWorker\x12\x1f.megha.v1.RegisterWorkerRequest\x1a .megha.v1.RegisterWorkerResponse\x12J\n\x10WorkerHeartbeats\x12\x19.megha.v1.WorkerHeartbeat\x1a\x17.megha.v1.WorkerCommand(\x01\x30\x01\x12G\n\nReportTask\x12\x1b.megha.v1.ReportTaskRequest\x1a\x1c.megha.v1.ReportTaskResponse\x12J\n\x0bLookupTasks\x12\x1c.megha.v1.LookupTasksRequest\x1a\x1d.megha.v1.LookupTasksResponse\x12\x46\n\tListTasks\x12\x1a.megha.v1.ListTasksRequest\x1a\x1b.megha.v1.ListTasksResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bmegha/v1/local_master.proto\x12\x08megha.v1\x1a\x15megha/v1/common.proto\"\x12\n\x10ListTasksRequest\"8\n\x11ListTasksResponse\x12#\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x13.megha.v1.TaskEvent\"=\n\tPlacement\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.megha.v1.Task\x12\x12\n\nnode_index\x18\x02 \x01(\r\"]\n\x0fPlacementResult\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.megha.v1.PlacementStatus\x12\x0e\n\x06reason\x18\x03 \x01(\t\"z\n\rLaunchRequest\x12\r\n\x05gm_id\x18\x01 \x01(\t\x12\'\n\nplacements\x18\x02 \x03(\x0b\x32\x13.megha.v1.Placement\x12\x15\n\rknown_version\x18\x03 \x01(\x04\x12\x1a\n\x12\x65xpires_unix_nanos\x18\x04 \x01(\x03\"g\n\x0eLaunchResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.megha.v1.PlacementResult\x12)\n\x05state\x18\x02 \x01(\x0b\x32\x1a.megha.v1.LocalMasterState\"R\n\x13LaunchStreamRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\'\n\x06launch\x18\x02 \x01(\x0b\x32\x17.megha.v1.LaunchRequest\"T\n\x14LaunchStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12(\n\x06launch\x18\x02 \x01(\x0b\x32\x18.megha.v1.LaunchResponse\"\x7f\n\x12RepartitionRequest\x12\r\n\x05gm_id\x18\x01 \x01(\t\x12\'\n\nplacements\x18\x02 \x03(\x0b\x32\x13.megha.v1.Placement\x12\x15\n\rknown_version\x18\x03 \x01(\x04\x12\x1a\n\x12\x65xpires_unix_nanos\x18\x04 \x01(\x03\"l\n\x13RepartitionResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.megha.v1.PlacementResult\x12)\n\x05state\x18\x02 \x01(\x0b\x32\x1a.megha.v1.LocalMasterState\"\x9d\x01\n\x0ePreemptRequest\x12\r\n\x05gm_id\x18\x01 \x01(\t\x12\x1c\n\x04task\x18\x02 \x01(\x0b\x32\x0e.megha.v1.Task\x12\x12\n\nnode_index\x18\x03 \x01(\r\x12\x17\n\x0fvictim_task_ids\x18\x04 \x03(\t\x12\x15\n\rknown_version\x18\x05 \x01(\x04\x12\x1a\n\x12\x65xpires_unix_nanos\x18\x06 \x01(\x03\"\x84\x01\n\x0fPreemptResponse\x12*\n\x07results\x18\x01 \x03(\x0b\x32\x19.megha.v1.PlacementResult\x12)\n\x05state\x18\x02 \x01(\x0b\x32\x1a.megha.v1.LocalMasterState\x12\x1a\n\x12preempted_task_ids\x18\x03 \x03(\t\"(\n\x0fGetStateRequest\x12\x15\n\rsince_version\x18\x01 \x01(\x04\"=\n\x10GetStateResponse\x12)\n\x05state\x18\x01 \x01(\x0b\x32\x1a.megha.v1.LocalMasterState\"\xcb\x01\n\x15RegisterWorkerRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x16\n\x0eworker_address\x18\x02 \x01(\t\x12%\n\x08\x63\x61pacity\x18\x03 \x01(\x0b\x32\x13.megha.v1.Resources\x12\x13\n\x0b\x63onstraints\x18\x04 \x03(\r\x12%\n\rrunning_tasks\x18\x05 \x03(\x0b\x32\x0e.megha.v1.Task\x12&\n\x0e\x66inished_tasks\x18\x06 \x03(\x0b\x32\x0e.megha.v1.Task\"Y\n\x16RegisterWorkerResponse\x12\r\n\x05lm_id\x18\x01 \x01(\t\x12\x12\n\nnode_index\x18\x02 \x01(\r\x12\x1c\n\x14heartbeat_interval_s\x18\x03 \x01(\x01\"\xa4\x01\n\nTaskReport\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.megha.v1.TaskState\x12\x11\n\texit_code\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\x12,\n\ntimestamps\x18\x05 \x01(\x0b\x32\x18.megha.v1.TaskTimestamps\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\r\"v\n\x0fWorkerHeartbeat\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x12\n\nnode_index\x18\x02 \x01(\r\x12\x17\n\x0fsent_unix_nanos\x18\x03 \x01(\x03\x12%\n\x07reports\x18\x04 \x03(\x0b\x32\x14.megha.v1.TaskReport\"\x8c\x01\n\rWorkerCommand\x12$\n\x05start\x18\x01 \x01(\x0b\x32\x13.megha.v1.StartTaskH\x00\x12\"\n\x04kill\x18\x02 \x01(\x0b\x32\x12.megha.v1.KillTaskH\x00\x12&\n\x06starts\x18\x03 \x01(\x0b\x32\x14.megha.v1.StartTasksH\x00\x42\t\n\x07\x63ommand\"+\n\nStartTasks\x12\x1d\n\x05tasks\x18\x01 \x03(\x0b\x32\x0e.megha.v1.Task\")\n\tStartTask\x12\x1c\n\x04task\x18\x01 \x01(\x0b\x32\x0e.megha.v1.Task\"+\n\x08KillTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"K\n\x11ReportTaskRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12%\n\x07reports\x18\x02 \x03(\x0b\x32\x14.megha.v1.TaskReport\"&\n\x12ReportTaskResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\r\"&\n\x12LookupTasksRequest\x12\x10\n\x08task_ids\x18\x01 \x03(\t\"9\n\x13LookupTasksResponse\x12\"\n\x05tasks\x18\x01 \x03(\x0b\x32\x13.megha.v1.KnownTask\"g\n\tKnownTask\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\x12\x0f\n\x07running\x18\x03 \x01(\x08\x12\'\n\nlast_ended\x18\x04 \x01(\x0b\x32\x13.megha.v1.TaskEvent*\xe9\x03\n\x0fPlacementStatus\x12 \n\x1cPLACEMENT_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n\x19PLACEMENT_STATUS_ACCEPTED\x10\x01\x12\x1e\n\x1aPLACEMENT_STATUS_DUPLICATE\x10\x02\x12*\n&PLACEMENT_STATUS_REJECTED_UNKNOWN_NODE\x10\x03\x12-\n)PLACEMENT_STATUS_REJECTED_WRONG_PARTITION\x10\x04\x12\'\n#PLACEMENT_STATUS_REJECTED_NODE_DEAD\x10\x05\x12)\n%PLACEMENT_STATUS_REJECTED_CONSTRAINTS\x10\x06\x12\'\n#PLACEMENT_STATUS_REJECTED_RESOURCES\x10\x07\x12%\n!PLACEMENT_STATUS_REJECTED_VICTIMS\x10\x08\x12(\n$PLACEMENT_STATUS_REJECTED_UNKNOWN_GM\x10\t\x12%\n!PLACEMENT_STATUS_REJECTED_INVALID\x10\n\x12%\n!PLACEMENT_STATUS_REJECTED_EXPIRED\x10\x0b\x32\xea\x05\n\x0bLocalMaster\x12;\n\x06Launch\x12\x17.megha.v1.LaunchRequest\x1a\x18.megha.v1.LaunchResponse\x12Q\n\x0cLaunchStream\x12\x1d.megha.v1.LaunchStreamRequest\x1a\x1e.megha.v1.LaunchStreamResponse(\x01\x30\x01\x12J\n\x0bRepartition\x12\x1c.megha.v1.RepartitionRequest\x1a\x1d.megha.v1.RepartitionResponse\x12>\n\x07Preempt\x12\x18.megha.v1.PreemptRequest\x1a\x19.megha.v1.PreemptResponse\x12\x41\n\x08GetState\x12\x19.megha.v1.GetStateRequest\x1a\x1a.megha.v1.GetStateResponse\x12S\n\x0eRegisterWorker\x12\x1f.megha.v1.RegisterWorkerRequest\x1a .megha.v1.RegisterWorkerResponse\x12J\n\x10WorkerHeartbeats\x12\x19.megha.v1.WorkerHeartbeat\x1a\x17.megha.v1.WorkerCommand(\x01\x30\x01\x12G\n\nReportTask\x12\x1b.megha.v1.ReportTaskRequest\x1a\x1c.megha.v1.ReportTaskResponse\x12J\n\x0bLookupTasks\x12\x1c.megha.v1.LookupTasksRequest\x1a\x1d.megha.v1.LookupTasksResponse\x12\x46\n\tListTasks\x12\x1a.megha.v1.ListTasksRequest\x1a\x1b.megha.v1.ListTasksResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'services._proto.megha.v1.local_master_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PLACEMENTSTATUS']._serialized_start=2436
-  _globals['_PLACEMENTSTATUS']._serialized_end=2886
+  _globals['_PLACEMENTSTATUS']._serialized_start=2520
+  _globals['_PLACEMENTSTATUS']._serialized_end=3009
   _globals['_LISTTASKSREQUEST']._serialized_start=64
   _globals['_LISTTASKSREQUEST']._serialized_end=82
   _globals['_LISTTASKSRESPONSE']._serialized_start=84
@@ -43,51 +43,51 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLACEMENTRESULT']._serialized_start=205
   _globals['_PLACEMENTRESULT']._serialized_end=298
   _globals['_LAUNCHREQUEST']._serialized_start=300
-  _globals['_LAUNCHREQUEST']._serialized_end=394
-  _globals['_LAUNCHRESPONSE']._serialized_start=396
-  _globals['_LAUNCHRESPONSE']._serialized_end=499
-  _globals['_LAUNCHSTREAMREQUEST']._serialized_start=501
-  _globals['_LAUNCHSTREAMREQUEST']._serialized_end=583
-  _globals['_LAUNCHSTREAMRESPONSE']._serialized_start=585
-  _globals['_LAUNCHSTREAMRESPONSE']._serialized_end=669
-  _globals['_REPARTITIONREQUEST']._serialized_start=671
-  _globals['_REPARTITIONREQUEST']._serialized_end=770
-  _globals['_REPARTITIONRESPONSE']._serialized_start=772
-  _globals['_REPARTITIONRESPONSE']._serialized_end=880
-  _globals['_PREEMPTREQUEST']._serialized_start=883
-  _globals['_PREEMPTREQUEST']._serialized_end=1012
-  _globals['_PREEMPTRESPONSE']._serialized_start=1015
-  _globals['_PREEMPTRESPONSE']._serialized_end=1147
-  _globals['_GETSTATEREQUEST']._serialized_start=1149
-  _globals['_GETSTATEREQUEST']._serialized_end=1189
-  _globals['_GETSTATERESPONSE']._serialized_start=1191
-  _globals['_GETSTATERESPONSE']._serialized_end=1252
-  _globals['_REGISTERWORKERREQUEST']._serialized_start=1255
-  _globals['_REGISTERWORKERREQUEST']._serialized_end=1458
-  _globals['_REGISTERWORKERRESPONSE']._serialized_start=1460
-  _globals['_REGISTERWORKERRESPONSE']._serialized_end=1549
-  _globals['_TASKREPORT']._serialized_start=1552
-  _globals['_TASKREPORT']._serialized_end=1716
-  _globals['_WORKERHEARTBEAT']._serialized_start=1718
-  _globals['_WORKERHEARTBEAT']._serialized_end=1836
-  _globals['_WORKERCOMMAND']._serialized_start=1839
-  _globals['_WORKERCOMMAND']._serialized_end=1979
-  _globals['_STARTTASKS']._serialized_start=1981
-  _globals['_STARTTASKS']._serialized_end=2024
-  _globals['_STARTTASK']._serialized_start=2026
-  _globals['_STARTTASK']._serialized_end=2067
-  _globals['_KILLTASK']._serialized_start=2069
-  _globals['_KILLTASK']._serialized_end=2112
-  _globals['_REPORTTASKREQUEST']._serialized_start=2114
-  _globals['_REPORTTASKREQUEST']._serialized_end=2189
-  _globals['_REPORTTASKRESPONSE']._serialized_start=2191
-  _globals['_REPORTTASKRESPONSE']._serialized_end=2229
-  _globals['_LOOKUPTASKSREQUEST']._serialized_start=2231
-  _globals['_LOOKUPTASKSREQUEST']._serialized_end=2269
-  _globals['_LOOKUPTASKSRESPONSE']._serialized_start=2271
-  _globals['_LOOKUPTASKSRESPONSE']._serialized_end=2328
-  _globals['_KNOWNTASK']._serialized_start=2330
-  _globals['_KNOWNTASK']._serialized_end=2433
-  _globals['_LOCALMASTER']._serialized_start=2889
-  _globals['_LOCALMASTER']._serialized_end=3635
+  _globals['_LAUNCHREQUEST']._serialized_end=422
+  _globals['_LAUNCHRESPONSE']._serialized_start=424
+  _globals['_LAUNCHRESPONSE']._serialized_end=527
+  _globals['_LAUNCHSTREAMREQUEST']._serialized_start=529
+  _globals['_LAUNCHSTREAMREQUEST']._serialized_end=611
+  _globals['_LAUNCHSTREAMRESPONSE']._serialized_start=613
+  _globals['_LAUNCHSTREAMRESPONSE']._serialized_end=697
+  _globals['_REPARTITIONREQUEST']._serialized_start=699
+  _globals['_REPARTITIONREQUEST']._serialized_end=826
+  _globals['_REPARTITIONRESPONSE']._serialized_start=828
+  _globals['_REPARTITIONRESPONSE']._serialized_end=936
+  _globals['_PREEMPTREQUEST']._serialized_start=939
+  _globals['_PREEMPTREQUEST']._serialized_end=1096
+  _globals['_PREEMPTRESPONSE']._serialized_start=1099
+  _globals['_PREEMPTRESPONSE']._serialized_end=1231
+  _globals['_GETSTATEREQUEST']._serialized_start=1233
+  _globals['_GETSTATEREQUEST']._serialized_end=1273
+  _globals['_GETSTATERESPONSE']._serialized_start=1275
+  _globals['_GETSTATERESPONSE']._serialized_end=1336
+  _globals['_REGISTERWORKERREQUEST']._serialized_start=1339
+  _globals['_REGISTERWORKERREQUEST']._serialized_end=1542
+  _globals['_REGISTERWORKERRESPONSE']._serialized_start=1544
+  _globals['_REGISTERWORKERRESPONSE']._serialized_end=1633
+  _globals['_TASKREPORT']._serialized_start=1636
+  _globals['_TASKREPORT']._serialized_end=1800
+  _globals['_WORKERHEARTBEAT']._serialized_start=1802
+  _globals['_WORKERHEARTBEAT']._serialized_end=1920
+  _globals['_WORKERCOMMAND']._serialized_start=1923
+  _globals['_WORKERCOMMAND']._serialized_end=2063
+  _globals['_STARTTASKS']._serialized_start=2065
+  _globals['_STARTTASKS']._serialized_end=2108
+  _globals['_STARTTASK']._serialized_start=2110
+  _globals['_STARTTASK']._serialized_end=2151
+  _globals['_KILLTASK']._serialized_start=2153
+  _globals['_KILLTASK']._serialized_end=2196
+  _globals['_REPORTTASKREQUEST']._serialized_start=2198
+  _globals['_REPORTTASKREQUEST']._serialized_end=2273
+  _globals['_REPORTTASKRESPONSE']._serialized_start=2275
+  _globals['_REPORTTASKRESPONSE']._serialized_end=2313
+  _globals['_LOOKUPTASKSREQUEST']._serialized_start=2315
+  _globals['_LOOKUPTASKSREQUEST']._serialized_end=2353
+  _globals['_LOOKUPTASKSRESPONSE']._serialized_start=2355
+  _globals['_LOOKUPTASKSRESPONSE']._serialized_end=2412
+  _globals['_KNOWNTASK']._serialized_start=2414
+  _globals['_KNOWNTASK']._serialized_end=2517
+  _globals['_LOCALMASTER']._serialized_start=3012
+  _globals['_LOCALMASTER']._serialized_end=3758
 # @@protoc_insertion_point(module_scope)

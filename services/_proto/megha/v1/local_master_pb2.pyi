@@ -49,6 +49,10 @@ class _PlacementStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Place
     """The task itself is malformed for this LM (e.g. a constraint it does not know): on
     LaunchStream, where an error would end the stream for every launch on it.
     """
+    PLACEMENT_STATUS_REJECTED_EXPIRED: _PlacementStatus.ValueType  # 11
+    """The LM read the request after its expires_unix_nanos: the GM has given up on it
+    (and may have placed its tasks elsewhere), so nothing was done.
+    """
 
 class PlacementStatus(_PlacementStatus, metaclass=_PlacementStatusEnumTypeWrapper):
     """Why the LM accepted or refused one placement; lets the GM decide whether
@@ -75,6 +79,10 @@ PLACEMENT_STATUS_REJECTED_UNKNOWN_GM: PlacementStatus.ValueType  # 9
 PLACEMENT_STATUS_REJECTED_INVALID: PlacementStatus.ValueType  # 10
 """The task itself is malformed for this LM (e.g. a constraint it does not know): on
 LaunchStream, where an error would end the stream for every launch on it.
+"""
+PLACEMENT_STATUS_REJECTED_EXPIRED: PlacementStatus.ValueType  # 11
+"""The LM read the request after its expires_unix_nanos: the GM has given up on it
+(and may have placed its tasks elsewhere), so nothing was done.
 """
 Global___PlacementStatus: _TypeAlias = PlacementStatus  # noqa: Y015
 
@@ -174,10 +182,16 @@ class LaunchRequest(_message.Message):
     GM_ID_FIELD_NUMBER: _builtins.int
     PLACEMENTS_FIELD_NUMBER: _builtins.int
     KNOWN_VERSION_FIELD_NUMBER: _builtins.int
+    EXPIRES_UNIX_NANOS_FIELD_NUMBER: _builtins.int
     gm_id: _builtins.str
     known_version: _builtins.int
     """The version of this LM the GM last applied: a rejection answers with a delta
     from it (cheap), not a full state. 0 = send a full state.
+    """
+    expires_unix_nanos: _builtins.int
+    """Wall-clock time after which the LM must not act on this request (0 = never): the
+    GM gives up waiting for the answer a little later and places the tasks elsewhere,
+    so a request an LM reads late (it was frozen or overloaded) must not start them too.
     """
     @_builtins.property
     def placements(self) -> _containers.RepeatedCompositeFieldContainer[Global___Placement]: ...
@@ -187,10 +201,11 @@ class LaunchRequest(_message.Message):
         gm_id: _builtins.str = ...,
         placements: _abc.Iterable[Global___Placement] | None = ...,
         known_version: _builtins.int = ...,
+        expires_unix_nanos: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "known_version", b"known_version", "placements", b"placements"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_unix_nanos", b"expires_unix_nanos", "gm_id", b"gm_id", "known_version", b"known_version", "placements", b"placements"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -282,10 +297,16 @@ class RepartitionRequest(_message.Message):
     GM_ID_FIELD_NUMBER: _builtins.int
     PLACEMENTS_FIELD_NUMBER: _builtins.int
     KNOWN_VERSION_FIELD_NUMBER: _builtins.int
+    EXPIRES_UNIX_NANOS_FIELD_NUMBER: _builtins.int
     gm_id: _builtins.str
     known_version: _builtins.int
     """The version of this LM the GM last applied: a rejection answers with a delta
     from it (cheap), not a full state. 0 = send a full state.
+    """
+    expires_unix_nanos: _builtins.int
+    """Wall-clock time after which the LM must not act on this request (0 = never): the
+    GM gives up waiting for the answer a little later and places the tasks elsewhere,
+    so a request an LM reads late (it was frozen or overloaded) must not start them too.
     """
     @_builtins.property
     def placements(self) -> _containers.RepeatedCompositeFieldContainer[Global___Placement]: ...
@@ -295,10 +316,11 @@ class RepartitionRequest(_message.Message):
         gm_id: _builtins.str = ...,
         placements: _abc.Iterable[Global___Placement] | None = ...,
         known_version: _builtins.int = ...,
+        expires_unix_nanos: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "known_version", b"known_version", "placements", b"placements"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_unix_nanos", b"expires_unix_nanos", "gm_id", b"gm_id", "known_version", b"known_version", "placements", b"placements"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -341,12 +363,15 @@ class PreemptRequest(_message.Message):
     NODE_INDEX_FIELD_NUMBER: _builtins.int
     VICTIM_TASK_IDS_FIELD_NUMBER: _builtins.int
     KNOWN_VERSION_FIELD_NUMBER: _builtins.int
+    EXPIRES_UNIX_NANOS_FIELD_NUMBER: _builtins.int
     gm_id: _builtins.str
     node_index: _builtins.int
     known_version: _builtins.int
     """The version of this LM the GM last applied: a rejection answers with a delta
     from it (cheap), not a full state. 0 = send a full state.
     """
+    expires_unix_nanos: _builtins.int
+    """As LaunchRequest.expires_unix_nanos (nothing is killed either)."""
     @_builtins.property
     def task(self) -> _common_pb2.Task:
         """The task to launch once the victims are gone."""
@@ -365,10 +390,11 @@ class PreemptRequest(_message.Message):
         node_index: _builtins.int = ...,
         victim_task_ids: _abc.Iterable[_builtins.str] | None = ...,
         known_version: _builtins.int = ...,
+        expires_unix_nanos: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "known_version", b"known_version", "node_index", b"node_index", "task", b"task", "victim_task_ids", b"victim_task_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_unix_nanos", b"expires_unix_nanos", "gm_id", b"gm_id", "known_version", b"known_version", "node_index", b"node_index", "task", b"task", "victim_task_ids", b"victim_task_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
