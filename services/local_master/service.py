@@ -650,6 +650,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             batch, self._unjournaled = self._unjournaled, []
             try:
                 await asyncio.to_thread(self.journal.append, batch)
+            except asyncio.CancelledError:
+                self._unjournaled[:0] = batch  # shutdown writes it (twice at worst: harmless)
+                raise
             except Exception as err:
                 # Kept for the next try (a full disk may get room again); one warning.
                 self._unjournaled[:0] = batch
