@@ -426,6 +426,31 @@ async def test_a_launch_an_lm_reads_after_the_gm_gave_up_on_it_is_refused(tmp_pa
         assert "refused a request read after the GM gave up on it" in fed.log("lm-lm-1")
 
 
+async def test_a_gm_stopped_for_a_while_goes_on_where_it_was(tmp_path):
+    # Stopped (SIGSTOP) while its queue holds more than fits and the other GM schedules:
+    # resumed, it neither loses nor repeats anything, and both GMs tell the same story.
+    async with Federation(tmp_path, gms=2, lms=2, workers_per_lm=2) as fed:
+        reply = await fed.gm("gm-1").submit(sim_tasks(40, 1.0, cpu_milli=2000))
+        await asyncio.sleep(0.5)
+        gm = fed.children.procs["gm-gm-1"]
+        gm.send_signal(signal.SIGSTOP)
+        try:
+            other = await fed.gm("gm-2").submit(sim_tasks(8, 0.5))
+            await asyncio.sleep(12)
+        finally:
+            gm.send_signal(signal.SIGCONT)
+        await fed.events.wait_succeeded(set(reply.task_ids) | set(other.task_ids), timeout_s=60)
+        await asyncio.sleep(1)
+        assert max(fed.events.succeeded().values()) == 1
+        assert (
+            max(Counter(e.task_id for e in fed.events.events if e.state == RUNNING).values()) == 1
+        )
+        for gm_id in ("gm-1", "gm-2"):
+            job = await fed.gm(gm_id).job(reply.job_id)
+            assert {t.state for t in job.tasks} == {common_pb2.TASK_STATE_SUCCEEDED}, gm_id
+        await fed.assert_books_balanced()
+
+
 async def test_a_worker_taken_for_dead_stops_the_attempts_rerun_elsewhere(tmp_path):
     async with Federation(tmp_path, gms=1, lms=2, worker_groups=two_small_lms("frozen")) as fed:
         reply, frozen = await fill_two_small_lms(fed, 6.0, "frozen")
