@@ -109,11 +109,6 @@ class Batch:
             await self._landed.wait()
 
 
-def _expiry() -> int:
-    """``expires_unix_nanos`` for a request to an LM sent now."""
-    return time.time_ns() + int(LM_ACCEPT_S * 1e9)
-
-
 def _message_key(batch: common_pb2.TaskBatch) -> tuple:
     """Tells one queue message from any other: a re-queued task is a new attempt."""
     return (batch.job_id, tuple((t.task_id, t.attempt) for t in batch.tasks))
@@ -179,6 +174,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self._loops: list[asyncio.Task] = []
         self._inflight: set[asyncio.Task] = set()
         self._pledged: set[str] = set()  # victims of preemptions under way
+        self._unexpiring: set[str] = set()  # LMs whose clocks disagree with ours
         # Tasks an LM accepted from this GM that no event has shown started yet, by id:
         # (LM, when, the wire task). If that LM dies before passing one to its worker,
         # this is the only copy left (see _requeue_lost_starts).
@@ -866,7 +862,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                         gm_id=self.gm_id,
                         placements=placements,
                         known_version=known,
-                        expires_unix_nanos=_expiry(),
+                        expires_unix_nanos=self._expiry(lm_id),
                     ),
                     timeout=LM_CALL_TIMEOUT_S,
                 )
@@ -876,7 +872,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                         gm_id=self.gm_id,
                         placements=placements,
                         known_version=known,
-                        expires_unix_nanos=_expiry(),
+                        expires_unix_nanos=self._expiry(lm_id),
                     ),
                     timeout=LM_CALL_TIMEOUT_S,
                 )
@@ -913,11 +909,28 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 self._event(item.task, common_pb2.TASK_STATE_REJECTED, f"{lm_id}: {reason}")
                 await self._launched(item.batch)
             else:
-                self._rejected(item, status, reason)
+                self._rejected(lm_id, item, status, reason)
         if rejected:
             self._wake.set()
 
-    def _rejected(self, item: Pending, status: PlacementStatus, reason: str) -> None:
+    def _expiry(self, lm_id: str) -> int:
+        """``expires_unix_nanos`` for a request to ``lm_id`` sent now (0: never)."""
+        if lm_id in self._unexpiring:
+            return 0
+        return time.time_ns() + int(LM_ACCEPT_S * 1e9)
+
+    def _rejected(self, lm_id: str, item: Pending, status: PlacementStatus, reason: str) -> None:
+        if status is PlacementStatus.REJECTED_EXPIRED and lm_id not in self._unexpiring:
+            # Refused as expired, yet answered before this GM gave up: the two clocks
+            # disagree by more than the margin, and every request would be refused.
+            # Requests to that LM no longer expire (one it reads late could run twice).
+            self._unexpiring.add(lm_id)
+            log.error(
+                "an LM refused a request as expired before this GM gave up on it: their "
+                "clocks disagree; requests to it will not expire (sync the clocks, then "
+                "restart this GM)",
+                extra={"lm": lm_id, "why": reason},
+            )
         if self._dropped_if_refused(item):
             return
         item.rejections += 1
@@ -951,7 +964,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self.counters["preemptions"] += len(reply.preempted_task_ids)
             await self._accepted(plan.lm_id, item)
         else:
-            self._rejected(item, status, result.reason)
+            self._rejected(plan.lm_id, item, status, result.reason)
             self._wake.set()
 
     async def _preempt_call(self, plan: PreemptionPlan, item: Pending, lmv):
@@ -963,7 +976,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     node_index=plan.victims.node,
                     victim_task_ids=list(plan.victims.task_ids),
                     known_version=lmv.version if lmv is not None else 0,
-                    expires_unix_nanos=_expiry(),
+                    expires_unix_nanos=self._expiry(plan.lm_id),
                 ),
                 timeout=LM_CALL_TIMEOUT_S,
             )
