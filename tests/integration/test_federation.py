@@ -521,33 +521,20 @@ async def test_bad_input_gets_clear_errors_and_changes_nothing(tmp_path):
         assert not fed.events.events
 
 
+def _megha(*argv: str) -> subprocess.CompletedProcess:
+    """The real CLI, in a process of its own."""
+    command = [sys.executable, "-m", "services.cli", *argv]
+    return subprocess.run(command, capture_output=True, text=True, timeout=30)
+
+
 def test_malformed_config_exits_with_a_readable_message(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("gms: [{id: gm-1, port: 99999}]\nlms: []\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", "lm", "--id", "lm-1", "--config", str(bad)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    proc = _megha("lm", "--id", "lm-1", "--config", str(bad))
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "gms.0.port" in proc.stderr and "lms" in proc.stderr
-    missing = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "services.cli",
-            "gm",
-            "--id",
-            "gm-9",
-            "--config",
-            str(tmp_path / "x.yaml"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    missing = _megha("gm", "--id", "gm-9", "--config", str(tmp_path / "x.yaml"))
     assert missing.returncode == 2 and "cannot read config" in missing.stderr
 
 
@@ -560,12 +547,7 @@ def test_an_lm_whose_journal_is_not_one_exits_with_a_readable_message(tmp_path):
         "gms: [{id: gm-1, port: 1}]\n"
         f"lms: [{{id: lm-1, port: 2, journal: '{junk}'}}]\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", "lm", "--id", "lm-1", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    proc = _megha("lm", "--id", "lm-1", "--config", str(config))
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert f"cannot open the LM journal {junk}: file is not a database" in proc.stderr
