@@ -655,7 +655,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 raise
             except Exception as err:
                 # Kept for the next try (a full disk may get room again); one warning.
+                # Bounded: past that many, the oldest are kept in memory only.
                 self._unjournaled[:0] = batch
+                del self._unjournaled[:-ENDINGS_KEPT]
                 if not failing:
                     log.warning("journal write failed", extra={"error": repr(err)})
                 failing = True
