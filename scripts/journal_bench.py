@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from services._proto.megha.v1 import common_pb2
-from services.core.cluster_state import ENDED_KEPT
+from services.core.cluster_state import ENDED_KEPT, ClusterState
 from services.local_master.journal import EndingsJournal
 from services.local_master.service import ENDINGS_KEPT
 
@@ -51,10 +51,16 @@ def main() -> None:
         began = time.perf_counter()
         attempts, kept = EndingsJournal(path, ENDED_KEPT, ENDINGS_KEPT).load()
         read = time.perf_counter() - began
+        books = ClusterState("lm-1", ["gm-1"])  # what LocalMaster._recall does next
+        began = time.perf_counter()
+        for task_id, attempt in attempts:
+            books.remember_ended(task_id, attempt)
+        booked = time.perf_counter() - began
     print(f"{args.endings:,} endings in batches of {args.batch}")
     print(f"  append: {wrote / args.endings * 1e6:.1f} us per ending ({wrote:.1f} s)")
     print(f"  on disk: {size / 1e6:.0f} MB")
     print(f"  read back: {read:.2f} s ({len(attempts):,} attempts, {len(kept):,} whole events)")
+    print(f"  booked as ended: {booked:.2f} s (a restarted LM serves after both)")
 
 
 if __name__ == "__main__":
