@@ -118,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_gm(job)
     job.add_argument("job_id")
     job.add_argument("--watch", action="store_true")
+    job.add_argument(
+        "--all",
+        action="store_true",
+        help="list every task (default: a job of over 50 lists 50, those not succeeded first)",
+    )
 
     status = commands.add_parser("status", help="LMs, partitions, queues, allocation times")
     _add_config(status)

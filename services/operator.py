@@ -20,13 +20,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from pathlib import Path
 from urllib.parse import urlparse
 
 import grpc
 import yaml
 
+from services._proto.megha.v1 import common_pb2
 from services.client import STATE_NAMES, FollowStalled, GlobalMasterClient, TaskTemplate
 from services.common.config import FederationConfig, default_config, load_config, parse_config
 from services.common.runner import endpoints, wait_all_healthy
@@ -163,6 +164,7 @@ class ChildDied(RuntimeError):
 # A child of ``megha up`` that exits is started again, up to this many times a window.
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
+JOB_ROWS = 50  # tasks ``megha job`` lists without --all
 
 
 class Children:
@@ -342,11 +344,20 @@ async def _job(client: GlobalMasterClient, args) -> int:
     if args.watch:
         return await _follow(client, args.job_id)
     job = await client.job(args.job_id)
-    print(f"job {job.job_id} (queue {job.queue}): {len(job.tasks)} tasks")
-    for task in job.tasks:
+    counts = Counter(STATE_NAMES.get(t.state, "?") for t in job.tasks)
+    summary = ", ".join(f"{n} {state}" for state, n in counts.most_common())
+    print(f"job {job.job_id} (queue {job.queue}): {len(job.tasks)} tasks: {summary}")
+    rows = list(job.tasks)
+    if not args.all and len(rows) > JOB_ROWS:
+        # The tasks worth a look first: those that have not succeeded.
+        rows.sort(key=lambda t: t.state == common_pb2.TASK_STATE_SUCCEEDED)
+        rows = rows[:JOB_ROWS]
+    for task in rows:
         state = STATE_NAMES.get(task.state, "?")
         where = f"{task.lm_id}/{task.node_id}" if task.node_id else "-"
         print(f"  {task.task_id:<24} {state:<10} {where:<24} {task.pending_reason}")
+    if len(rows) < len(job.tasks):
+        print(f"  ... {len(job.tasks) - len(rows)} more (--all lists every task)")
     return 0
 
 

@@ -159,7 +159,9 @@ async def test_cli_submit_job_and_status(tmp_path):
         shown = subprocess.run(
             [*MEGHA, "job", job_id], capture_output=True, text=True, timeout=30, env=env
         )
-        assert shown.returncode == 0 and shown.stdout.count("succeeded") == 3
+        assert shown.returncode == 0
+        assert shown.stdout.splitlines()[0] == f"job {job_id} (queue default): 3 tasks: 3 succeeded"
+        assert shown.stdout.count(" succeeded ") == 3  # one row per task
 
         # A job named on the command line can be submitted again without running twice.
         named = [*MEGHA, "submit", "--count", "2", "--duration", "0.1", "--job-id", "nightly"]
@@ -173,7 +175,7 @@ async def test_cli_submit_job_and_status(tmp_path):
         shown = subprocess.run(
             [*MEGHA, "job", "nightly"], capture_output=True, text=True, timeout=30, env=env
         )
-        assert shown.stdout.splitlines()[0] == "job nightly (queue default): 2 tasks"
+        assert shown.stdout.splitlines()[0] == "job nightly (queue default): 2 tasks: 2 succeeded"
 
         status = subprocess.run(
             [*MEGHA, "status"], capture_output=True, text=True, timeout=30, env=env

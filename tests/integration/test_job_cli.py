@@ -1,0 +1,38 @@
+"""``megha job`` against a real (embedded) GM: a big job reads as a summary first."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import pytest
+
+from services.operator import JOB_ROWS, _job
+from tests.integration.harness import embedded_federation, sim_tasks
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_big_job_lists_its_unfinished_tasks_first_and_says_what_it_left_out(capsys):
+    async with embedded_federation("job-cli") as (_config, _gm, _bus, client):
+        # The short tasks end at once; then 8 long ones fill the two 4-CPU workers.
+        tasks = sim_tasks(JOB_ROWS + 2, 0.01) + sim_tasks(8, 60.0)
+        await client.submit(tasks, job_id="big")
+        total = len(tasks)
+        args = argparse.Namespace(job_id="big", watch=False, all=False)
+        summary = f"job big (queue default): {total} tasks: {total - 8} succeeded, 8 running"
+        deadline = asyncio.get_running_loop().time() + 20
+        while True:
+            capsys.readouterr()
+            assert await _job(client, args) == 0
+            lines = capsys.readouterr().out.splitlines()
+            if lines[0] == summary:
+                break
+            assert asyncio.get_running_loop().time() < deadline, lines[0]
+            await asyncio.sleep(0.1)
+        assert len(lines) == 1 + JOB_ROWS + 1
+        assert {line.split()[1] for line in lines[1:9]} == {"running"}
+        assert lines[-1] == f"  ... {total - JOB_ROWS} more (--all lists every task)"
+        args.all = True
+        await _job(client, args)
+        assert len(capsys.readouterr().out.splitlines()) == 1 + total
