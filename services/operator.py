@@ -324,19 +324,54 @@ async def _submit(client: GlobalMasterClient, args, config: FederationConfig) ->
     return 0
 
 
+# Events of a big job that ``--wait`` / ``--watch`` print one by one; the rest show only
+# in the progress line and the closing counts.
+_ROUTINE = {"queued", "placed", "running", "succeeded"}
+
+
 async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
-    """Print a job's events until it ends, through GM restarts (``client.follow``)."""
+    """Print a job's events until it ends, through GM restarts (``client.follow``). A job
+    of over ``JOB_ROWS`` tasks prints only the events that are not routine, a progress
+    line on stderr, and its counts by state at the end."""
+    from loadgen.sim.engine import Progress, bar
+
+    if not task_ids:
+        with contextlib.suppress(grpc.aio.AioRpcError):  # follow() says what went wrong
+            task_ids = [t.task_id for t in (await client.job(job_id)).tasks]
+    big = len(task_ids) > JOB_ROWS
+    progress = Progress(enabled=big)
+    latest: dict[str, str] = {}
+    counts: Counter[str] = Counter()
+
+    def line() -> str:
+        ended = sum(counts[s] for s in ("succeeded", "failed", "rejected"))
+        states = ", ".join(f"{n} {s}" for s, n in counts.most_common() if n)
+        return f"job {job_id} {bar(ended / len(task_ids))} {ended}/{len(task_ids)} ended: {states}"
+
     failed = False
     try:
         async for event in client.follow(job_id, task_ids):
             state = STATE_NAMES.get(event.state, "?")
+            failed |= state in ("failed", "rejected")
+            if event.task_id in latest:
+                counts[latest[event.task_id]] -= 1
+            latest[event.task_id] = state
+            counts[state] += 1
+            if big and state in _ROUTINE:
+                progress.show(line)
+                continue
+            progress.done()
             where = f" on {event.lm_id}/{event.node_id}" if event.node_id else ""
             why = f" ({event.reason})" if event.reason else ""
             print(f"{event.task_id:<24} {state:<10}{where}{why}", flush=True)
-            failed |= state in ("failed", "rejected")
     except FollowStalled as err:
+        progress.done()
         print(f"megha: {err}", file=sys.stderr)
         return 1
+    progress.done()
+    if big:
+        states = ", ".join(f"{n} {s}" for s, n in counts.most_common() if n)
+        print(f"job {job_id}: {len(task_ids)} tasks: {states}")
     return 1 if failed else 0
 
 

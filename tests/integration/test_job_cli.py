@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from services.operator import JOB_ROWS, _job
+from services._proto.megha.v1 import common_pb2
+from services.operator import JOB_ROWS, _follow, _job
 from tests.integration.harness import embedded_federation, sim_tasks
 
 pytestmark = pytest.mark.integration
@@ -36,3 +37,22 @@ async def test_a_big_job_lists_its_unfinished_tasks_first_and_says_what_it_left_
         args.all = True
         await _job(client, args)
         assert len(capsys.readouterr().out.splitlines()) == 1 + total
+
+
+async def test_following_a_big_job_prints_what_went_wrong_and_its_counts(capsys):
+    async with embedded_federation("job-follow") as (_config, _gm, _bus, client):
+        failing = common_pb2.Task(process=common_pb2.ProcessExecutor(args=["false"]))
+        failing.resources.cpu_milli, failing.resources.memory_mb = 1000, 256
+        reply = await client.submit([*sim_tasks(JOB_ROWS + 5, 0.01), failing], job_id="big")
+        capsys.readouterr()
+        assert await _follow(client, "big", reply.task_ids) == 1
+        out = capsys.readouterr().out.splitlines()
+        # One line for the failure, not four for each of the 56 tasks; then the counts.
+        assert len(out) == 2, out
+        assert out[0].split()[:2] == [reply.task_ids[-1], "failed"]
+        assert out[0].endswith("(exit code 1)")
+        assert out[1] == f"job big: {JOB_ROWS + 6} tasks: {JOB_ROWS + 5} succeeded, 1 failed"
+        # A small job is still followed event by event.
+        small = await client.submit(sim_tasks(2, 0.01), job_id="small")
+        assert await _follow(client, "small", small.task_ids) == 0
+        assert capsys.readouterr().out.count(" succeeded ") == 2
