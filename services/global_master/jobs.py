@@ -2,8 +2,9 @@
 
 Built from the GM's own submissions and from the lifecycle events every LM publishes,
 so any GM can answer for any job it has heard of (an end whose event was lost comes from
-the LM instead: ``open`` lists the tasks whose end is awaited). Bounded: the oldest jobs
-are forgotten first once ``max_jobs`` is reached.
+the LM instead: ``open`` lists the tasks whose end is awaited). Bounded: past ``max_jobs``
+jobs or ``max_tasks`` tasks (about 2 KB each), the jobs least recently heard of are
+forgotten first.
 """
 
 from __future__ import annotations
@@ -55,9 +56,11 @@ class JobRecord:
 
 
 class JobBook:
-    def __init__(self, max_jobs: int = 100_000):
+    def __init__(self, max_jobs: int = 100_000, max_tasks: int = 500_000):
         self.max_jobs = max_jobs
-        self.jobs: OrderedDict[str, JobRecord] = OrderedDict()
+        self.max_tasks = max_tasks
+        self.jobs: OrderedDict[str, JobRecord] = OrderedDict()  # least recently heard first
+        self.task_count = 0
         # Tasks placed or running, by (job id, task id): their ends are awaited.
         self.open: dict[tuple[str, str], global_master_pb2.TaskStatus] = {}
 
@@ -68,17 +71,36 @@ class JobBook:
         job = self.jobs.get(job_id)
         if job is None:
             job = self.jobs[job_id] = JobRecord(job_id, queue)
-            while len(self.jobs) > self.max_jobs:
-                _, gone = self.jobs.popitem(last=False)
-                for task_id in gone.tasks:
-                    self.open.pop((gone.job_id, task_id), None)
+            self._trim(job)
+        else:
+            self.jobs.move_to_end(job_id)
         return job
+
+    def _counted(self, job: JobRecord) -> None:
+        """One more task, of ``job``, is about to be recorded."""
+        self.task_count += 1
+        if self.task_count > self.max_tasks:
+            self._trim(job)
+
+    def _trim(self, keep: JobRecord) -> None:
+        """Forget the jobs least recently heard of, never ``keep``, until within bounds."""
+        while len(self.jobs) > self.max_jobs or self.task_count > self.max_tasks:
+            gone = next(iter(self.jobs.values()))
+            if gone is keep:
+                return
+            del self.jobs[gone.job_id]
+            self.task_count -= len(gone.tasks)
+            for task_id in gone.tasks:
+                self.open.pop((gone.job_id, task_id), None)
 
     def queued(self, task: common_pb2.Task) -> None:
         job = self.record(task.job_id, task.queue)
         # A task rejected before (its job's first message was refused) is queued again;
         # a preempted or lost one comes back as its next attempt.
-        if not _holds(job.tasks.get(task.task_id), task):
+        status = job.tasks.get(task.task_id)
+        if not _holds(status, task):
+            if status is None:
+                self._counted(job)
             job.tasks[task.task_id] = global_master_pb2.TaskStatus(
                 task_id=task.task_id,
                 state=common_pb2.TASK_STATE_QUEUED,
@@ -92,6 +114,7 @@ class JobBook:
         job = self.record(event.job_id, event.queue)
         status = job.tasks.get(event.task_id)
         if status is None:
+            self._counted(job)
             status = job.tasks[event.task_id] = global_master_pb2.TaskStatus(task_id=event.task_id)
         newer_attempt = event.attempt > status.attempt
         same_attempt_later = event.attempt == status.attempt and _RANK.get(

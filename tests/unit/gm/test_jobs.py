@@ -92,3 +92,24 @@ def test_open_holds_the_placed_and_running_tasks_whose_end_is_awaited():
     book.record("k", "q")
     book.record("m", "q")  # j is forgotten, and with it its open tasks
     assert book.get("j") is None and book.open == {}
+
+
+def test_past_its_task_bound_the_book_forgets_the_jobs_least_recently_heard_of():
+    book = JobBook(max_tasks=4)
+
+    def job_task(job_id: str, n: int) -> common_pb2.Task:
+        return common_pb2.Task(task_id=f"{job_id}.{n}", job_id=job_id, queue="q")
+
+    for job_id in ("a", "b"):
+        book.queued(job_task(job_id, 0))
+        book.queued(job_task(job_id, 1))
+    assert book.task_count == 4
+    book.apply(
+        common_pb2.TaskEvent(task_id="a.0", job_id="a", queue="q", state=S.TASK_STATE_RUNNING)
+    )
+    book.queued(job_task("c", 0))  # a was heard of after b: b goes
+    assert [*book.jobs] == ["a", "c"] and book.task_count == 3
+    assert set(book.open) == {("a", "a.0")}
+    for n in range(3):  # a job's own tasks never push it out
+        book.queued(job_task("c", n))
+    assert [*book.jobs] == ["c"] and book.task_count == 3 and book.open == {}
