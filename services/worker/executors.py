@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
+import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services._proto.megha.v1 import common_pb2
+from services.worker.leftovers import GroupLedger
 
 SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
 FAILED = common_pb2.TASK_STATE_FAILED
@@ -86,13 +90,19 @@ class ProcessExecutor:
     SIGKILL after ``kill_grace_s``), and when the main process exits, whatever it left
     behind in the group is killed too, because the LM gives the task's resources to the
     next task at that moment. stdout is discarded; the tail of stderr goes into the
-    failure message.
+    failure message. If the worker host itself dies, the main process dies with it
+    (``setpriv --pdeathsig``) and the next start of the host kills the rest of the group
+    (``leftovers.py``).
     """
 
     name = "process"
 
-    def __init__(self, kill_grace_s: float = DEFAULT_KILL_GRACE_S) -> None:
+    def __init__(
+        self, kill_grace_s: float = DEFAULT_KILL_GRACE_S, ledger: GroupLedger | None = None
+    ) -> None:
         self.kill_grace_s = kill_grace_s
+        # Where the host notes each task's group, for its next life to kill after a crash.
+        self.ledger = ledger
 
     async def run(self, task: common_pb2.Task) -> ExecutionResult:
         spec = task.process
@@ -100,7 +110,7 @@ class ProcessExecutor:
         if not args:
             return ExecutionResult.failed(EXIT_NOT_FOUND, "process task has no args to run")
         try:
-            proc = await _spawn(args, {**os.environ, **spec.env})
+            proc = await _spawn([*_die_with_worker(), *args], {**os.environ, **spec.env})
         except FileNotFoundError:
             return ExecutionResult.failed(EXIT_NOT_FOUND, f"cannot run {args[0]!r}: not found")
         except PermissionError:
@@ -112,6 +122,17 @@ class ProcessExecutor:
                 EXIT_CANNOT_EXECUTE, f"cannot run {args[0]!r}: {err.strerror or err}"
             )
 
+        if self.ledger is not None:
+            self.ledger.add(proc.pid)
+        try:
+            return await self._supervise(proc, args, spec)
+        finally:
+            if self.ledger is not None:
+                self.ledger.remove(proc.pid)
+
+    async def _supervise(
+        self, proc: asyncio.subprocess.Process, args: list[str], spec: common_pb2.ProcessExecutor
+    ) -> ExecutionResult:
         assert proc.stderr is not None
         tail = _Tail(TAIL_BYTES)
         reader = asyncio.create_task(tail.drain(proc.stderr))
@@ -141,8 +162,11 @@ class ProcessExecutor:
         if returncode == 0:
             return ExecutionResult.succeeded()
         code = _exit_code(returncode)
-        cause = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {code}"
         stderr = tail.text()
+        if code in (EXIT_NOT_FOUND, EXIT_CANNOT_EXECUTE) and stderr.startswith("setpriv: failed"):
+            why = "not found" if code == EXIT_NOT_FOUND else "permission denied"
+            return ExecutionResult.failed(code, f"cannot run {args[0]!r}: {why}")
+        cause = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {code}"
         return ExecutionResult.failed(code, f"{cause}: {stderr}" if stderr else cause)
 
     async def _stop(self, proc: asyncio.subprocess.Process) -> None:
@@ -153,6 +177,20 @@ class ProcessExecutor:
         _signal_group(proc.pid, signal.SIGKILL)
         await proc.wait()
         await _group_gone(proc.pid)
+
+
+@functools.cache
+def _die_with_worker() -> tuple[str, ...]:
+    """The prefix that makes a task's main process die with its worker host (a kill -9
+    leaves no parent to kill it): ``setpriv --pdeathsig KILL --`` where it works."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return ()
+    prefix = (setpriv, "--pdeathsig", "KILL", "--")
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        if subprocess.run([*prefix, "true"], capture_output=True, timeout=5).returncode == 0:
+            return prefix
+    return ()
 
 
 async def _spawn(args: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
@@ -403,9 +441,13 @@ def _describe_failure(container: Any, exit_code: int) -> str:
 
 
 # ---------------------------------------------------------------------- choosing
-def default_executors() -> dict[str, Executor]:
+def default_executors(ledger: GroupLedger | None = None) -> dict[str, Executor]:
     """One instance of each executor kind, to be shared by the agents of one process."""
-    return {"sim": SimExecutor(), "process": ProcessExecutor(), "docker": DockerExecutor()}
+    return {
+        "sim": SimExecutor(),
+        "process": ProcessExecutor(ledger=ledger),
+        "docker": DockerExecutor(),
+    }
 
 
 def executor_for(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
+from pathlib import Path
 from types import TracebackType
 
 import grpc
@@ -18,6 +20,7 @@ from services.common.config import FederationConfig, WorkerGroup
 from services.core.resources import parse_resources
 from services.worker.agent import WorkerAgent
 from services.worker.executors import DockerExecutor, Executor, default_executors
+from services.worker.leftovers import GroupLedger
 
 log = logging.getLogger("megha.worker")
 
@@ -48,6 +51,9 @@ class WorkerHost:
         self._executors: dict[str, Executor] = {}
         self._agent_tasks: list[asyncio.Task[None]] = []
         self._run_task: asyncio.Task[None] | None = None
+        # One file per host of one federation on this machine (prefix, LM, first node).
+        name = f"{config.exchange_prefix}-{self.target}-{self.node_ids[0]}".replace(":", "_")
+        self._ledger = GroupLedger(Path(tempfile.gettempdir()) / "megha" / f"{name}.groups")
         self._shutdown_task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> WorkerHost:
@@ -92,7 +98,10 @@ class WorkerHost:
         # The shared options cap gRPC's reconnect backoff: without them, agents polling an
         # LM that was down for 40 s reached it again 20-27 s after it was back.
         self._channel = server.channel(self.target)
-        self._executors = default_executors()
+        # Before any agent registers: what a crashed former life of this host left
+        # running must be gone before the LM re-queues those tasks elsewhere.
+        self._ledger.sweep()
+        self._executors = default_executors(self._ledger)
         interval = self.config.worker_heartbeat_interval_s
         # Concurrent, but not all at once: a gRPC server cancels calls beyond its pending
         # limit (grpc.server.max_pending_requests, 1000 by default), and a cancelled
@@ -142,4 +151,5 @@ class WorkerHost:
         docker = self._executors.get("docker")
         if isinstance(docker, DockerExecutor):
             docker.close()
+        self._ledger.close()
         log.info("worker host stopped", extra={"lm_id": self.group.lm})

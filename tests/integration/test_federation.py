@@ -321,6 +321,48 @@ async def test_a_worker_host_killed_and_back_at_once_gets_its_tasks_rerun(tmp_pa
         await fed.assert_books_balanced()
 
 
+def _pids_running(marker: str) -> set[int]:
+    found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+    return {int(pid) for pid in found.split()}
+
+
+async def test_a_worker_host_killed_takes_its_tasks_processes_along(tmp_path):
+    # Each process task runs in a session of its own, so a worker host killed -9 left its
+    # processes running while the LM re-queued their tasks: they ran twice at once. Now
+    # the main process dies with the host (pdeathsig), and the host, started again, kills
+    # what that process had started before its agents register.
+    marker = f"{time.monotonic_ns() % 10**6}.5"  # a sleep only this test runs
+    script = f"sleep 3{marker} & exec sleep 4{marker}"  # the exec'd sleep leads the group
+    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2) as fed:
+        tasks = []
+        for _ in range(2):
+            task = common_pb2.Task(process=common_pb2.ProcessExecutor(args=["sh", "-c", script]))
+            task.resources.cpu_milli, task.resources.memory_mb = 1000, 256
+            tasks.append(task)
+        reply = await fed.gm().submit(tasks)
+        deadline = time.monotonic() + 10
+        while len(first := _pids_running(f"sleep [34]{marker}")) < 4:
+            assert time.monotonic() < deadline, f"the tasks never started: {first}"
+            await asyncio.sleep(0.1)
+        leaders = _pids_running(f"sleep 4{marker}")
+        fed.children.kill("workers-lm-1")
+        await asyncio.sleep(0.5)
+        assert not _pids_running(f"sleep 4{marker}") & leaders  # died with the host
+        fed.children.restart("workers-lm-1")
+        # The host says so once what its tasks left is gone, before its agents register.
+        swept = "killed what the tasks of this host's last life left running"
+        deadline = time.monotonic() + 20
+        while swept not in fed.log("workers-lm-1") and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert not _pids_running(f"sleep [34]{marker}") & first, "a first attempt still runs"
+        assert swept in fed.log("workers-lm-1")
+        # The tasks were lost with the host and are queued again as their next attempt.
+        deadline = time.monotonic() + 20
+        while set(fed.events.states(common_pb2.TASK_STATE_LOST)) != set(reply.task_ids):
+            assert time.monotonic() < deadline, "the tasks were never taken for lost"
+            await asyncio.sleep(0.1)
+
+
 async def test_an_lm_killed_and_restarted_takes_back_what_its_workers_run(tmp_path):
     async with Federation(tmp_path, gms=1, lms=2, workers_per_lm=4) as fed:
         warm = await fed.gm().submit(sim_tasks(150, 0.01))  # a first life of many versions

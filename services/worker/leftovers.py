@@ -1,0 +1,131 @@
+"""What a crashed worker host's tasks left running, and how the next start ends it.
+
+Each process task runs in a process group of its own (``ProcessExecutor``), in a session
+of its own, so a worker host that dies (``kill -9``, the OOM killer) does not take its
+tasks' processes with it: the main process of each task dies with the host (it is
+started under ``setpriv --pdeathsig KILL``), but whatever that process started itself
+goes on, reparented to init. Meanwhile the LM re-queues those tasks, and they run again
+somewhere else: twice at once.
+
+So a host notes each task's group in a small file (``GroupLedger``: an append-only log of
+``+ pgid start-ticks`` and ``- pgid`` lines), and a host that starts kills every group the
+file still names, before its agents register (and so before the LM hears that their
+tasks are gone). A group id is only killed while the process that leads it, if it still
+runs, is the one noted (its start time in clock ticks), so a reused pid is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+log = logging.getLogger("megha.worker")
+
+GONE_WAIT_S = 2.0  # how long a start waits for the killed groups to be gone
+COMPACT_AFTER = 10_000  # log lines past which the file is rewritten with the live groups
+
+
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (/proc); None if it does not run."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[19])  # field 22 of stat(5); fields[0] here is field 3 (state)
+
+
+class GroupLedger:
+    """The process groups of the tasks a worker host runs, on disk."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._live: dict[int, int] = {}
+        self._lines = 0
+        self._file = None
+
+    def sweep(self) -> int:
+        """Kill the groups a former life of this host left running; start a new log.
+        Returns how many groups were killed."""
+        noted: dict[int, int] = {}
+        with contextlib.suppress(FileNotFoundError):
+            for line in self.path.read_text().splitlines():
+                op, *values = line.split()
+                try:
+                    if op == "+":
+                        noted[int(values[0])] = int(values[1])
+                    elif op == "-":
+                        noted.pop(int(values[0]), None)
+                except (IndexError, ValueError):
+                    continue  # a line cut short by the crash
+        killed = [pgid for pgid, ticks in noted.items() if _kill_group(pgid, ticks)]
+        deadline = time.monotonic() + GONE_WAIT_S
+        while killed and time.monotonic() < deadline and any(map(_group_exists, killed)):
+            time.sleep(0.01)
+        if killed:
+            log.warning(
+                "killed what the tasks of this host's last life left running",
+                extra={"groups": len(killed), "ledger": str(self.path)},
+            )
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "w", buffering=1)  # noqa: SIM115 (lives with the host)
+        return len(killed)
+
+    def add(self, pgid: int) -> None:
+        ticks = start_ticks(pgid)
+        if ticks is None or self._file is None:
+            return
+        self._live[pgid] = ticks
+        self._write(f"+ {pgid} {ticks}\n")
+
+    def remove(self, pgid: int) -> None:
+        if self._live.pop(pgid, None) is not None:
+            self._write(f"- {pgid}\n")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def _write(self, line: str) -> None:
+        assert self._file is not None
+        self._file.write(line)  # line-buffered: in the kernel at once, safe from a kill -9
+        self._lines += 1
+        if self._lines > COMPACT_AFTER:
+            self._compact()
+
+    def _compact(self) -> None:
+        assert self._file is not None
+        fresh = self.path.with_suffix(self.path.suffix + ".new")
+        fresh.write_text("".join(f"+ {pgid} {ticks}\n" for pgid, ticks in self._live.items()))
+        os.replace(fresh, self.path)
+        self._file.close()
+        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115
+        self._lines = len(self._live)
+
+
+def _kill_group(pgid: int, ticks: int) -> bool:
+    """SIGKILL the group ``pgid`` if it still runs and is the one noted."""
+    if not _group_exists(pgid):
+        return False
+    leader = start_ticks(pgid)
+    if leader is not None and leader != ticks:
+        return False  # the pid was reused: another process leads a group of that id
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+        return True
+    return False
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
