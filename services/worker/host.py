@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import tempfile
 from pathlib import Path
 from types import TracebackType
@@ -53,7 +54,8 @@ class WorkerHost:
         self._run_task: asyncio.Task[None] | None = None
         # One file per host of one federation on this machine (prefix, LM, first node).
         name = f"{config.exchange_prefix}-{self.target}-{self.node_ids[0]}".replace(":", "_")
-        self._ledger = GroupLedger(Path(tempfile.gettempdir()) / "megha" / f"{name}.groups")
+        ledgers = Path(tempfile.gettempdir()) / f"megha-{os.getuid()}"
+        self._ledger = GroupLedger(ledgers / f"{name}.groups")
         self._shutdown_task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> WorkerHost:

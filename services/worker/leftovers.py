@@ -52,7 +52,7 @@ class GroupLedger:
         """Kill the groups a former life of this host left running; start a new log.
         Returns how many groups were killed."""
         noted: dict[int, int] = {}
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # none yet, or unreadable: nothing to kill
             for line in self.path.read_text().splitlines():
                 op, *values = line.split()
                 try:
@@ -71,8 +71,14 @@ class GroupLedger:
                 "killed what the tasks of this host's last life left running",
                 extra={"groups": len(killed), "ledger": str(self.path)},
             )
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "w", buffering=1)  # noqa: SIM115 (lives with the host)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "w", buffering=1)  # noqa: SIM115 (lives with the host)
+        except OSError as err:
+            log.warning(
+                "cannot note the tasks' process groups; after a crash of this host they may run on",
+                extra={"ledger": str(self.path), "error": str(err)},
+            )
         return len(killed)
 
     def add(self, pgid: int) -> None:

@@ -65,3 +65,11 @@ def test_the_log_is_rewritten_with_the_live_groups_once_long(tmp_path, monkeypat
         ledger.add(os.getpid())
     ledger.close()
     assert path.read_text().splitlines() == [f"+ {os.getpid()} {start_ticks(os.getpid())}"]
+
+
+def test_a_ledger_it_cannot_write_leaves_the_host_running(tmp_path):
+    (tmp_path / "file").write_text("")
+    ledger = GroupLedger(tmp_path / "file" / "host.groups")  # under a file: cannot be
+    assert ledger.sweep() == 0
+    ledger.add(os.getpid())  # noted nowhere, and no error
+    ledger.remove(os.getpid())
