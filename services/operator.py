@@ -329,6 +329,11 @@ async def _submit(client: GlobalMasterClient, args, config: FederationConfig) ->
 _ROUTINE = {"queued", "placed", "running", "succeeded"}
 
 
+def _by_state(counts: Counter[str]) -> str:
+    """'52 succeeded, 8 running': how many tasks are in each state, most first."""
+    return ", ".join(f"{n} {state}" for state, n in counts.most_common() if n)
+
+
 async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
     """Print a job's events until it ends, through GM restarts (``client.follow``). A job
     of over ``JOB_ROWS`` tasks prints only the events that are not routine, a progress
@@ -345,8 +350,8 @@ async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
 
     def line() -> str:
         ended = sum(counts[s] for s in ("succeeded", "failed", "rejected"))
-        states = ", ".join(f"{n} {s}" for s, n in counts.most_common() if n)
-        return f"job {job_id} {bar(ended / len(task_ids))} {ended}/{len(task_ids)} ended: {states}"
+        progressed = f"{bar(ended / len(task_ids))} {ended}/{len(task_ids)}"
+        return f"job {job_id} {progressed} ended: {_by_state(counts)}"
 
     failed = False
     try:
@@ -370,8 +375,7 @@ async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
         return 1
     progress.done()
     if big:
-        states = ", ".join(f"{n} {s}" for s, n in counts.most_common() if n)
-        print(f"job {job_id}: {len(task_ids)} tasks: {states}")
+        print(f"job {job_id}: {len(task_ids)} tasks: {_by_state(counts)}")
     return 1 if failed else 0
 
 
@@ -380,8 +384,7 @@ async def _job(client: GlobalMasterClient, args) -> int:
         return await _follow(client, args.job_id)
     job = await client.job(args.job_id)
     counts = Counter(STATE_NAMES.get(t.state, "?") for t in job.tasks)
-    summary = ", ".join(f"{n} {state}" for state, n in counts.most_common())
-    print(f"job {job.job_id} (queue {job.queue}): {len(job.tasks)} tasks: {summary}")
+    print(f"job {job.job_id} (queue {job.queue}): {len(job.tasks)} tasks: {_by_state(counts)}")
     rows = list(job.tasks)
     if not args.all and len(rows) > JOB_ROWS:
         # The tasks worth a look first: those that have not succeeded.

@@ -1,0 +1,205 @@
+"""Failure probes against a private federation (the integration tests' harness): each
+starts one, does something unkind to it, and prints what became of the tasks.
+
+Run from the repository root, with RabbitMQ up:
+
+    python scripts/probes.py unreachable-lm [--tasks 160] [--no-drop]
+        the GM cannot reach lm-1 (iptables DROP; root only) while lm-1's heartbeats still
+        arrive through RabbitMQ: how long do tasks wait, and where do they run?
+    python scripts/probes.py frozen-gm [--seconds 15]
+        gm-1 stopped (SIGSTOP) while its queue holds more than fits, then resumed
+    python scripts/probes.py frozen-broker [--seconds 15]
+        RabbitMQ's beam.smp stopped, then resumed (it stops the broker for everyone)
+    python scripts/probes.py big-job [--tasks 100000]
+        one job of many 1 ms tasks: throughput, memory of each process, GetJob's size
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness is in tests/
+
+from services._proto.megha.v1 import common_pb2
+from tests.integration.harness import Federation, sim_tasks
+
+RUNNING, SUCCEEDED = common_pb2.TASK_STATE_RUNNING, common_pb2.TASK_STATE_SUCCEEDED
+DETOUR = "127.0.0.3"  # the address the GM dials lm-1 at in unreachable-lm
+
+
+def _federation(name: str, **kwargs) -> Federation:
+    return Federation(Path(tempfile.mkdtemp(prefix=f"probe-{name}-")), **kwargs)
+
+
+async def _report(fed: Federation, ids: set[str], job_id: str) -> None:
+    """Did every task succeed once, and do both GMs and the books agree?"""
+    try:
+        await fed.events.wait_succeeded(ids, timeout_s=120)
+    except AssertionError as err:
+        print(f"  NOT ALL SUCCEEDED: {err}")
+    await asyncio.sleep(3)
+    runs = Counter((e.task_id, e.attempt) for e in fed.events.events if e.state == RUNNING)
+    succeeded = Counter(e.task_id for e in fed.events.events if e.state == SUCCEEDED)
+    print(f"  tasks {len(ids)}, succeeded {len(succeeded)}")
+    print(
+        f"  most runs of one attempt {max(runs.values(), default=0)}, "
+        f"most successes of one task {max(succeeded.values(), default=0)}"
+    )
+    for gm in fed.config.gms:
+        job = await fed.gm(gm.id).job(job_id)
+        states = Counter(common_pb2.TaskState.Name(t.state) for t in job.tasks)
+        print(f"  {gm.id} GetJob: {dict(states)}")
+    for name in fed.children.procs:
+        lines = fed.log(name).splitlines()
+        warned = [line for line in lines if '"warning"' in line or '"error"' in line]
+        print(f"  {name}: {len(warned)} warnings or errors")
+    await fed.assert_books_balanced()
+    print("  books balanced")
+
+
+async def frozen_gm(seconds: float) -> None:
+    async with _federation("frozen-gm", gms=2, lms=2, workers_per_lm=2) as fed:
+        reply = await fed.gm("gm-1").submit(sim_tasks(40, 1.0, cpu_milli=2000))
+        await asyncio.sleep(0.5)
+        gm = fed.children.procs["gm-gm-1"]
+        gm.send_signal(signal.SIGSTOP)
+        try:
+            other = await fed.gm("gm-2").submit(sim_tasks(8, 0.5))
+            await asyncio.sleep(seconds)
+        finally:
+            gm.send_signal(signal.SIGCONT)
+        print(f"gm-1 stopped for {seconds:g} s")
+        await _report(fed, set(reply.task_ids) | set(other.task_ids), reply.job_id)
+
+
+async def frozen_broker(seconds: float) -> None:
+    found = subprocess.run(["pgrep", "-f", "beam.smp"], capture_output=True, text=True)
+    beam = int(found.stdout.split()[0])
+    async with _federation("frozen-broker", gms=2, lms=2, workers_per_lm=2) as fed:
+        reply = await fed.gm("gm-1").submit(sim_tasks(40, 1.0, cpu_milli=2000))
+        await asyncio.sleep(0.5)
+        os.kill(beam, signal.SIGSTOP)
+        began = time.monotonic()
+        try:
+            try:
+                late = await asyncio.wait_for(fed.gm("gm-2").submit(sim_tasks(8, 0.5)), 5)
+                print(f"  a submission while stopped: accepted, {len(late.task_ids)} tasks")
+            except Exception as err:  # TimeoutError, or the GM's own answer
+                late = None
+                print(f"  a submission while stopped: {type(err).__name__}")
+            await asyncio.sleep(max(0.0, seconds - (time.monotonic() - began)))
+        finally:
+            os.kill(beam, signal.SIGCONT)
+        print(f"RabbitMQ stopped for {seconds:g} s")
+        ids = set(reply.task_ids) | (set(late.task_ids) if late else set())
+        await _report(fed, ids, reply.job_id)
+
+
+async def unreachable_lm(drop: bool, tasks: int) -> None:
+    async with _federation("unreachable", gms=1, lms=2, workers_per_lm=4) as fed:
+        port = fed.config.lm("lm-1").port
+        data = yaml.safe_load(fed.config_path.read_text())
+        for lm in data["lms"]:
+            if lm["id"] == "lm-1":
+                lm["host"], lm["bind"] = DETOUR, "0.0.0.0"
+        detour = fed.dir / "detour.yaml"
+        detour.write_text(yaml.safe_dump(data))
+        # lm-1 listens on every address, the GM dials the detour, the workers 127.0.0.1.
+        for name in ("lm-lm-1", "gm-gm-1"):
+            argv = [
+                str(detour) if a == str(fed.config_path) else a for a in fed.children.argv[name]
+            ]
+            fed.children.kill(name)
+            fed.children.start(name, argv)
+        await asyncio.sleep(4)
+        rule = ["OUTPUT", "-d", DETOUR, "-p", "tcp", "--dport", str(port), "-j", "DROP"]
+        if drop:
+            subprocess.run(["iptables", "-I", *rule], check=True)
+        try:
+            for _ in range(100):
+                try:
+                    await fed.gm().cluster()
+                    break
+                except Exception:
+                    await asyncio.sleep(0.2)
+            await asyncio.sleep(2)
+            began = time.monotonic()
+            ids: set[str] = set()
+            for _ in range(10):
+                reply = await fed.gm().submit(sim_tasks(tasks // 10, 0.2))
+                ids |= set(reply.task_ids)
+                await asyncio.sleep(1.0)
+            await fed.events.wait_succeeded(ids, timeout_s=120)
+            took = time.monotonic() - began
+        finally:
+            if drop:
+                subprocess.run(["iptables", "-D", *rule], check=True)
+        ended = [e for e in fed.events.events if e.state == SUCCEEDED and e.task_id in ids]
+        spans = sorted(
+            (e.timestamps.finished_unix_nanos - e.timestamps.submitted_unix_nanos) / 1e9
+            for e in ended
+        )
+        print(f"lm-1 unreachable from the GM: {drop}")
+        print(f"  {len(ids)} tasks in {took:.1f} s, by LM {dict(Counter(e.lm_id for e in ended))}")
+        print(
+            f"  submit to finish: p50 {spans[len(spans) // 2]:.2f} s, max {spans[-1]:.2f} s, "
+            f"{sum(s > 2 for s in spans)} over 2 s"
+        )
+        print(f"  GM launches that failed: {fed.log('gm-gm-1').count('launch failed')}")
+
+
+async def big_job(tasks: int) -> None:
+    async with _federation(
+        "big-job", gms=1, lms=2, workers_per_lm=16, capacity="cpu=16,mem=32Gi"
+    ) as fed:
+        began = time.monotonic()
+        reply = await fed.gm().submit(sim_tasks(tasks, 0.001, cpu_milli=500))
+        print(f"{tasks} tasks submitted in {time.monotonic() - began:.1f} s")
+        await fed.events.wait_succeeded(set(reply.task_ids), timeout_s=900)
+        took = time.monotonic() - began
+        print(f"  all succeeded in {took:.1f} s ({tasks / took:.0f} tasks/s)")
+        for name, proc in fed.children.procs.items():
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+            rss_mb = int(status.split("VmRSS:")[1].split()[0]) // 1024
+            print(f"  {name}: RSS {rss_mb} MB")
+        began = time.monotonic()
+        job = await fed.gm().job(reply.job_id)
+        print(
+            f"  GetJob: {len(job.tasks)} tasks, {job.ByteSize() / 1e6:.1f} MB, "
+            f"{time.monotonic() - began:.2f} s"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    probes = parser.add_subparsers(dest="probe", required=True)
+    unreachable = probes.add_parser("unreachable-lm")
+    unreachable.add_argument("--tasks", type=int, default=160)
+    unreachable.add_argument("--no-drop", action="store_true", help="leave lm-1 reachable")
+    for name in ("frozen-gm", "frozen-broker"):
+        probes.add_parser(name).add_argument("--seconds", type=float, default=15.0)
+    probes.add_parser("big-job").add_argument("--tasks", type=int, default=100_000)
+    args = parser.parse_args()
+    if args.probe == "unreachable-lm":
+        asyncio.run(unreachable_lm(not args.no_drop, args.tasks))
+    elif args.probe == "frozen-gm":
+        asyncio.run(frozen_gm(args.seconds))
+    elif args.probe == "frozen-broker":
+        asyncio.run(frozen_broker(args.seconds))
+    else:
+        asyncio.run(big_job(args.tasks))
+
+
+if __name__ == "__main__":
+    main()
