@@ -54,8 +54,8 @@ class GroupLedger:
         noted: dict[int, int] = {}
         with contextlib.suppress(OSError):  # none yet, or unreadable: nothing to kill
             for line in self.path.read_text().splitlines():
-                op, *values = line.split()
                 try:
+                    op, *values = line.split()
                     if op == "+":
                         noted[int(values[0])] = int(values[1])
                     elif op == "-":

@@ -29,7 +29,7 @@ def test_a_new_life_kills_the_groups_the_last_one_left_and_only_those(tmp_path):
         first.remove(ended.pid)  # its task ended: not the next life's business
         # A crash: the file is not closed, and its last line is cut short.
         with open(path, "a") as log:
-            log.write("+ 12")
+            log.write("\n+ 12")
         assert GroupLedger(path).sweep() == 1
         left.wait(5)
         assert not _alive(left.pid) and _alive(ended.pid)
