@@ -153,7 +153,7 @@ async def test_a_refused_jobs_launch_that_comes_back_rejected_ends_at_once():
         task.resources.cpu_milli = 100
         gm.jobs.queued(task)
         item = Pending(task, parse_task(task, 21), Batch(None, remaining=1, cancelled=True))
-        gm._rejected(item, PlacementStatus.REJECTED_RESOURCES, "node 0 is full")
+        gm._rejected("lm-1", item, PlacementStatus.REJECTED_RESOURCES, "node 0 is full")
         assert gm.queues.pending(queue) == 0
         assert (await client.job("gone")).tasks[0].state == common_pb2.TASK_STATE_REJECTED
         assert gm.jobs.taken("gone", [task]) == set()  # a retry queues it again
