@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import Any, TypeVar
 
 import aio_pika
 import grpc
@@ -47,6 +47,7 @@ from loadgen.queues import (
     summary_queues,
 )
 from loadgen.queues import render as render_queues
+from loadgen.sim.engine import Progress
 from services._proto.megha.v1 import common_pb2
 from services.client import GlobalMasterClient
 from services.common.bus import RabbitBus
@@ -372,36 +373,14 @@ class LoadOffer:
 
 
 # ------------------------------------------------------------------------ progress
-class Progress:
-    """One line, rewritten ~2x per second on a terminal; a plain line per second otherwise."""
-
-    def __init__(self, stream: TextIO | None = None) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._dirty = False
-
-    async def run(self, line: Callable[[], str]) -> None:
-        period = 0.5 if self.tty else 1.0
-        try:
-            while True:
-                await asyncio.sleep(period)
-                self.show(line())
-        finally:
-            self.done()
-
-    def show(self, text: str) -> None:
-        if self.tty:
-            self.stream.write(f"\r{text}\x1b[K")
-            self._dirty = True
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
-
-    def done(self) -> None:
-        if self._dirty:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._dirty = False
+async def _keep_showing(progress: Progress, line: Callable[[], str]) -> None:
+    """Redraw the progress line until cancelled (``Progress`` paces the redraws)."""
+    try:
+        while True:
+            await asyncio.sleep(0.5)
+            progress.show(line)
+    finally:
+        progress.done()
 
 
 # --------------------------------------------------------------------------- the run
@@ -590,7 +569,7 @@ async def _measure(
 
     async with bus:
         await bus.subscribe_topic(EVENT_EXCHANGE, "task.#", on_batch)
-        reporter = asyncio.create_task(progress.run(line))
+        reporter = asyncio.create_task(_keep_showing(progress, line))
         meter = CpuMeter({"loadgen": os.getpid()} | {n: p.pid for n, p in children.procs.items()})
         meter.start()
         began = time.monotonic()
