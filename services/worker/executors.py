@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services._proto.megha.v1 import common_pb2
-from services.worker.leftovers import GroupLedger
+from services.worker.leftovers import GroupLedger, group_running
 
 SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
 FAILED = common_pb2.TASK_STATE_FAILED
@@ -227,31 +227,8 @@ async def _group_gone(pgid: int, limit_s: float = 1.0) -> None:
     """Wait (bounded) until no process of the group still runs, so a kill is over when
     the executor returns; zombies count as gone (their parent may be slow to reap)."""
     deadline = time.monotonic() + limit_s
-    while _group_running(pgid) and time.monotonic() < deadline:
+    while group_running(pgid) and time.monotonic() < deadline:
         await asyncio.sleep(0.01)
-
-
-def _group_running(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if not os.path.isdir("/proc"):
-        return True  # no cheap way to tell zombies apart: wait out the limit
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as stat:
-                fields = stat.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        # After the command name: state, ppid, pgrp.
-        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            return True
-    return False
 
 
 def _exit_code(returncode: int | None) -> int:

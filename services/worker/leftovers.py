@@ -29,14 +29,39 @@ GONE_WAIT_S = 2.0  # how long a start waits for the killed groups to be gone
 COMPACT_AFTER = 10_000  # log lines past which the file is rewritten with the live groups
 
 
-def start_ticks(pid: int) -> int | None:
-    """When ``pid`` started, in clock ticks since boot (/proc); None if it does not run."""
+def _stat(pid: int | str) -> list[bytes] | None:
+    """/proc/<pid>/stat from field 3 (state) on, past the command name; None if gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
+            return stat.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return int(fields[19])  # field 22 of stat(5); fields[0] here is field 3 (state)
+
+
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (/proc); None if it does not run."""
+    fields = _stat(pid)
+    return None if fields is None else int(fields[19])  # field 22 of stat(5)
+
+
+def group_running(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs; zombies count as gone (their
+    parent may be slow to reap them)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if not os.path.isdir("/proc"):
+        return True  # no cheap way to tell zombies apart
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            fields = _stat(entry.name)
+            # fields: state, ppid, pgrp, ...
+            if fields is not None and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+                return True
+    return False
 
 
 class GroupLedger:
@@ -64,7 +89,7 @@ class GroupLedger:
                     continue  # a line cut short by the crash
         killed = [pgid for pgid, ticks in noted.items() if _kill_group(pgid, ticks)]
         deadline = time.monotonic() + GONE_WAIT_S
-        while killed and time.monotonic() < deadline and any(map(_group_exists, killed)):
+        while killed and time.monotonic() < deadline and any(map(group_running, killed)):
             time.sleep(0.01)
         if killed:
             log.warning(
@@ -116,7 +141,7 @@ class GroupLedger:
 
 def _kill_group(pgid: int, ticks: int) -> bool:
     """SIGKILL the group ``pgid`` if it still runs and is the one noted."""
-    if not _group_exists(pgid):
+    if not group_running(pgid):
         return False
     leader = start_ticks(pgid)
     if leader is not None and leader != ticks:
@@ -125,13 +150,3 @@ def _kill_group(pgid: int, ticks: int) -> bool:
         os.killpg(pgid, signal.SIGKILL)
         return True
     return False
-
-
-def _group_exists(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
