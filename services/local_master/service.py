@@ -448,7 +448,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         node = self.state.table.index_of(request.node_id)
         if node is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown node {request.node_id}")
-        accepted = sum([self._on_report(node, r) for r in request.reports])
+        accepted = 0
+        for report in request.reports:
+            accepted += await self._on_report(node, report)
         return local_master_pb2.ReportTaskResponse(accepted=accepted)
 
     async def LookupTasks(self, request, context):
@@ -478,9 +480,11 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
     async def _on_heartbeat(self, session: WorkerSession, beat) -> None:
         session.last_seen = time.monotonic()
         for report in beat.reports:
-            self._on_report(session.node, report)
+            await self._on_report(session.node, report)
+        if beat.leaving and self.state.table.is_alive(session.node):
+            await self.mark_dead(session.node, f"its worker {session.node_id} shut down")
 
-    def _on_report(self, node: int, report) -> bool:
+    async def _on_report(self, node: int, report) -> bool:
         task = self.tasks.get(report.task_id)
         allocation = self.state.allocations.get(report.task_id)
         if task is None or allocation is None or allocation.node != node:
@@ -490,6 +494,12 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         if report.state == common_pb2.TASK_STATE_RUNNING and task.timestamps.started_unix_nanos:
             return True  # a reconnecting worker's inventory: already known to run
         task.timestamps.MergeFrom(report.timestamps)
+        if report.state == common_pb2.TASK_STATE_LOST:
+            # The worker killed it, going away (a graceful stop): queued again now, not
+            # once the watchdog takes the node for dead.
+            self.state.release(report.task_id)
+            await self._requeue(allocation, report.state, report.message)
+            return True
         if report.state in TERMINAL:
             self.state.release(report.task_id)
             del self.tasks[report.task_id]

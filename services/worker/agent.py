@@ -381,6 +381,7 @@ class WorkerAgent:
                     node_index=self.node_index or 0,
                     sent_unix_nanos=time.time_ns(),
                     reports=reports,
+                    leaving=closing,
                 )
             )
             now = time.monotonic()

@@ -321,6 +321,30 @@ async def test_a_worker_host_killed_and_back_at_once_gets_its_tasks_rerun(tmp_pa
         await fed.assert_books_balanced()
 
 
+async def test_a_worker_host_shut_down_gives_its_tasks_back_at_once(tmp_path):
+    # A graceful stop (compose stop, a scale-down, a rolling upgrade) kills the host's
+    # tasks and reports them LOST. The LM used to note the event and keep the tasks booked
+    # until its watchdog took the host for dead, worker_timeout_s later (here 30 s).
+    async with Federation(tmp_path, gms=1, lms=2, workers_per_lm=4, worker_timeout_s=30) as fed:
+        reply = await fed.gm().submit(sim_tasks(8, 5.0, cpu_milli=4000))
+        deadline = time.monotonic() + 10
+        while len(fed.events.nodes_of(RUNNING)) < 8:
+            assert time.monotonic() < deadline, "the tasks never all ran"
+            await asyncio.sleep(0.05)
+        gone = {t for t, n in fed.events.nodes_of(RUNNING).items() if n.startswith("lm-1-")}
+        assert gone
+        fed.children.kill("workers-lm-1", signal.SIGTERM)
+        stopped = time.monotonic()
+        while {e.task_id for e in fed.events.events if e.state == RUNNING and e.attempt} != gone:
+            assert time.monotonic() - stopped < 10, "the lost tasks were not run again at once"
+            await asyncio.sleep(0.05)
+        await fed.events.wait_succeeded(set(reply.task_ids), timeout_s=30)
+        lost = Counter(
+            e.task_id for e in fed.events.events if e.state == common_pb2.TASK_STATE_LOST
+        )
+        assert lost == dict.fromkeys(gone, 1)  # one LOST event each
+
+
 def _pids_running(marker: str) -> set[int]:
     found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
     return {int(pid) for pid in found.split()}

@@ -606,9 +606,15 @@ class WorkerHeartbeat(_message.Message):
     NODE_INDEX_FIELD_NUMBER: _builtins.int
     SENT_UNIX_NANOS_FIELD_NUMBER: _builtins.int
     REPORTS_FIELD_NUMBER: _builtins.int
+    LEAVING_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     node_index: _builtins.int
     sent_unix_nanos: _builtins.int
+    leaving: _builtins.bool
+    """Set on the last heartbeat of a worker that is shutting down (its tasks were killed
+    and reported LOST above): the LM takes the node out at once, not once it has been
+    silent for worker_timeout_s, so nothing more is placed there.
+    """
     @_builtins.property
     def reports(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskReport]:
         """Task changes since the previous heartbeat."""
@@ -620,10 +626,11 @@ class WorkerHeartbeat(_message.Message):
         node_index: _builtins.int = ...,
         sent_unix_nanos: _builtins.int = ...,
         reports: _abc.Iterable[Global___TaskReport] | None = ...,
+        leaving: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "node_index", b"node_index", "reports", b"reports", "sent_unix_nanos", b"sent_unix_nanos"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leaving", b"leaving", "node_id", b"node_id", "node_index", b"node_index", "reports", b"reports", "sent_unix_nanos", b"sent_unix_nanos"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
