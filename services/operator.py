@@ -345,10 +345,10 @@ async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
             task_ids = [t.task_id for t in (await client.job(job_id)).tasks]
     big = len(task_ids) > JOB_ROWS
     progress = Progress(enabled=big)
-    latest: dict[str, str] = {}
-    counts: Counter[str] = Counter()
+    latest: dict[str, str] = {}  # task -> its state now
 
     def line() -> str:
+        counts = Counter(latest.values())  # only when the line is drawn
         ended = sum(counts[s] for s in ("succeeded", "failed", "rejected"))
         progressed = f"{bar(ended / len(task_ids))} {ended}/{len(task_ids)}"
         return f"job {job_id} {progressed} ended: {_by_state(counts)}"
@@ -358,10 +358,7 @@ async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
         async for event in client.follow(job_id, task_ids):
             state = STATE_NAMES.get(event.state, "?")
             failed |= state in ("failed", "rejected")
-            if event.task_id in latest:
-                counts[latest[event.task_id]] -= 1
             latest[event.task_id] = state
-            counts[state] += 1
             if big and state in _ROUTINE:
                 progress.show(line)
                 continue
@@ -375,7 +372,7 @@ async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
         return 1
     progress.done()
     if big:
-        print(f"job {job_id}: {len(task_ids)} tasks: {_by_state(counts)}")
+        print(f"job {job_id}: {len(task_ids)} tasks: {_by_state(Counter(latest.values()))}")
     return 1 if failed else 0
 
 

@@ -239,9 +239,9 @@ class GlobalView:
             view.inflight, view.ended, view.unanswered = old.inflight, old.ended, old.unanswered
             view.restarted_at = old.restarted_at
         else:
+            # What this GM learnt about an earlier life (its node rows may now be other
+            # nodes) would only corrupt the new books; launches still out are answered.
             view.restarted_at = now
-        # else: what this GM learnt about an earlier life (its node rows may now be other
-        # nodes) would only corrupt the new books; launches still out are answered anyway.
         self.lms[snapshot.lm_id] = view
         self._reconcile(view, snapshot, now)
 

@@ -38,7 +38,6 @@ from services.common.bus import Bus, Delivery
 from services.common.config import FederationConfig
 from services.common.convert import (
     InvalidTask,
-    next_attempt,
     parse_task,
     placement_status_from_proto,
     resources_to_proto,
@@ -53,7 +52,13 @@ from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
 from services.global_master.jobs import JobBook
 from services.global_master.predictions import LifetimePredictions
-from services.local_master.service import ENDED, EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, user_queue
+from services.local_master.service import (
+    ENDED,
+    EVENT_EXCHANGE,
+    HEARTBEAT_EXCHANGE,
+    enqueue_next_attempt,
+    user_queue,
+)
 
 log = logging.getLogger("megha.gm")
 
@@ -737,9 +742,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             del self._unstarted[task_id]
             task = unstarted[2]
             self._event(task, common_pb2.TASK_STATE_LOST, f"{lm_id} restarted before it started")
-            again = next_attempt(task, time.time_ns())
-            batch = common_pb2.TaskBatch(job_id=again.job_id, queue=again.queue, tasks=[again])
-            await self.bus.enqueue(user_queue(again.queue), batch.SerializeToString())
+            await enqueue_next_attempt(self.bus, task)
             log.warning("re-queued a task its LM lost", extra={"lm": lm_id, "task_id": task_id})
 
     def _reported_shares(self) -> dict[str, float]:

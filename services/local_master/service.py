@@ -79,6 +79,14 @@ def user_queue(queue: str) -> str:
     return f"user.{queue}"
 
 
+async def enqueue_next_attempt(bus: Bus, task: common_pb2.Task) -> None:
+    """Put ``task``'s next attempt in its user queue (the LM's re-queue of a lost or
+    preempted task, and the GM's of one an LM lost before it started)."""
+    again = next_attempt(task, time.time_ns())
+    batch = common_pb2.TaskBatch(job_id=again.job_id, queue=again.queue, tasks=[again])
+    await bus.enqueue(user_queue(again.queue), batch.SerializeToString())
+
+
 @dataclass(eq=False)
 class WorkerSession:
     """An attached worker: the commands waiting for its stream, and when we last heard."""
@@ -565,9 +573,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             return
         self._event(task, state, allocation.node, reason)
         task.attempt = allocation.attempt
-        task = next_attempt(task, time.time_ns())
-        batch = common_pb2.TaskBatch(job_id=task.job_id, queue=task.queue, tasks=[task])
-        await self.bus.enqueue(user_queue(task.queue), batch.SerializeToString())
+        await enqueue_next_attempt(self.bus, task)
 
     def _event_of(
         self, task: common_pb2.Task, state: int, node: int, reason: str = ""
@@ -657,6 +663,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         failing = False
         while True:
             await asyncio.sleep(FLUSH_S)
+            if not self._unjournaled:
+                continue  # no thread hop for nothing
             batch, self._unjournaled = self._unjournaled, []
             try:
                 await asyncio.to_thread(self.journal.append, batch)

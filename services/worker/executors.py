@@ -103,6 +103,8 @@ class ProcessExecutor:
         self.kill_grace_s = kill_grace_s
         # Where the host notes each task's group, for its next life to kill after a crash.
         self.ledger = ledger
+        # Found out here, at start-up, not by a blocking call in the first task's spawn.
+        self._prefix = _die_with_worker()
 
     async def run(self, task: common_pb2.Task) -> ExecutionResult:
         spec = task.process
@@ -110,7 +112,7 @@ class ProcessExecutor:
         if not args:
             return ExecutionResult.failed(EXIT_NOT_FOUND, "process task has no args to run")
         try:
-            proc = await _spawn([*_die_with_worker(), *args], {**os.environ, **spec.env})
+            proc = await _spawn([*self._prefix, *args], {**os.environ, **spec.env})
         except FileNotFoundError:
             return ExecutionResult.failed(EXIT_NOT_FOUND, f"cannot run {args[0]!r}: not found")
         except PermissionError:
