@@ -1,5 +1,6 @@
-"""What the LM's journal of ended tasks costs: writing endings, the file's size, and how
-long a restarted LM takes to read it back (the LM serves nothing until it has).
+"""What the LM's journal costs: writing each task as accepted (before the LM answers a
+launch) and its ending, the file's size, and how long a restarted LM takes to read it
+back (the LM serves nothing until it has).
 
     python scripts/journal_bench.py --endings 1000000
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from services._proto.megha.v1 import common_pb2
 from services.core.cluster_state import ENDED_KEPT, ClusterState
-from services.local_master.journal import EndingsJournal
+from services.local_master.journal import TaskJournal
 from services.local_master.service import ENDINGS_KEPT
 
 
@@ -32,34 +33,62 @@ def _event(i: int, now: int) -> common_pb2.TaskEvent:
     return event
 
 
+def _task(event: common_pb2.TaskEvent) -> common_pb2.Task:
+    """The task as the LM accepted it: what a launch carries, with the LM's stamps."""
+    task = common_pb2.Task(
+        task_id=event.task_id, job_id=event.job_id, queue=event.queue, expected_duration_s=60
+    )
+    task.resources.cpu_milli, task.resources.memory_mb = 1000, 2048
+    task.process.args.extend(["python", "-c", "import time; time.sleep(60)"])
+    task.timestamps.CopyFrom(event.timestamps)
+    return task
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--endings", type=int, default=ENDED_KEPT, help="endings to write")
     parser.add_argument("--batch", type=int, default=200, help="endings per append (one flush)")
+    parser.add_argument(
+        "--launch", type=int, default=8, help="tasks accepted per write (one launch request)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "lm.journal"
-        journal = EndingsJournal(path, ENDED_KEPT, ENDINGS_KEPT)
+        journal = TaskJournal(path, ENDED_KEPT, ENDINGS_KEPT)
         now = time.time_ns()
         events = [_event(i, now) for i in range(args.endings)]
-        began = time.perf_counter()
+        tasks = [_task(e) for e in events]
+        accepting = ending = 0.0
         for start in range(0, len(events), args.batch):
+            began = time.perf_counter()
+            for first in range(start, min(start + args.batch, len(tasks)), args.launch):
+                journal.accept(tasks[first : min(first + args.launch, start + args.batch)])
+            accepting += time.perf_counter() - began
+            began = time.perf_counter()
             journal.append(events[start : start + args.batch])
-        wrote = time.perf_counter() - began
+            ending += time.perf_counter() - began
+        unfinished = [_task(_event(args.endings + i, now)) for i in range(args.launch * 100)]
+        journal.accept(unfinished)  # what ran when the LM was killed
         journal.close()
         size = sum(p.stat().st_size for p in Path(directory).iterdir())
         began = time.perf_counter()
-        attempts, kept = EndingsJournal(path, ENDED_KEPT, ENDINGS_KEPT).load()
+        recalled = TaskJournal(path, ENDED_KEPT, ENDINGS_KEPT).load()
         read = time.perf_counter() - began
+        assert len(recalled.accepted) == len(unfinished)
         books = ClusterState("lm-1", ["gm-1"])  # what LocalMaster._recall does next
         began = time.perf_counter()
-        for task_id, attempt in attempts:
+        for task_id, attempt in recalled.attempts:
             books.remember_ended(task_id, attempt)
         booked = time.perf_counter() - began
-    print(f"{args.endings:,} endings in batches of {args.batch}")
-    print(f"  append: {wrote / args.endings * 1e6:.1f} us per ending ({wrote:.1f} s)")
+    calls = -(-args.endings // args.launch)
+    print(f"{args.endings:,} tasks, accepted {args.launch} a write, ended {args.batch} a write")
+    print(f"  accept: {accepting / calls * 1e6:.1f} us per write ({accepting:.1f} s)")
+    print(f"  append: {ending / args.endings * 1e6:.1f} us per ending ({ending:.1f} s)")
     print(f"  on disk: {size / 1e6:.0f} MB")
-    print(f"  read back: {read:.2f} s ({len(attempts):,} attempts, {len(kept):,} whole events)")
+    print(
+        f"  read back: {read:.2f} s ({len(recalled.attempts):,} attempts, "
+        f"{len(recalled.events):,} whole events, {len(recalled.accepted):,} unfinished)"
+    )
     print(f"  booked as ended: {booked:.2f} s (a restarted LM serves after both)")
 
 

@@ -56,6 +56,7 @@ from services.local_master.service import (
     ENDED,
     EVENT_EXCHANGE,
     HEARTBEAT_EXCHANGE,
+    RESTART_GRACE_S,
     enqueue_next_attempt,
     user_queue,
 )
@@ -71,9 +72,6 @@ SCHEDULE_BEFORE_CONFIRM = 16
 RESTART_SETTLE_S = 30.0
 CATCH_UP_S = 60.0  # how long a starting GM keeps asking an LM that does not answer
 RECOVER_EVERY_S = 2.0  # how often a GM looks for task ends it never heard of
-# After an LM restart, how long past worker_timeout_s a GM waits before re-queueing the
-# tasks it had placed there that never started (their workers had time to come back).
-RESTART_GRACE_S = 5.0
 UNSTARTED_KEPT = 100_000  # accepted launches remembered until they start
 MAX_REJECTIONS = 20  # an LM rejecting a task this often parks it until the view changes
 # A launch, repartition or preemption the LM has not answered within LM_CALL_TIMEOUT_S is

@@ -1,26 +1,35 @@
-"""The LM's journal of ended tasks: what a restarted LM must not forget.
+"""The LM's journal: what a restarted LM must not forget.
 
 An LM's books live in memory, and its workers give back what they run when it restarts
-(``LocalMaster._take_back``). What no worker holds any more is which tasks *ended* here.
-Without it a restarted LM would launch an ended attempt again when a GM retries it (the
-exactly-once check is ``ClusterState``'s memory of ended attempts), and could not tell a
-GM that missed the final event how the task ended (``LookupTasks``, ``ListTasks``).
+(``LocalMaster._take_back``). Two things no worker can give back:
 
-So the LM appends each ending (the final ``TaskEvent`` of an attempt) to this journal, a
-SQLite file, and a starting LM reads the newest ones back. Appends are batched and written
-off the event loop every ``FLUSH_S``, well inside the workers' redelivery window (a final
-report written less than ``REDELIVERY_WINDOW_S`` before the LM died is sent again to the
-new LM), so an LM killed at any moment still knows every ending its workers consider
-delivered. The file keeps the newest ``keep`` ended attempts, one row per task, and the
-whole events only of the newest ``keep_events`` endings: a restarted LM serves nothing
-until it has read the file, and parsing a million whole events takes several times
-longer than reading a million (task, attempt) pairs (``scripts/journal_bench.py``).
+- which tasks *ended* here. Without them a restarted LM would launch an ended attempt
+  again when a GM retries it (the exactly-once check is ``ClusterState``'s memory of ended
+  attempts), and could not tell a GM that missed the final event how the task ended
+  (``LookupTasks``, ``ListTasks``);
+- which tasks it *accepted* and that have not ended. When the workers died with it (a
+  host or a whole federation going down at once) or never received them, nothing else
+  holds them: the GM acked their queue message when the LM accepted them, and a GM that
+  died too forgot them. A restarted LM gives such a task, once no worker has named it
+  within the grace period, back to its queue as the next attempt (``LocalMaster._orphans``).
+
+So the LM writes each accepted task before it answers ACCEPTED (``accept``; a killed LM
+then knows every task a GM believes it holds), and each ending (the final ``TaskEvent`` of
+an attempt, which also strikes the accepted row) batched and off the event loop every
+``FLUSH_S``, well inside the workers' redelivery window (a final report written less than
+``REDELIVERY_WINDOW_S`` before the LM died is sent again to the new LM), so an LM killed at
+any moment still knows every ending its workers consider delivered. The file keeps the
+newest ``keep`` ended attempts, one row per task, and the whole events only of the newest
+``keep_events`` endings: a restarted LM serves nothing until it has read the file, and
+parsing a million whole events takes several times longer than reading a million (task,
+attempt) pairs (``scripts/journal_bench.py``).
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 from services._proto.megha.v1 import common_pb2
@@ -39,18 +48,34 @@ CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY,
     event BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS accepted (
+    task_id TEXT PRIMARY KEY,
+    attempt INTEGER NOT NULL,
+    task BLOB NOT NULL
+) WITHOUT ROWID;
 """
+
+
+@dataclass
+class Recalled:
+    """What a journal holds, oldest first: ended attempts as (task id, attempt), the
+    events kept of them, and the accepted tasks whose attempt has not ended."""
+
+    attempts: list[tuple[str, int]]
+    events: list[common_pb2.TaskEvent]
+    accepted: list[common_pb2.Task]
 
 
 class JournalError(RuntimeError):
     """The journal file cannot be opened or read (named in the message)."""
 
 
-class EndingsJournal:
-    """The newest ``keep`` ended attempts on disk, one row per task, with the whole event
-    for the newest ``keep_events`` of them.
+class TaskJournal:
+    """The tasks accepted and not ended, and the newest ``keep`` ended attempts, one row
+    per task, with the whole event for the newest ``keep_events`` of them.
 
-    One writer at a time (the LM's flush loop); safe to call from a worker thread.
+    Safe to call from worker threads, one call at a time (a lock); the LM gives it one
+    thread, so its writes land in the order it makes them.
     """
 
     def __init__(self, path: str | Path, keep: int, keep_events: int):
@@ -70,14 +95,13 @@ class EndingsJournal:
         except (OSError, sqlite3.Error) as err:
             raise JournalError(
                 f"cannot open the LM journal {self.path}: {err} (move it aside, and the LM "
-                "starts with no memory of the tasks that ended on it)"
+                "starts with no memory of the tasks it accepted or that ended on it)"
             ) from err
         self._seq = int(row[0])
         self._since_trim = 0
 
-    def load(self) -> tuple[list[tuple[str, int]], list[common_pb2.TaskEvent]]:
-        """The ended attempts kept, as (task id, attempt), and the events kept; both
-        oldest first."""
+    def load(self) -> Recalled:
+        """Everything kept, oldest first (see ``Recalled``)."""
         with self._lock:
             try:
                 attempts = self._db.execute(
@@ -85,6 +109,12 @@ class EndingsJournal:
                 ).fetchall()
                 blobs = self._db.execute(
                     "SELECT event FROM events ORDER BY seq DESC LIMIT ?", (self.keep_events,)
+                ).fetchall()
+                # An accepted row outlived by its ending (written in another order than
+                # made, or a retry's) is not an open task.
+                accepted = self._db.execute(
+                    "SELECT a.task FROM accepted a LEFT JOIN ended e ON a.task_id = e.task_id"
+                    " WHERE e.attempt IS NULL OR e.attempt < a.attempt"
                 ).fetchall()
             except sqlite3.Error as err:
                 raise JournalError(f"cannot read the LM journal {self.path}: {err}") from err
@@ -94,10 +124,24 @@ class EndingsJournal:
         for (blob,) in blobs:
             event = common_pb2.TaskEvent.FromString(blob)
             latest.setdefault(event.task_id, event)
-        return attempts, list(reversed(latest.values()))
+        tasks = [common_pb2.Task.FromString(blob) for (blob,) in accepted]
+        tasks.sort(key=lambda t: t.timestamps.lm_decided_unix_nanos)
+        return Recalled(attempts, list(reversed(latest.values())), tasks)
+
+    def accept(self, tasks: list[common_pb2.Task]) -> None:
+        """Write ``tasks`` as accepted, in one transaction (a task's newer attempt
+        replaces its older)."""
+        if not tasks:
+            return
+        rows = [(t.task_id, t.attempt, t.SerializeToString()) for t in tasks]
+        with self._lock, self._db:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO accepted (task_id, attempt, task) VALUES (?, ?, ?)", rows
+            )
 
     def append(self, events: list[common_pb2.TaskEvent]) -> None:
-        """Write ``events`` in one transaction; a task's newer ending replaces its older."""
+        """Write ``events`` in one transaction; a task's newer ending replaces its older,
+        and each strikes its attempt (or an older one) from the accepted tasks."""
         if not events:
             return
         with self._lock:
@@ -112,6 +156,10 @@ class EndingsJournal:
                 self._db.executemany(
                     "INSERT INTO events (seq, event) VALUES (?, ?)",
                     [(seq, e.SerializeToString()) for seq, e in numbered],
+                )
+                self._db.executemany(
+                    "DELETE FROM accepted WHERE task_id = ? AND attempt <= ?",
+                    [(e.task_id, e.attempt) for e in events],
                 )
             self._since_trim += len(events)
             if self._since_trim >= TRIM_EVERY:

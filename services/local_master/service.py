@@ -12,8 +12,11 @@ An LM that restarts is a new ``incarnation`` with empty books; each worker, regi
 again, names what it runs and what it has not reported, and the LM books that again
 (``_take_back``). What it remembers of ended tasks (``endings``) answers GMs that missed
 an event (``LookupTasks``) or restarted (``ListTasks``). With a ``journal`` file in its
-config, those endings are also on disk (``journal.py``), the one thing it writes there, so
-a restarted LM still refuses to run an ended attempt again and still knows how it ended.
+config, those endings are also on disk (``journal.py``), so a restarted LM still refuses
+to run an ended attempt again and still knows how it ended; and so is every task it
+accepted, before it answers ACCEPTED, so a restarted LM gives back to its queue what it
+had accepted and no worker names again (``orphans``: the workers died too, or never got
+it) instead of losing it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import itertools
 import logging
 import time
 from collections import OrderedDict, defaultdict, deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import grpc
@@ -50,7 +54,7 @@ from services.core.global_view import GlobalView
 from services.core.snapshot import Allocation
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
-from services.local_master.journal import FLUSH_S, EndingsJournal
+from services.local_master.journal import FLUSH_S, TaskJournal
 
 log = logging.getLogger("megha.lm")
 
@@ -67,6 +71,10 @@ EVENT_RETRY_S = 0.5  # between tries to publish events while the broker is away
 LIST_BATCH = 5_000  # task events per ListTasks message, far below gRPC's 4 MiB
 # How many endings an LM remembers for GMs that missed their events (LookupTasks).
 ENDINGS_KEPT = 100_000
+# After an LM restarts, past ``worker_timeout_s`` plus this, a worker that has not
+# registered again is taken for gone with what it ran (the GM's rule for tasks the LM
+# lost, the LM's for the tasks its journal holds and no worker named: ``orphans``).
+RESTART_GRACE_S = 5.0
 
 
 def _expired(request, now: int) -> bool:
@@ -140,25 +148,34 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         # is verified against global shares, not this LM's slice of them.
         self.peers = GlobalView("", num_constraints=config.num_constraints)
         self._closed = False
+        # Tasks accepted in an earlier life that no worker has named since, by id.
+        self.orphans: dict[str, common_pb2.Task] = {}
         path = config.lm(lm_id).journal
-        self.journal = EndingsJournal(path, ENDED_KEPT, ENDINGS_KEPT) if path else None
+        self.journal = TaskJournal(path, ENDED_KEPT, ENDINGS_KEPT) if path else None
+        # One thread for every journal write: they land in the order they were made.
+        self._journal_thread = ThreadPoolExecutor(1, "lm-journal") if path else None
         self._unjournaled: list[common_pb2.TaskEvent] = []
+        self._unaccepted: list[common_pb2.Task] = []  # accepted, not yet journalled
+        self._journal_failing = False
         if self.journal is not None:
             self._recall(self.journal)
 
-    def _recall(self, journal: EndingsJournal) -> None:
-        """Take back, from the journal, what ended here in earlier lives."""
+    def _recall(self, journal: TaskJournal) -> None:
+        """Take back, from the journal, what ended here in earlier lives and what was
+        accepted and never ended (``orphans`` until a worker names it)."""
         began = time.monotonic()
-        attempts, events = journal.load()
-        for task_id, attempt in attempts:
+        recalled = journal.load()
+        for task_id, attempt in recalled.attempts:
             self.state.remember_ended(task_id, attempt)
-        for event in events:
+        for event in recalled.events:
             self.endings[event.task_id] = event
+        self.orphans = {task.task_id: task for task in recalled.accepted}
         log.info(
             "recalled the tasks that ended here",
             extra={
                 "lm": self.lm_id,
-                "tasks": len(attempts),
+                "tasks": len(recalled.attempts),
+                "unfinished": len(self.orphans),
                 "journal": str(journal.path),
                 "seconds": round(time.monotonic() - began, 3),
             },
@@ -178,6 +195,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         ]
         if self.journal is not None:
             self._loops.append(asyncio.create_task(self._journal_loop(), name="lm-journal"))
+        if self.orphans:
+            self._loops.append(asyncio.create_task(self._orphans_loop(), name="lm-orphans"))
 
     async def shutdown(self) -> None:
         if self._closed:
@@ -194,8 +213,10 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         with contextlib.suppress(Exception):
             await self._flush_events()
         if self.journal is not None:
+            assert self._journal_thread is not None
+            self._journal_thread.shutdown(wait=True)  # the writes already handed over
             with contextlib.suppress(Exception):
-                self.journal.append(self._unjournaled)
+                self._write_journal(self._still_held(self._unaccepted), self._unjournaled)
             self.journal.close()
 
     # ------------------------------------------------------------- GM RPCs
@@ -234,7 +255,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
                 specs.append(Decision(PlacementStatus.REJECTED_INVALID, str(err)))
         place = self.state.launch if kind == "launch" else self.state.repartition
-        results, rejected = [], False
+        results, rejected, accepted = [], False, []
         for placement, spec in zip(request.placements, specs, strict=True):
             if isinstance(spec, Decision):  # malformed: the books are not involved
                 results.append(self._result(placement.task.task_id, spec, kind))
@@ -242,14 +263,15 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             decision = place(request.gm_id, spec, placement.node_index)
             results.append(self._result(spec.task_id, decision, kind))
             if decision.status.name == "ACCEPTED":
-                self._start(placement.task, decision.allocation, received)
+                accepted.append(self._start(placement.task, decision.allocation, received))
             rejected |= not decision.ok
         reply: dict = {"results": results}
         if rejected:
             reply["state"] = self._state_proto(request.known_version or None)
-        # One turn of the loop, so the workers' streams write the starts just queued
-        # before this reply is framed and written: the starts are on the tasks' path.
-        await asyncio.sleep(0)
+        # Journalled before the GM hears ACCEPTED (and acks the queue message). This
+        # also gives the workers' streams the turn of the loop in which they write the
+        # starts just queued, before this reply: the starts are on the tasks' path.
+        await self._journal_accepted(accepted)
         return reply
 
     async def Preempt(self, request, context):
@@ -276,7 +298,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 self._send(victim.node, kill=(victim.task_id, "preempted"))
             metrics.PREEMPTIONS.labels(self.lm_id).inc(len(decision.preempted))
             reply.preempted_task_ids.extend(v.task_id for v in decision.preempted)
-            self._start(request.task, decision.allocation, received)
+            await self._journal_accepted([self._start(request.task, decision.allocation, received)])
         if not decision.ok:
             reply.state.CopyFrom(self._state_proto(request.known_version or None))
         return reply
@@ -355,6 +377,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         named = {t.task_id for t in request.running_tasks}
         named.update(t.task_id for t in request.finished_tasks)
         named.update(c.start.task.task_id for c in session.commands if c.HasField("start"))
+        for held in itertools.chain(request.running_tasks, request.finished_tasks):
+            self._unorphan(held.task_id, held.attempt)
         lost = [
             self.state.allocations[task_id]
             for task_id in self.state.task_ids_on(node)
@@ -383,7 +407,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 if running:
                     stale.append(held.task_id)
                 continue
-            self.tasks[held.task_id] = common_pb2.Task().FromString(held.SerializeToString())
+            task = self.tasks[held.task_id] = common_pb2.Task().FromString(held.SerializeToString())
+            if self.journal is not None:  # a later restart must know it too
+                self._unaccepted.append(task)
             adopted += 1
         if adopted:
             log.info(
@@ -465,6 +491,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         reply = local_master_pb2.LookupTasksResponse()
         for task_id in request.task_ids:
             known = self.state.known_attempt(task_id)
+            orphan = self.orphans.get(task_id)
+            if known is None and orphan is not None:
+                known = orphan.attempt, True  # not ended: a worker may still name it
             if known is not None:
                 reply.tasks.add(
                     task_id=task_id,
@@ -482,6 +511,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 started = task.timestamps.started_unix_nanos
                 state = common_pb2.TASK_STATE_RUNNING if started else common_pb2.TASK_STATE_PLACED
                 events.append(self._event_of(task, state, allocation.node))
+        for task in self.orphans.values():
+            events.append(self._event_of(task, common_pb2.TASK_STATE_PLACED, -1))
         for start in range(0, len(events), LIST_BATCH):
             yield local_master_pb2.ListTasksResponse(events=events[start : start + LIST_BATCH])
 
@@ -543,14 +574,25 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             reason=decision.reason,
         )
 
-    def _start(self, task: common_pb2.Task, allocation: Allocation | None, received: int) -> None:
+    def _start(
+        self, task: common_pb2.Task, allocation: Allocation | None, received: int
+    ) -> common_pb2.Task:
+        """Book an accepted task, send it to its worker; returns our copy of it."""
         assert allocation is not None
         task = common_pb2.Task().FromString(task.SerializeToString())  # our own copy
         task.timestamps.lm_received_unix_nanos = received
         task.timestamps.lm_decided_unix_nanos = time.time_ns()
         self.tasks[task.task_id] = task
+        self._unorphan(task.task_id, task.attempt)
         self._send(allocation.node, start=task)
         self._event(task, common_pb2.TASK_STATE_PLACED, allocation.node, "")
+        return task
+
+    def _unorphan(self, task_id: str, attempt: int) -> None:
+        """This attempt of the task (or a later one) is held again: no orphan any more."""
+        orphan = self.orphans.get(task_id)
+        if orphan is not None and orphan.attempt <= attempt:
+            del self.orphans[task_id]
 
     def _send(self, node: int, start=None, kill: tuple[str, str] | None = None) -> None:
         session = self.sessions.get(node)
@@ -657,30 +699,97 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 self._events_ready.set()
                 raise
 
-    async def _journal_loop(self) -> None:
-        """Write the endings gathered meanwhile, off the event loop, every ``FLUSH_S``."""
+    async def _journal_accepted(self, tasks: list[common_pb2.Task]) -> None:
+        """Write ``tasks`` as accepted before the caller answers ACCEPTED. A write that
+        fails (a full disk) is left to the journal loop to retry, and the answer goes
+        anyway: the task runs, and only a crash of this LM before the retry, with its
+        GM, would lose it."""
+        if self.journal is None or not tasks:
+            await asyncio.sleep(0)
+            return
+        write = asyncio.get_running_loop().run_in_executor(
+            self._journal_thread, self.journal.accept, tasks
+        )
+        try:
+            # Shielded: a call cancelled meanwhile (its GM gave up) must still write.
+            await asyncio.shield(write)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            self._unaccepted.extend(tasks)
+            self._journal_failed(err)
+
+    def _write_journal(
+        self, accepted: list[common_pb2.Task], ended: list[common_pb2.TaskEvent]
+    ) -> None:
         assert self.journal is not None
-        failing = False
+        self.journal.accept(accepted)  # first: an ending strikes its accepted row
+        self.journal.append(ended)
+
+    def _still_held(self, tasks: list[common_pb2.Task]) -> list[common_pb2.Task]:
+        """The tasks of ``tasks`` whose attempt this LM still holds: one that ended needs
+        no accepted row (and its ending may be among those a failing journal dropped,
+        which would leave the row standing for ever)."""
+        return [t for t in tasks if self.tasks.get(t.task_id) is t]
+
+    def _journal_failed(self, err: Exception) -> None:
+        """One warning per spell of failures (a full disk may get room again)."""
+        if not self._journal_failing:
+            log.warning("journal write failed", extra={"error": repr(err)})
+        self._journal_failing = True
+
+    async def _journal_loop(self) -> None:
+        """Write the endings (and accepted tasks whose write failed, or adopted) gathered
+        meanwhile, in the journal's thread, every ``FLUSH_S``."""
+        assert self.journal is not None
+        loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(FLUSH_S)
-            if not self._unjournaled:
+            if not self._unjournaled and not self._unaccepted:
                 continue  # no thread hop for nothing
-            batch, self._unjournaled = self._unjournaled, []
+            accepted, self._unaccepted = self._still_held(self._unaccepted), []
+            ended, self._unjournaled = self._unjournaled, []
             try:
-                await asyncio.to_thread(self.journal.append, batch)
+                await asyncio.shield(
+                    loop.run_in_executor(self._journal_thread, self._write_journal, accepted, ended)
+                )
             except asyncio.CancelledError:
-                self._unjournaled[:0] = batch  # shutdown writes it (twice at worst: harmless)
+                # Shutdown writes them again after this write is over (twice: harmless).
+                self._unaccepted[:0] = accepted
+                self._unjournaled[:0] = ended
                 raise
             except Exception as err:
-                # Kept for the next try (a full disk may get room again); one warning.
-                # Bounded: past that many, the oldest are kept in memory only.
-                self._unjournaled[:0] = batch
+                # Kept for the next try. Bounded: past that many, the oldest endings are
+                # kept in memory only (the accepted tasks, by what runs here).
+                self._unaccepted[:0] = accepted
+                self._unjournaled[:0] = ended
                 del self._unjournaled[:-ENDINGS_KEPT]
-                if not failing:
-                    log.warning("journal write failed", extra={"error": repr(err)})
-                failing = True
+                self._journal_failed(err)
             else:
-                failing = False
+                self._journal_failing = False
+
+    async def _orphans_loop(self) -> None:
+        """Tasks accepted in an earlier life that no worker named within the grace
+        period: their workers died too, or never got them. Each goes back to its queue
+        as the next attempt, this one ended LOST (so a late worker's copy is killed)."""
+        await asyncio.sleep(self.config.worker_timeout_s + RESTART_GRACE_S)
+        if self.orphans:
+            log.warning(
+                "re-queueing tasks accepted before a restart that no worker holds",
+                extra={"lm": self.lm_id, "tasks": len(self.orphans)},
+            )
+        while self.orphans:
+            # Ended on the books first: a worker naming it meanwhile has its copy killed.
+            task = self.orphans.pop(next(iter(self.orphans)))  # oldest first
+            self.state.remember_ended(task.task_id, task.attempt)
+            while True:
+                try:
+                    await enqueue_next_attempt(self.bus, task)
+                    break
+                except Exception as err:  # the broker away: tried again
+                    log.warning("re-queue failed; trying again", extra={"error": repr(err)})
+                    await asyncio.sleep(EVENT_RETRY_S)
+            self._event(task, common_pb2.TASK_STATE_LOST, -1, f"{self.lm_id} restarted")
 
     async def _watchdog_loop(self) -> None:
         """A worker silent for longer than the timeout is dead; its tasks are re-queued."""

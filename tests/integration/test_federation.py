@@ -255,11 +255,13 @@ async def test_a_lost_worker_is_marked_dead_and_its_tasks_rerun(tmp_path):
         assert all(n.health == common_pb2.NODE_HEALTH_DEAD for n in state.nodes)
 
 
-async def test_tasks_an_lm_lost_before_they_started_are_queued_again(tmp_path):
+@pytest.mark.parametrize("journal", [True, False])
+async def test_tasks_an_lm_lost_before_they_started_are_queued_again(tmp_path, journal):
     # The LM accepts launches for workers that died a moment ago (not yet taken for
-    # dead), keeps the starts for when they reconnect, and dies too: only the GM that
-    # placed the tasks still has them.
-    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2) as fed:
+    # dead), keeps the starts for when they reconnect, and dies too. With a journal the
+    # restarted LM has them and queues them again; without one only the GM that placed
+    # the tasks still has them, and it does.
+    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2, journal=journal) as fed:
         fed.children.kill("workers-lm-1")
         reply = await fed.gm().submit(sim_tasks(4, 0.2))
         ids = set(reply.task_ids)
@@ -274,7 +276,9 @@ async def test_tasks_an_lm_lost_before_they_started_are_queued_again(tmp_path):
         assert max(fed.events.succeeded().values()) == 1
         job = await fed.gm().job(reply.job_id)
         assert {(t.state, t.attempt) for t in job.tasks} == {(common_pb2.TASK_STATE_SUCCEEDED, 1)}
-        assert "re-queued a task its LM lost" in fed.log("gm-gm-1")
+        requeued_by_lm = "re-queueing tasks accepted before a restart" in fed.log("lm-lm-1")
+        requeued_by_gm = "re-queued a task its LM lost" in fed.log("gm-gm-1")
+        assert (requeued_by_lm, requeued_by_gm) == (journal, not journal)
 
 
 async def test_after_a_long_lm_outage_its_workers_are_back_within_seconds(tmp_path):

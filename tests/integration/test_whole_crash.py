@@ -1,0 +1,49 @@
+"""Every process of a federation killed at once (a power cut, a host that goes down with
+all its containers): what was running or waiting to start runs again, and nothing is
+lost. RabbitMQ stays up, as a broker on its own host (or its durable queues) would."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from services._proto.megha.v1 import common_pb2
+from services.local_master.journal import FLUSH_S
+from tests.integration.harness import Federation, job_in_state, sim_tasks
+
+pytestmark = pytest.mark.integration
+
+RUNNING = common_pb2.TASK_STATE_RUNNING
+
+
+async def test_tasks_running_when_the_whole_federation_dies_run_again(tmp_path):
+    # Before the LM journalled the tasks it accepted, nothing held them once the GM (its
+    # book and its memory of unstarted launches), the LM and the workers had died
+    # together: the queue messages were acked on acceptance, the new LM's books were
+    # empty and no worker named them. They stayed RUNNING in no book, their job never ended.
+    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2) as fed:
+        reply = await fed.gm().submit(sim_tasks(8, 3.0))
+        ids = set(reply.task_ids)
+        for _ in range(100):
+            if set(fed.events.nodes_of(RUNNING)) >= ids:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("the tasks never all ran")
+        await asyncio.sleep(FLUSH_S)
+        names = sorted(fed.children.procs)
+        for name in names:
+            fed.children.kill(name)
+        for name in names:
+            fed.children.restart(name)
+        await fed.events.wait_succeeded(ids, timeout_s=60)
+        job = await job_in_state(fed.gm(), reply.job_id, common_pb2.TASK_STATE_SUCCEEDED, 20)
+        assert {t.task_id for t in job.tasks} == ids
+        lost = Counter(
+            e.task_id for e in fed.events.events if e.state == common_pb2.TASK_STATE_LOST
+        )
+        assert set(lost) == ids and max(lost.values()) == 1
+        assert max(fed.events.succeeded().values()) == 1
+        await fed.assert_books_balanced()
