@@ -152,7 +152,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         self.orphans: dict[str, common_pb2.Task] = {}
         path = config.lm(lm_id).journal
         self.journal = TaskJournal(path, ENDED_KEPT, ENDINGS_KEPT) if path else None
-        # One thread for every journal write: they land in the order they were made.
+        # The journal loop's thread (endings, checkpoints); shutdown waits for its write.
         self._journal_thread = ThreadPoolExecutor(1, "lm-journal") if path else None
         self._unjournaled: list[common_pb2.TaskEvent] = []
         self._unaccepted: list[common_pb2.Task] = []  # accepted, not yet journalled
@@ -700,24 +700,18 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 raise
 
     async def _journal_accepted(self, tasks: list[common_pb2.Task]) -> None:
-        """Write ``tasks`` as accepted before the caller answers ACCEPTED. A write that
-        fails (a full disk) is left to the journal loop to retry, and the answer goes
-        anyway: the task runs, and only a crash of this LM before the retry, with its
-        GM, would lose it."""
-        if self.journal is None or not tasks:
-            await asyncio.sleep(0)
-            return
-        write = asyncio.get_running_loop().run_in_executor(
-            self._journal_thread, self.journal.accept, tasks
-        )
-        try:
-            # Shielded: a call cancelled meanwhile (its GM gave up) must still write.
-            await asyncio.shield(write)
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:
-            self._unaccepted.extend(tasks)
-            self._journal_failed(err)
+        """Write ``tasks`` as accepted before the caller answers ACCEPTED: on the event
+        loop, as a thread hop would cost several times the write (``TaskJournal``). A
+        write that fails (a full disk) is left to the journal loop to retry, and the
+        answer goes anyway: the task runs, and only a crash of this LM before the retry,
+        with its GM, would lose it."""
+        if self.journal is not None and tasks:
+            try:
+                self.journal.accept(tasks)
+            except Exception as err:
+                self._unaccepted.extend(tasks)
+                self._journal_failed(err)
+        await asyncio.sleep(0)
 
     def _write_journal(
         self, accepted: list[common_pb2.Task], ended: list[common_pb2.TaskEvent]
@@ -725,6 +719,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         assert self.journal is not None
         self.journal.accept(accepted)  # first: an ending strikes its accepted row
         self.journal.append(ended)
+        self.journal.checkpoint()
 
     def _still_held(self, tasks: list[common_pb2.Task]) -> list[common_pb2.Task]:
         """The tasks of ``tasks`` whose attempt this LM still holds: one that ended needs
@@ -745,7 +740,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(FLUSH_S)
-            if not self._unjournaled and not self._unaccepted:
+            if not self._unjournaled and not self._unaccepted and not self.journal.written:
                 continue  # no thread hop for nothing
             accepted, self._unaccepted = self._still_held(self._unaccepted), []
             ended, self._unjournaled = self._unjournaled, []
