@@ -105,3 +105,27 @@ def test_an_accepted_row_written_after_its_ending_is_not_recalled(tmp_path):
     journal.accept([accepted("b", 0)])
     journal.append([ended("b", 2)])
     assert [t.task_id for t in journal.load().accepted] == ["a2"]
+
+
+def test_checkpoints_keep_the_log_from_growing(tmp_path):
+    # Commits do not checkpoint (that would fsync on the LM's event loop): without the
+    # journal loop's checkpoints the log would grow with every accepted task.
+    path = tmp_path / "j"
+    journal = TaskJournal(path, keep=10, keep_events=10)
+    wal = tmp_path / "j-wal"
+
+    def one_round(start: int) -> None:
+        for i in range(start, start + 500):
+            journal.accept([accepted(f"t{i}")])
+        journal.append([ended(f"t{i}") for i in range(start, start + 500)])
+
+    one_round(0)
+    unchecked = wal.stat().st_size
+    journal.checkpoint()
+    for start in range(500, 5_000, 500):
+        one_round(start)
+        journal.checkpoint()
+    assert wal.stat().st_size <= 2 * unchecked
+    one_round(5_000)
+    one_round(5_500)  # no checkpoint between: it grows
+    assert wal.stat().st_size > 1.5 * unchecked
