@@ -12,6 +12,9 @@ Run from the repository root, with RabbitMQ up:
         RabbitMQ's beam.smp stopped, then resumed (it stops the broker for everyone)
     python scripts/probes.py big-job [--tasks 100000]
         one job of many 1 ms tasks: throughput, memory of each process, GetJob's size
+    python scripts/probes.py whole-crash [--tasks 400] [--after 3] [--times 1]
+        every process killed (-9) at once while tasks queue, start, run and end, then
+        all restarted (RabbitMQ stays up): is every task run, and how many twice?
 """
 
 from __future__ import annotations
@@ -181,6 +184,32 @@ async def big_job(tasks: int) -> None:
         )
 
 
+async def whole_crash(tasks: int, after: float, times: int) -> None:
+    async with _federation("whole-crash", gms=2, lms=2, workers_per_lm=4) as fed:
+        reply = await fed.gm("gm-1").submit(sim_tasks(tasks, 0.5))
+        ids = set(reply.task_ids)
+        for _ in range(times):
+            await asyncio.sleep(after)
+            counts = Counter(e.state for e in fed.events.events)
+            print(
+                f"killing every process: {counts[RUNNING]} starts and {counts[SUCCEEDED]} "
+                f"successes seen of {tasks} tasks"
+            )
+            names = sorted(fed.children.procs)
+            for name in names:
+                fed.children.kill(name)
+            for name in names:
+                fed.children.restart(name)
+        began = time.monotonic()
+        await _report(fed, ids, reply.job_id)
+        lost = sum(e.state == common_pb2.TASK_STATE_LOST for e in fed.events.events)
+        again = Counter(e.task_id for e in fed.events.events if e.state == RUNNING)
+        print(
+            f"  done {time.monotonic() - began:.1f} s after the last restart; {lost} LOST "
+            f"events, {sum(n > 1 for n in again.values())} tasks started more than once"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     probes = parser.add_subparsers(dest="probe", required=True)
@@ -190,6 +219,10 @@ def main() -> None:
     for name in ("frozen-gm", "frozen-broker"):
         probes.add_parser(name).add_argument("--seconds", type=float, default=15.0)
     probes.add_parser("big-job").add_argument("--tasks", type=int, default=100_000)
+    crash = probes.add_parser("whole-crash")
+    crash.add_argument("--tasks", type=int, default=400)
+    crash.add_argument("--after", type=float, default=3.0, help="seconds before each kill")
+    crash.add_argument("--times", type=int, default=1, help="kills, each after --after s")
     args = parser.parse_args()
     if args.probe == "unreachable-lm":
         asyncio.run(unreachable_lm(not args.no_drop, args.tasks))
@@ -197,6 +230,8 @@ def main() -> None:
         asyncio.run(frozen_gm(args.seconds))
     elif args.probe == "frozen-broker":
         asyncio.run(frozen_broker(args.seconds))
+    elif args.probe == "whole-crash":
+        asyncio.run(whole_crash(args.tasks, args.after, args.times))
     else:
         asyncio.run(big_job(args.tasks))
 

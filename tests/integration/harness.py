@@ -58,6 +58,13 @@ class Events:
     def succeeded(self) -> Counter:
         return self.states(common_pb2.TASK_STATE_SUCCEEDED)
 
+    def runs(self) -> Counter:
+        """How many times each task started, by the distinct start stamps of its events:
+        an ending published twice (an LM that died before journalling it books it again
+        from its worker) is one run."""
+        starts = {(e.task_id, e.timestamps.started_unix_nanos) for e in self.events}
+        return Counter(task_id for task_id, started in starts if started)
+
     def nodes_of(self, state: int = common_pb2.TASK_STATE_RUNNING) -> dict[str, str]:
         return {e.task_id: e.node_id for e in self.events if e.state == state}
 

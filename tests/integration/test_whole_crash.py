@@ -10,7 +10,6 @@ from collections import Counter
 import pytest
 
 from services._proto.megha.v1 import common_pb2
-from services.local_master.journal import FLUSH_S
 from tests.integration.harness import Federation, job_in_state, sim_tasks
 
 pytestmark = pytest.mark.integration
@@ -32,7 +31,6 @@ async def test_tasks_running_when_the_whole_federation_dies_run_again(tmp_path):
             await asyncio.sleep(0.1)
         else:
             raise AssertionError("the tasks never all ran")
-        await asyncio.sleep(FLUSH_S)
         names = sorted(fed.children.procs)
         for name in names:
             fed.children.kill(name)
@@ -47,3 +45,32 @@ async def test_tasks_running_when_the_whole_federation_dies_run_again(tmp_path):
         assert set(lost) == ids and max(lost.values()) == 1
         assert max(fed.events.succeeded().values()) == 1
         await fed.assert_books_balanced()
+
+
+async def test_a_gm_back_before_an_lm_waits_to_hear_what_that_lm_launched(tmp_path):
+    # gm-1 and lm-1 die while a job's message is still unacked (more tasks than fit)
+    # and some of its tasks already ran on lm-1. The GM, back first, gets the message
+    # again and must not take lm-1's silence for "launched none of them": those tasks
+    # ran again on lm-2 (4 of 4 started twice) before the GM waited for lm-1's answer.
+    async with Federation(tmp_path, gms=1, lms=2, workers_per_lm=2) as fed:
+        reply = await fed.gm().submit(sim_tasks(48, 0.5, cpu_milli=2000))
+        ids = set(reply.task_ids)
+        for _ in range(100):
+            ended_on_lm1 = {
+                e.task_id
+                for e in fed.events.events
+                if e.state == common_pb2.TASK_STATE_SUCCEEDED and e.lm_id == "lm-1"
+            }
+            if len(ended_on_lm1) >= 4:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("no task ended on lm-1")
+        fed.children.kill("gm-gm-1")
+        fed.children.kill("lm-lm-1")
+        fed.children.restart("gm-gm-1")
+        await asyncio.sleep(4)  # the GM has the message back; lm-1 does not answer
+        fed.children.restart("lm-lm-1")
+        await fed.events.wait_succeeded(ids, timeout_s=90)
+        await asyncio.sleep(1)
+        assert max(fed.events.runs().values()) == 1
