@@ -54,8 +54,10 @@ class LocalMasterConfig(Endpoint):
     id: str = Field(..., min_length=1, description="Unique LM id.")
     journal: str = Field(
         "",
-        description="File where the LM keeps the tasks that ended on it, so that after a "
-        "restart it neither runs them again nor forgets how they ended; empty = memory only.",
+        description="File where the LM keeps the tasks it accepted and the tasks that ended "
+        "on it, so that after a restart it neither runs an ended task again nor forgets how "
+        "it ended, and queues again what it had accepted and no worker still holds; empty = "
+        "memory only.",
     )
 
 
