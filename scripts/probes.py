@@ -12,9 +12,10 @@ Run from the repository root, with RabbitMQ up:
         RabbitMQ's beam.smp stopped, then resumed (it stops the broker for everyone)
     python scripts/probes.py big-job [--tasks 100000]
         one job of many 1 ms tasks: throughput, memory of each process, GetJob's size
-    python scripts/probes.py whole-crash [--tasks 400] [--after 3] [--times 1]
-        every process killed (-9) at once while tasks queue, start, run and end, then
-        all restarted (RabbitMQ stays up): is every task run, and how many twice?
+    python scripts/probes.py whole-crash [--tasks 400] [--after 3] [--times 1] [--kill NAMES]
+        every process (or those named, e.g. lm-lm-1,gm-gm-1) killed (-9) at once while
+        tasks queue, start, run and end, then restarted (RabbitMQ stays up): is every
+        task run, and how many twice?
 """
 
 from __future__ import annotations
@@ -184,18 +185,18 @@ async def big_job(tasks: int) -> None:
         )
 
 
-async def whole_crash(tasks: int, after: float, times: int) -> None:
+async def whole_crash(tasks: int, after: float, times: int, kill: list[str]) -> None:
     async with _federation("whole-crash", gms=2, lms=2, workers_per_lm=4) as fed:
         reply = await fed.gm("gm-1").submit(sim_tasks(tasks, 0.5))
         ids = set(reply.task_ids)
         for _ in range(times):
             await asyncio.sleep(after)
             counts = Counter(e.state for e in fed.events.events)
+            names = kill or sorted(fed.children.procs)
             print(
-                f"killing every process: {counts[RUNNING]} starts and {counts[SUCCEEDED]} "
-                f"successes seen of {tasks} tasks"
+                f"killing {', '.join(names)}: {counts[RUNNING]} starts and "
+                f"{counts[SUCCEEDED]} successes seen of {tasks} tasks"
             )
-            names = sorted(fed.children.procs)
             for name in names:
                 fed.children.kill(name)
             for name in names:
@@ -203,7 +204,7 @@ async def whole_crash(tasks: int, after: float, times: int) -> None:
         began = time.monotonic()
         await _report(fed, ids, reply.job_id)
         lost = sum(e.state == common_pb2.TASK_STATE_LOST for e in fed.events.events)
-        again = Counter(e.task_id for e in fed.events.events if e.state == RUNNING)
+        again = fed.events.runs()
         print(
             f"  done {time.monotonic() - began:.1f} s after the last restart; {lost} LOST "
             f"events, {sum(n > 1 for n in again.values())} tasks started more than once"
@@ -223,6 +224,9 @@ def main() -> None:
     crash.add_argument("--tasks", type=int, default=400)
     crash.add_argument("--after", type=float, default=3.0, help="seconds before each kill")
     crash.add_argument("--times", type=int, default=1, help="kills, each after --after s")
+    crash.add_argument(
+        "--kill", default="", help="comma-separated children to kill (default: every one)"
+    )
     args = parser.parse_args()
     if args.probe == "unreachable-lm":
         asyncio.run(unreachable_lm(not args.no_drop, args.tasks))
@@ -231,7 +235,8 @@ def main() -> None:
     elif args.probe == "frozen-broker":
         asyncio.run(frozen_broker(args.seconds))
     elif args.probe == "whole-crash":
-        asyncio.run(whole_crash(args.tasks, args.after, args.times))
+        kill = [name for name in args.kill.split(",") if name]
+        asyncio.run(whole_crash(args.tasks, args.after, args.times, kill))
     else:
         asyncio.run(big_job(args.tasks))
 

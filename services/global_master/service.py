@@ -594,7 +594,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         GM and its LMs restarting together (a host, a whole federation) get a message
         back before the LMs serve, and an LM that did not answer has not said that it
         launched none of its tasks. Taken for that, tasks that ended on it ran again
-        on another LM (160 of 400 once, ``scripts/probes.py whole-crash``)."""
+        on another LM (``tests/integration/test_whole_crash.py``)."""
         deadline = time.monotonic() + CATCH_UP_S
         while True:
             reply = await self._lookup(lm_id, attempts, quiet=True)

@@ -11,7 +11,7 @@ An LM's books live in memory, and its workers give back what they run when it re
   host or a whole federation going down at once) or never received them, nothing else
   holds them: the GM acked their queue message when the LM accepted them, and a GM that
   died too forgot them. A restarted LM gives such a task, once no worker has named it
-  within the grace period, back to its queue as the next attempt (``LocalMaster._orphans``).
+  within the grace period, back to its queue as the next attempt (``LocalMaster._orphans_loop``).
 
 So the LM writes each accepted task before it answers ACCEPTED (``accept``; a killed LM
 then knows every task a GM believes it holds), and each ending (the final ``TaskEvent`` of
