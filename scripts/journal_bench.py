@@ -74,7 +74,12 @@ async def _from_the_loop(path: Path, tasks: list[common_pb2.Task]) -> tuple[floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--endings", type=int, default=ENDED_KEPT, help="endings to write")
-    parser.add_argument("--batch", type=int, default=200, help="endings per append (one flush)")
+    parser.add_argument(
+        "--batch", type=int, default=4, help="endings per append (one turn of the LM's loop)"
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=200, help="endings between two checkpoints"
+    )
     parser.add_argument(
         "--launch", type=int, default=8, help="tasks accepted per write (one launch request)"
     )
@@ -85,7 +90,8 @@ def main() -> None:
         now = time.time_ns()
         events = [_event(i, now) for i in range(args.endings)]
         tasks = [_task(e) for e in events]
-        accepting = ending = 0.0
+        accepting = ending = checkpointing = 0.0
+        checkpoints = 0
         for start in range(0, len(events), args.batch):
             began = time.perf_counter()
             for first in range(start, min(start + args.batch, len(tasks)), args.launch):
@@ -93,8 +99,12 @@ def main() -> None:
             accepting += time.perf_counter() - began
             began = time.perf_counter()
             journal.append(events[start : start + args.batch])
-            journal.checkpoint()  # as the LM's journal loop does after each append
             ending += time.perf_counter() - began
+            if (start + args.batch) // args.checkpoint_every > start // args.checkpoint_every:
+                began = time.perf_counter()
+                journal.checkpoint()  # in the LM, from its thread, every FLUSH_S
+                checkpointing += time.perf_counter() - began
+                checkpoints += 1
         unfinished = [_task(_event(args.endings + i, now)) for i in range(args.launch * 100)]
         journal.accept(unfinished)  # what ran when the LM was killed
         journal.close()
@@ -114,6 +124,10 @@ def main() -> None:
     print(f"{args.endings:,} tasks, accepted {args.launch} a write, ended {args.batch} a write")
     print(f"  accept: {accepting / calls * 1e6:.1f} us per write ({accepting:.1f} s)")
     print(f"  append: {ending / args.endings * 1e6:.1f} us per ending ({ending:.1f} s)")
+    print(
+        f"  checkpoint: {checkpointing / max(checkpoints, 1) * 1e3:.2f} ms each, one per "
+        f"{args.checkpoint_every} endings ({checkpointing:.1f} s, off the LM's loop)"
+    )
     print(f"  on disk: {size / 1e6:.0f} MB")
     print(
         f"  read back: {read:.2f} s ({len(recalled.attempts):,} attempts, "

@@ -15,10 +15,12 @@ An LM's books live in memory, and its workers give back what they run when it re
 
 So the LM writes each accepted task before it answers ACCEPTED (``accept``; a killed LM
 then knows every task a GM believes it holds), and each ending (the final ``TaskEvent`` of
-an attempt, which also strikes the accepted row) batched and off the event loop every
-``FLUSH_S``, well inside the workers' redelivery window (a final report written less than
-``REDELIVERY_WINDOW_S`` before the LM died is sent again to the new LM), so an LM killed at
-any moment still knows every ending its workers consider delivered. The file keeps the
+an attempt, which also strikes the accepted row) on the event loop's next turn, with the
+other endings of that turn. That is well inside the workers' redelivery window (a final
+report written less than ``REDELIVERY_WINDOW_S`` before the LM died is sent again to the
+new LM), so an LM killed at any moment still knows every ending its workers consider
+delivered, and one killed with its workers runs again only what ended in the last turn
+(not what ended in a flush interval, as when endings were batched). The file keeps the
 newest ``keep`` ended attempts, one row per task, and the whole events only of the newest
 ``keep_events`` endings: a restarted LM serves nothing until it has read the file, and
 parsing a million whole events takes several times longer than reading a million (task,
@@ -34,7 +36,7 @@ from pathlib import Path
 
 from services._proto.megha.v1 import common_pb2
 
-FLUSH_S = 0.2  # between writes of the endings gathered meanwhile
+FLUSH_S = 0.2  # between checkpoints, and tries again of writes that failed
 TRIM_EVERY = 10_000  # appended rows between two trims to ``keep``
 
 _SCHEMA = """

@@ -10,6 +10,7 @@ from collections import Counter
 import pytest
 
 from services._proto.megha.v1 import common_pb2
+from services.local_master.service import RESTART_GRACE_S
 from tests.integration.harness import Federation, job_in_state, sim_tasks
 
 pytestmark = pytest.mark.integration
@@ -74,3 +75,24 @@ async def test_a_gm_back_before_an_lm_waits_to_hear_what_that_lm_launched(tmp_pa
         await fed.events.wait_succeeded(ids, timeout_s=90)
         await asyncio.sleep(1)
         assert max(fed.events.runs().values()) == 1
+
+
+async def test_tasks_that_just_ended_do_not_run_again_after_a_whole_crash(tmp_path):
+    # Killed a moment after its tasks ended (their events out): a journal written every
+    # 0.2 s had not always got those endings (1 of 3 runs), the LM took the tasks for
+    # still accepted and, its workers dead too, ran all 8 again. Now an ending is
+    # written on the loop's next turn.
+    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2) as fed:
+        reply = await fed.gm().submit(sim_tasks(8, 0.3))
+        ids = set(reply.task_ids)
+        await fed.events.wait_succeeded(ids, timeout_s=20)
+        names = sorted(fed.children.procs)
+        for name in names:
+            fed.children.kill(name)
+        for name in names:
+            fed.children.restart(name)
+        # Past the LM's grace for workers to name its tasks (worker_timeout_s + 5 s).
+        await asyncio.sleep(fed.config.worker_timeout_s + RESTART_GRACE_S + 1)
+        await job_in_state(fed.gm(), reply.job_id, common_pb2.TASK_STATE_SUCCEEDED, 30)
+        assert max(fed.events.runs().values()) == 1
+        assert not fed.events.states(common_pb2.TASK_STATE_LOST)
