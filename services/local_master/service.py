@@ -722,7 +722,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         """Write what is pending on the loop's next turn, with whatever else that turn
         adds: an ending is on disk within a fraction of a millisecond, not a flush
         interval, so an LM killed with its workers does not run again a task that had
-        just ended (a flush every 0.2 s did, 1 of 8 tasks in the test)."""
+        just ended (with a flush every 0.2 s, all 8 tasks of the test did, 1 run in 3)."""
         if not self._write_scheduled:
             self._write_scheduled = True
             asyncio.get_running_loop().call_soon(self._write_pending)
