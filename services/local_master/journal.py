@@ -20,7 +20,9 @@ other endings of that turn. That is well inside the workers' redelivery window (
 report written less than ``REDELIVERY_WINDOW_S`` before the LM died is sent again to the
 new LM), so an LM killed at any moment still knows every ending its workers consider
 delivered, and one killed with its workers runs again only what ended in the last turn
-(not what ended in a flush interval, as when endings were batched). The file keeps the
+(not what ended in a flush interval, as when endings were batched). It also notes how far
+the LM has published its events (``mark_published``): a restarted LM publishes the
+endings after that mark again, which died with it in its outgoing batch. The file keeps the
 newest ``keep`` ended attempts, one row per task, and the whole events only of the newest
 ``keep_events`` endings: a restarted LM serves nothing until it has read the file, and
 parsing a million whole events takes several times longer than reading a million (task,
@@ -50,6 +52,10 @@ CREATE TABLE IF NOT EXISTS events (
     seq INTEGER PRIMARY KEY,
     event BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS published (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    seq INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS accepted (
     task_id TEXT PRIMARY KEY,
     attempt INTEGER NOT NULL,
@@ -61,11 +67,13 @@ CREATE TABLE IF NOT EXISTS accepted (
 @dataclass
 class Recalled:
     """What a journal holds, oldest first: ended attempts as (task id, attempt), the
-    events kept of them, and the accepted tasks whose attempt has not ended."""
+    events kept of them, the accepted tasks whose attempt has not ended, and the events
+    written after the last ``mark_published`` (the LM died before the broker had them)."""
 
     attempts: list[tuple[str, int]]
     events: list[common_pb2.TaskEvent]
     accepted: list[common_pb2.Task]
+    unpublished: list[common_pb2.TaskEvent]
 
 
 class JournalError(RuntimeError):
@@ -97,6 +105,11 @@ class TaskJournal:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA wal_autocheckpoint=0")  # see ``checkpoint``
             self._db.executescript(_SCHEMA)
+            with self._db:  # a journal older than the mark: what it holds went out
+                self._db.execute(
+                    "INSERT OR IGNORE INTO published (id, seq)"
+                    " SELECT 0, COALESCE(MAX(seq), 0) FROM events"
+                )
             row = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM ended").fetchone()
         except (OSError, sqlite3.Error) as err:
             raise JournalError(
@@ -124,6 +137,10 @@ class TaskJournal:
                     "SELECT a.task FROM accepted a LEFT JOIN ended e ON a.task_id = e.task_id"
                     " WHERE e.attempt IS NULL OR e.attempt < a.attempt"
                 ).fetchall()
+                unpublished = self._db.execute(
+                    "SELECT event FROM events WHERE seq > "
+                    "(SELECT COALESCE(MAX(seq), 0) FROM published) ORDER BY seq"
+                ).fetchall()
             except sqlite3.Error as err:
                 raise JournalError(f"cannot read the LM journal {self.path}: {err}") from err
         attempts.reverse()
@@ -134,7 +151,20 @@ class TaskJournal:
             latest.setdefault(event.task_id, event)
         tasks = [common_pb2.Task.FromString(blob) for (blob,) in accepted]
         tasks.sort(key=lambda t: t.timestamps.lm_decided_unix_nanos)
-        return Recalled(attempts, list(reversed(latest.values())), tasks)
+        late = [common_pb2.TaskEvent.FromString(blob) for (blob,) in unpublished]
+        return Recalled(attempts, list(reversed(latest.values())), tasks, late)
+
+    @property
+    def seq(self) -> int:
+        """The number of the newest ending written."""
+        return self._seq
+
+    def mark_published(self, seq: int) -> None:
+        """The endings up to ``seq`` are on the broker: a restarted LM publishes only
+        those after it again."""
+        with self._lock, self._db:
+            self._db.execute("INSERT OR REPLACE INTO published (id, seq) VALUES (0, ?)", (seq,))
+            self.written = True
 
     def accept(self, tasks: list[common_pb2.Task]) -> None:
         """Write ``tasks`` as accepted, in one transaction (a task's newer attempt

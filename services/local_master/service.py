@@ -173,12 +173,16 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         for event in recalled.events:
             self.endings[event.task_id] = event
         self.orphans = {task.task_id: task for task in recalled.accepted}
+        # Ended and journalled, but the LM died before the broker had them: published
+        # again (a GM learns them anyway, with LookupTasks; the event stream would not).
+        self._events.extend(recalled.unpublished)
         log.info(
             "recalled the tasks that ended here",
             extra={
                 "lm": self.lm_id,
                 "tasks": len(recalled.attempts),
                 "unfinished": len(self.orphans),
+                "unpublished": len(recalled.unpublished),
                 "journal": str(journal.path),
                 "seconds": round(time.monotonic() - began, 3),
             },
@@ -191,6 +195,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 HEARTBEAT_EXCHANGE, self._on_peer_heartbeat, ttl_s=self.config.heartbeat_interval_s
             )
         )
+        if self._events:
+            self._events_ready.set()  # the endings an earlier life did not publish
         self._loops = [
             asyncio.create_task(self._heartbeat_loop(), name="lm-heartbeats"),
             asyncio.create_task(self._event_loop(), name="lm-events"),
@@ -693,6 +699,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
     async def _flush_events(self) -> None:
         self._events_ready.clear()
         events, self._events = self._events, []
+        # Every ending journalled so far is in this batch or was published before it
+        # (an ending joins the events when it is made, and is written a turn later).
+        journalled = self.journal.seq if self.journal is not None else 0
         if events:
             body = common_pb2.TaskEventBatch(events=events).SerializeToString()
             try:
@@ -703,6 +712,11 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 self._events[:0] = events
                 self._events_ready.set()
                 raise
+            if self.journal is not None:
+                try:
+                    self.journal.mark_published(journalled)
+                except Exception as err:  # a restart publishes a few endings twice
+                    self._journal_failed(err)
 
     async def _journal_accepted(self, tasks: list[common_pb2.Task]) -> None:
         """Write ``tasks`` as accepted before the caller answers ACCEPTED: on the event

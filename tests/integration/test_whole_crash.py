@@ -9,13 +9,24 @@ from collections import Counter
 
 import pytest
 
-from services._proto.megha.v1 import common_pb2
+from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
+from services.common.server import channel
 from services.local_master.service import RESTART_GRACE_S
 from tests.integration.harness import Federation, job_in_state, sim_tasks
 
 pytestmark = pytest.mark.integration
 
 RUNNING = common_pb2.TASK_STATE_RUNNING
+
+
+async def lm_ended(fed: Federation, task_ids: list[str], lm_id: str = "lm-1") -> set[str]:
+    """The tasks whose latest attempt the LM has seen end."""
+    async with channel(fed.config.lm(lm_id).target) as ch:
+        stub = local_master_pb2_grpc.LocalMasterStub(ch)
+        known = await stub.LookupTasks(
+            local_master_pb2.LookupTasksRequest(task_ids=task_ids), timeout=5
+        )
+    return {t.task_id for t in known.tasks if t.HasField("last_ended") and not t.running}
 
 
 async def test_tasks_running_when_the_whole_federation_dies_run_again(tmp_path):
@@ -96,3 +107,26 @@ async def test_tasks_that_just_ended_do_not_run_again_after_a_whole_crash(tmp_pa
         await job_in_state(fed.gm(), reply.job_id, common_pb2.TASK_STATE_SUCCEEDED, 30)
         assert max(fed.events.runs().values()) == 1
         assert not fed.events.states(common_pb2.TASK_STATE_LOST)
+
+
+async def test_endings_journalled_but_not_yet_published_are_published_after_a_crash(tmp_path):
+    # Events wait event_batch_s before they go out. An LM that died in between, with its
+    # workers, took them along: the GMs learnt the endings (LookupTasks), but the event
+    # stream (what bench-live and other consumers read) never carried them.
+    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2, event_batch_s=1.0) as fed:
+        reply = await fed.gm().submit(sim_tasks(4, 0.1))
+        ids = list(reply.task_ids)
+        for _ in range(100):
+            if len(await lm_ended(fed, ids)) == len(ids):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the tasks never ended on the LM")
+        assert not fed.events.succeeded(), "published already: the test proves nothing"
+        names = sorted(fed.children.procs)
+        for name in names:
+            fed.children.kill(name)
+        for name in names:
+            fed.children.restart(name)
+        await fed.events.wait_succeeded(set(ids), timeout_s=30)
+        assert max(fed.events.runs().values()) == 1

@@ -129,3 +129,27 @@ def test_checkpoints_keep_the_log_from_growing(tmp_path):
     one_round(5_000)
     one_round(5_500)  # no checkpoint between: it grows
     assert wal.stat().st_size > 1.5 * unchecked
+
+
+def test_endings_written_after_the_last_mark_are_recalled_as_unpublished(tmp_path):
+    path = tmp_path / "j"
+    journal = TaskJournal(path, keep=10, keep_events=10)
+    journal.append([ended("a"), ended("b")])
+    journal.mark_published(journal.seq)
+    journal.append([ended("c")])
+    journal.close()
+    journal = TaskJournal(path, keep=10, keep_events=10)
+    assert [e.task_id for e in journal.load().unpublished] == ["c"]
+    journal.mark_published(journal.seq)
+    assert journal.load().unpublished == []
+
+
+def test_a_journal_from_before_the_mark_takes_what_it_holds_for_published(tmp_path):
+    # Written by an LM that did not mark what it published: nothing to publish again.
+    path = tmp_path / "j"
+    journal = TaskJournal(path, keep=10, keep_events=10)
+    journal.append([ended("a")])
+    journal.close()
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE published")
+    assert TaskJournal(path, keep=10, keep_events=10).load().unpublished == []
