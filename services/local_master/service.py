@@ -219,13 +219,14 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         for loop in self._loops:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await loop
+        if self.journal is not None:
+            with contextlib.suppress(Exception):
+                self._write_pending()  # before the flush, which marks them published
         with contextlib.suppress(Exception):
             await self._flush_events()
         if self.journal is not None:
             assert self._journal_thread is not None
-            self._journal_thread.shutdown(wait=True)  # the writes already handed over
-            with contextlib.suppress(Exception):
-                self._write_pending()
+            self._journal_thread.shutdown(wait=True)  # a checkpoint may be running
             self.journal.close()
 
     # ------------------------------------------------------------- GM RPCs
