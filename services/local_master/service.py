@@ -722,15 +722,12 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
     async def _journal_accepted(self, tasks: list[common_pb2.Task]) -> None:
         """Write ``tasks`` as accepted before the caller answers ACCEPTED: on the event
         loop, as a thread hop would cost several times the write (``TaskJournal``). A
-        write that fails (a full disk) is left to the journal loop to retry, and the
+        write that fails (a full disk) is kept for the journal loop to retry, and the
         answer goes anyway: the task runs, and only a crash of this LM before the retry,
         with its GM, would lose it."""
         if self.journal is not None and tasks:
-            try:
-                self.journal.accept(tasks)
-            except Exception as err:
-                self._unaccepted.extend(tasks)
-                self._journal_failed(err)
+            self._unaccepted.extend(tasks)
+            self._write_pending()
         await asyncio.sleep(0)
 
     def _schedule_write(self) -> None:

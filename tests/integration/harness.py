@@ -270,14 +270,19 @@ class StoredAfterAll:
         raise AssertionError("not expected")
 
 
-async def lm_knows(config, task_ids: list[str]) -> list[str]:
-    """Which of ``task_ids`` lm-1 has ever booked."""
-    async with channel(config.lm("lm-1").target) as ch:
+async def lm_lookup(config, task_ids: list[str], lm_id: str = "lm-1") -> list:
+    """What ``lm_id`` knows of ``task_ids`` (``LookupTasks``: its KnownTasks)."""
+    async with channel(config.lm(lm_id).target) as ch:
         stub = local_master_pb2_grpc.LocalMasterStub(ch)
         known = await stub.LookupTasks(
             local_master_pb2.LookupTasksRequest(task_ids=task_ids), timeout=5
         )
-    return [t.task_id for t in known.tasks]
+    return list(known.tasks)
+
+
+async def lm_knows(config, task_ids: list[str]) -> list[str]:
+    """Which of ``task_ids`` lm-1 has ever booked."""
+    return [t.task_id for t in await lm_lookup(config, task_ids)]
 
 
 async def job_in_state(client, job_id: str, state: int, timeout_s: float = 20):

@@ -9,24 +9,19 @@ from collections import Counter
 
 import pytest
 
-from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
-from services.common.server import channel
+from services._proto.megha.v1 import common_pb2
 from services.local_master.service import RESTART_GRACE_S
-from tests.integration.harness import Federation, job_in_state, sim_tasks
+from tests.integration.harness import Federation, job_in_state, lm_lookup, sim_tasks
 
 pytestmark = pytest.mark.integration
 
 RUNNING = common_pb2.TASK_STATE_RUNNING
 
 
-async def lm_ended(fed: Federation, task_ids: list[str], lm_id: str = "lm-1") -> set[str]:
-    """The tasks whose latest attempt the LM has seen end."""
-    async with channel(fed.config.lm(lm_id).target) as ch:
-        stub = local_master_pb2_grpc.LocalMasterStub(ch)
-        known = await stub.LookupTasks(
-            local_master_pb2.LookupTasksRequest(task_ids=task_ids), timeout=5
-        )
-    return {t.task_id for t in known.tasks if t.HasField("last_ended") and not t.running}
+async def lm_ended(fed: Federation, task_ids: list[str]) -> set[str]:
+    """The tasks whose latest attempt lm-1 has seen end."""
+    known = await lm_lookup(fed.config, task_ids)
+    return {t.task_id for t in known if t.HasField("last_ended") and not t.running}
 
 
 async def test_tasks_running_when_the_whole_federation_dies_run_again(tmp_path):
