@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services._proto.megha.v1 import common_pb2
-from services.worker.leftovers import GroupLedger, group_running
+from services.worker.leftovers import HOST_LABEL, GroupLedger, group_running
 
 SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
 FAILED = common_pb2.TASK_STATE_FAILED
@@ -271,9 +271,10 @@ class DockerExecutor:
     """Runs ``task.docker.image`` on the local Docker engine, limited to the task's resources.
 
     CPU and memory limits come from the task's request (``nano_cpus``, ``mem_limit``); the
-    container carries the label ``megha.task_id`` so an operator can find it. The
-    container is removed however the task ends. An engine that cannot be reached fails
-    the task with a clear message instead of raising.
+    container carries the label ``megha.task_id`` so an operator can find it, and, with a
+    ``ledger``, ``megha.host`` so that the host's next start removes it if this host dies
+    first (``leftovers``). The container is removed however the task ends. An engine that
+    cannot be reached fails the task with a clear message instead of raising.
 
     ``docker.from_env()`` is called lazily, once, and the client is shared by every task.
     Short engine calls run in ``asyncio.to_thread``; the one call that blocks for the
@@ -288,8 +289,10 @@ class DockerExecutor:
         kill_grace_s: float = DEFAULT_KILL_GRACE_S,
         client_factory: Any = None,
         max_containers: int = 256,
+        ledger: GroupLedger | None = None,
     ) -> None:
         self.kill_grace_s = kill_grace_s
+        self.ledger = ledger
         self._client_factory = client_factory
         self._client: Any = None
         self._cleanups: set[asyncio.Future[None]] = set()
@@ -314,6 +317,9 @@ class DockerExecutor:
             "labels": {"megha.task_id": task.task_id},
             "detach": True,
         }
+        if self.ledger is not None:
+            kwargs["labels"][HOST_LABEL] = self.ledger.host
+            self.ledger.note_containers()  # before the container exists
         if task.resources.cpu_milli > 0:
             kwargs["nano_cpus"] = task.resources.cpu_milli * 1_000_000
         if task.resources.memory_mb > 0:
@@ -425,7 +431,7 @@ def default_executors(ledger: GroupLedger | None = None) -> dict[str, Executor]:
     return {
         "sim": SimExecutor(),
         "process": ProcessExecutor(ledger=ledger),
-        "docker": DockerExecutor(),
+        "docker": DockerExecutor(ledger=ledger),
     }
 
 

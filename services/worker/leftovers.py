@@ -12,6 +12,14 @@ So a host notes each task's group in a small file (``GroupLedger``: an append-on
 file still names, before its agents register (and so before the LM hears that their
 tasks are gone). A group id is only killed while the process that leads it, if it still
 runs, is the one noted (its start time in clock ticks), so a reused pid is left alone.
+
+Docker tasks are worse off: a container is the engine's child, not the host's, so it
+outlives the host whole. Each container carries the label ``megha.host=<host>`` (the
+ledger file's stem, one per host of one federation on this machine), and the first
+container of a life writes a ``d`` line before it is created. A start whose file holds
+that line removes, with ``force``, every container labelled with its host; a host that
+never ran a container never asks the engine anything. If the engine cannot be asked, the
+new file keeps the line, so the next start tries again.
 """
 
 from __future__ import annotations
@@ -22,11 +30,14 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("megha.worker")
 
 GONE_WAIT_S = 2.0  # how long a start waits for the killed groups to be gone
 COMPACT_AFTER = 10_000  # log lines past which the file is rewritten with the live groups
+HOST_LABEL = "megha.host"  # the label naming the host that started a container
+ENGINE_TIMEOUT_S = 30  # how long a start waits on each Docker engine call
 
 
 def _stat(pid: int | str) -> list[bytes] | None:
@@ -67,16 +78,20 @@ def group_running(pgid: int) -> bool:
 class GroupLedger:
     """The process groups of the tasks a worker host runs, on disk."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, docker_client_factory: Any = None) -> None:
         self.path = Path(path)
+        self.host = self.path.stem  # the HOST_LABEL value of this host's containers
+        self._docker_client_factory = docker_client_factory
         self._live: dict[int, int] = {}
+        self._docker_noted = False
         self._lines = 0
         self._file = None
 
     def sweep(self) -> int:
-        """Kill the groups a former life of this host left running; start a new log.
-        Returns how many groups were killed."""
+        """Kill the groups and remove the containers a former life of this host left
+        running; start a new log. Returns how many groups and containers it ended."""
         noted: dict[int, int] = {}
+        ran_containers = False
         with contextlib.suppress(OSError):  # none yet, or unreadable: nothing to kill
             for line in self.path.read_text().splitlines():
                 try:
@@ -85,16 +100,19 @@ class GroupLedger:
                         noted[int(values[0])] = int(values[1])
                     elif op == "-":
                         noted.pop(int(values[0]), None)
+                    elif op == "d":
+                        ran_containers = True
                 except (IndexError, ValueError):
                     continue  # a line cut short by the crash
         killed = [pgid for pgid, ticks in noted.items() if _kill_group(pgid, ticks)]
+        removed = self._remove_containers() if ran_containers else 0
         deadline = time.monotonic() + GONE_WAIT_S
         while killed and time.monotonic() < deadline and any(map(group_running, killed)):
             time.sleep(0.01)
-        if killed:
+        if killed or removed:
             log.warning(
                 "killed what the tasks of this host's last life left running",
-                extra={"groups": len(killed), "ledger": str(self.path)},
+                extra={"groups": len(killed), "containers": removed or 0, "ledger": str(self.path)},
             )
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -104,7 +122,45 @@ class GroupLedger:
                 "cannot note the tasks' process groups; after a crash of this host they may run on",
                 extra={"ledger": str(self.path), "error": str(err)},
             )
-        return len(killed)
+        if removed is None:
+            self.note_containers()  # the engine could not be asked: the next start asks
+        return len(killed) + (removed or 0)
+
+    def note_containers(self) -> None:
+        """Say, once per life and before the first container exists, that this host
+        starts containers: a start after a crash then looks for them."""
+        if not self._docker_noted and self._file is not None:
+            self._docker_noted = True
+            self._write("d\n")
+
+    def _remove_containers(self) -> int | None:
+        """Force-remove every container labelled as this host's; None if the engine could
+        not be asked."""
+        import docker.errors  # binds ``docker`` too
+        import requests
+
+        try:
+            factory = self._docker_client_factory or (
+                lambda: docker.from_env(timeout=ENGINE_TIMEOUT_S)
+            )
+            client = factory()
+            try:
+                left = client.containers.list(
+                    all=True, filters={"label": f"{HOST_LABEL}={self.host}"}
+                )
+                for container in left:
+                    with contextlib.suppress(docker.errors.NotFound):
+                        container.remove(force=True)
+            finally:
+                client.close()
+        except (docker.errors.DockerException, requests.RequestException) as err:
+            log.warning(
+                "cannot ask the Docker engine for the containers this host's last life "
+                "left running; the next start asks again",
+                extra={"host": self.host, "error": str(err)},
+            )
+            return None
+        return len(left)
 
     def add(self, pgid: int) -> None:
         ticks = start_ticks(pgid)
@@ -132,11 +188,14 @@ class GroupLedger:
     def _compact(self) -> None:
         assert self._file is not None
         fresh = self.path.with_suffix(self.path.suffix + ".new")
-        fresh.write_text("".join(f"+ {pgid} {ticks}\n" for pgid, ticks in self._live.items()))
+        lines = [f"+ {pgid} {ticks}\n" for pgid, ticks in self._live.items()]
+        if self._docker_noted:
+            lines.append("d\n")
+        fresh.write_text("".join(lines))
         os.replace(fresh, self.path)
         self._file.close()
         self._file = open(self.path, "a", buffering=1)  # noqa: SIM115
-        self._lines = len(self._live)
+        self._lines = len(lines)
 
 
 def _kill_group(pgid: int, ticks: int) -> bool:

@@ -24,6 +24,7 @@ from services.common.server import channel
 from services.global_master.service import LM_CALL_TIMEOUT_S
 from services.local_master.journal import FLUSH_S
 from services.worker.agent import REDELIVERY_WINDOW_S
+from tests.docker_engine import local_image, needs_docker
 from tests.integration.harness import HEARTBEAT_S, RABBITMQ_URL, Federation, sim_tasks
 
 pytestmark = pytest.mark.integration
@@ -389,6 +390,58 @@ async def test_a_worker_host_killed_takes_its_tasks_processes_along(tmp_path):
         while set(fed.events.states(common_pb2.TASK_STATE_LOST)) != set(reply.task_ids):
             assert time.monotonic() < deadline, "the tasks were never taken for lost"
             await asyncio.sleep(0.1)
+
+
+@needs_docker
+async def test_a_worker_host_killed_has_its_containers_removed_when_it_starts_again(tmp_path):
+    # A container is the Docker engine's child, not the host's: a host killed -9 left its
+    # containers running while the LM queued their tasks again. The host's next start
+    # removes them, before its agents register.
+    import docker
+
+    engine = docker.from_env()
+    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2) as fed:
+        tasks = []
+        for _ in range(2):
+            image = common_pb2.DockerExecutor(image=local_image(), args=["sleep", "300"])
+            task = common_pb2.Task(docker=image)
+            task.resources.cpu_milli, task.resources.memory_mb = 1000, 256
+            tasks.append(task)
+        reply = await fed.gm().submit(tasks)
+        theirs = {"label": "megha.host"}
+
+        def running() -> set[str]:
+            return {
+                c.id
+                for c in engine.containers.list(filters=theirs)
+                if c.labels["megha.task_id"] in reply.task_ids
+            }
+
+        try:
+            deadline = time.monotonic() + 60
+            while len(first := running()) < 2:
+                assert time.monotonic() < deadline, "the containers never started"
+                await asyncio.sleep(0.2)
+            fed.children.kill("workers-lm-1")
+            await asyncio.sleep(1)
+            assert running() == first  # the engine's children outlive the host
+            fed.children.restart("workers-lm-1")
+            swept = "killed what the tasks of this host's last life left running"
+            deadline = time.monotonic() + 30
+            while swept not in fed.log("workers-lm-1") and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert swept in fed.log("workers-lm-1")
+            assert not running() & first, "a first attempt's container still runs"
+            # The tasks were lost with the host and are queued again as their next attempt.
+            deadline = time.monotonic() + 30
+            while set(fed.events.states(common_pb2.TASK_STATE_LOST)) != set(reply.task_ids):
+                assert time.monotonic() < deadline, "the tasks were never taken for lost"
+                await asyncio.sleep(0.1)
+        finally:
+            for container in engine.containers.list(all=True, filters=theirs):
+                if container.labels.get("megha.task_id") in reply.task_ids:
+                    container.remove(force=True)
+            engine.close()
 
 
 async def test_an_lm_killed_and_restarted_takes_back_what_its_workers_run(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,8 @@ from services.worker.executors import (
     SimExecutor,
     executor_for,
 )
+from services.worker.leftovers import GroupLedger
+from tests.docker_engine import local_image, needs_docker
 
 SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
 FAILED = common_pb2.TASK_STATE_FAILED
@@ -190,16 +193,7 @@ async def test_docker_engine_unavailable_fails_the_task_cleanly(
     assert result.message.startswith("docker engine unavailable: ")
 
 
-def _docker_works() -> bool:
-    try:
-        import docker
-
-        return bool(docker.from_env().ping())
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(not _docker_works(), reason="no reachable Docker engine")
+@needs_docker
 async def test_docker_runs_a_container_and_removes_it() -> None:
     import docker
 
@@ -207,7 +201,7 @@ async def test_docker_runs_a_container_and_removes_it() -> None:
         task_id="d-real",
         resources=common_pb2.Resources(cpu_milli=500, memory_mb=64),
         docker=common_pb2.DockerExecutor(
-            image="alpine:3.20", args=["sh", "-c", "echo no >&2; exit 4"]
+            image=local_image(), args=["sh", "-c", "echo no >&2; exit 4"]
         ),
     )
     result = await asyncio.wait_for(DockerExecutor().run(task), 300)
@@ -215,6 +209,46 @@ async def test_docker_runs_a_container_and_removes_it() -> None:
     assert result.message.endswith("no")
     left = docker.from_env().containers.list(all=True, filters={"label": "megha.task_id=d-real"})
     assert left == []
+
+
+@needs_docker
+async def test_a_container_of_a_killed_host_is_removed_by_its_next_start(tmp_path: Path) -> None:
+    # A container is the engine's child: a worker host killed -9 leaves it running while
+    # the LM queues its task again elsewhere. The host's next start removes it.
+    import docker
+
+    task_id = f"d-left-{os.getpid()}"
+    script = f"""
+import asyncio
+from services._proto.megha.v1 import common_pb2
+from services.worker.executors import DockerExecutor
+from services.worker.leftovers import GroupLedger
+ledger = GroupLedger({str(tmp_path / "host.groups")!r})
+ledger.sweep()
+image = common_pb2.DockerExecutor(image={local_image()!r}, args=["sleep", "300"])
+task = common_pb2.Task(task_id={task_id!r}, docker=image)
+asyncio.run(DockerExecutor(ledger=ledger).run(task))
+"""
+    client = docker.from_env()
+    labelled = {"label": f"megha.task_id={task_id}"}
+    host = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 60
+        while not (running := client.containers.list(filters=labelled)):
+            assert host.poll() is None and time.monotonic() < deadline, "never started"
+            await asyncio.sleep(0.1)
+        host.kill()
+        host.wait(10)
+        await asyncio.sleep(0.5)
+        assert [c.id for c in client.containers.list(filters=labelled)] == [running[0].id]
+        assert running[0].labels["megha.host"] == "host"
+        assert GroupLedger(tmp_path / "host.groups").sweep() == 1
+        assert client.containers.list(all=True, filters=labelled) == []
+    finally:
+        host.kill()
+        for container in client.containers.list(all=True, filters=labelled):
+            container.remove(force=True)
+        client.close()
 
 
 # ---------------------------------------------------------------------- choosing

@@ -69,3 +69,38 @@ def test_a_ledger_it_cannot_write_leaves_the_host_running(tmp_path):
     assert ledger.sweep() == 0
     ledger.add(os.getpid())  # noted nowhere, and no error
     ledger.remove(os.getpid())
+
+
+def test_only_a_host_that_ran_containers_asks_the_engine_and_it_asks_until_answered(
+    tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:1")  # an engine that never answers
+    path = tmp_path / "host.groups"
+    ledger = GroupLedger(path)
+    assert ledger.sweep() == 0
+    assert "Docker engine" not in caplog.text  # no container in its last life: not asked
+    ledger.note_containers()
+    ledger.note_containers()  # once per life
+    ledger.close()
+    assert path.read_text() == "d\n"
+    for _ in range(2):  # the engine is down: the line stays, and the next start asks again
+        caplog.clear()
+        again = GroupLedger(path)
+        assert again.sweep() == 0
+        again.close()
+        assert "cannot ask the Docker engine" in caplog.text
+        assert path.read_text() == "d\n"
+
+
+def test_the_rewritten_log_still_says_the_host_ran_containers(tmp_path, monkeypatch):
+    monkeypatch.setattr(leftovers, "COMPACT_AFTER", 10)
+    path = tmp_path / "host.groups"
+    ledger = GroupLedger(path)
+    ledger.sweep()
+    ledger.note_containers()
+    for _ in range(6):  # 13 lines: past 10, the file was rewritten
+        ledger.add(os.getpid())
+        ledger.remove(os.getpid())
+    ledger.close()
+    lines = path.read_text().splitlines()
+    assert len(lines) < 13 and "d" in lines
