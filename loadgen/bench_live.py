@@ -33,7 +33,6 @@ from typing import Any, TypeVar
 
 import aio_pika
 import grpc
-import yaml
 from aio_pika.exceptions import AMQPError
 
 from loadgen import report
@@ -56,7 +55,14 @@ from services.common.convert import resources_to_proto
 from services.common.runner import wait_all_healthy
 from services.core.resources import parse_resources, resources
 from services.local_master.service import EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, user_queue
-from services.operator import ChildDied, Children, broker_reachable, wait_until_ready
+from services.operator import (
+    ChildDied,
+    Children,
+    broker_reachable,
+    start_federation,
+    wait_until_ready,
+    write_federation,
+)
 
 T = TypeVar("T")
 DRAIN_EXTRA_S = 30.0  # the wait after the offer is bounded by seconds + this
@@ -216,23 +222,10 @@ async def running_federation(
     On exit (Ctrl-C and errors included) the children are stopped, and the durable queues
     and exchanges of the config's prefix are deleted from the broker.
     """
-    log_dir.mkdir(parents=True, exist_ok=True)
-    config = config.with_journals(log_dir)  # as `megha up` runs its LMs
-    config_path = log_dir / "federation.yaml"
-    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    config, config_path = write_federation(config, log_dir)
     children = Children(log_dir)
-    base = [sys.executable, "-m", "services.cli"]
-    tail = ["--config", str(config_path), "--log-level", log_level]
     try:
-        for lm in config.lms:
-            children.start(f"lm-{lm.id}", [*base, "lm", "--id", lm.id, *tail])
-        if config.predictor is not None:
-            children.start("predictor", [*base, "predictor", *tail])
-        for gm in config.gms:
-            children.start(f"gm-{gm.id}", [*base, "gm", "--id", gm.id, *tail])
-        for lm in config.lms:
-            if any(g.lm == lm.id for g in config.workers):
-                children.start(f"workers-{lm.id}", [*base, "worker", "--lm", lm.id, *tail])
+        start_federation(config, config_path, children, ["--log-level", log_level])
         await children.guard(wait_all_healthy(config, timeout_s=STARTUP_TIMEOUT_S))
         await children.guard(wait_until_ready(config, timeout_s=STARTUP_TIMEOUT_S))
         yield children

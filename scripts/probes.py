@@ -219,10 +219,7 @@ async def whole_crash(tasks: int, after: float, times: int, kill: list[str]) -> 
                 f"killing {', '.join(names)}: {counts[RUNNING]} starts and "
                 f"{counts[SUCCEEDED]} successes seen of {tasks} tasks"
             )
-            for name in names:
-                fed.children.kill(name)
-            for name in names:
-                fed.children.restart(name)
+            fed.children.crash(names)
         waited = await _report(fed, ids, reply.job_id)
         lost = sum(e.state == common_pb2.TASK_STATE_LOST for e in fed.events.events)
         again = fed.events.runs()

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict, deque
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -115,10 +116,7 @@ async def _up_embedded(config: FederationConfig, args: argparse.Namespace) -> in
 
 async def _up_processes(config: FederationConfig, args: argparse.Namespace) -> int:
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="megha-up-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    config = config.with_journals(log_dir)
-    config_path = log_dir / "federation.yaml"
-    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    config, config_path = write_federation(config, log_dir)
     children = Children(log_dir)
     try:
         start_federation(config, config_path, children)
@@ -141,11 +139,24 @@ async def _up_processes(config: FederationConfig, args: argparse.Namespace) -> i
         children.stop()
 
 
-def start_federation(config: FederationConfig, config_path: Path, children: Children) -> None:
-    """Start every role of ``config`` as a child process. Names: ``lm-<id>``,
-    ``gm-<id>``, ``workers-<lm id>``, ``predictor``; logs in the children's log dir."""
+def write_federation(config: FederationConfig, log_dir: Path) -> tuple[FederationConfig, Path]:
+    """``config`` as ``megha up`` runs it (each LM's journal in ``log_dir``), written to
+    ``log_dir/federation.yaml`` for the children; the config and its path."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    config = config.with_journals(log_dir)
+    config_path = log_dir / "federation.yaml"
+    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+    return config, config_path
+
+
+def start_federation(
+    config: FederationConfig, config_path: Path, children: Children, extra: Sequence[str] = ()
+) -> None:
+    """Start every role of ``config`` as a child process, LMs first, with ``extra``
+    arguments (e.g. ``--log-level``). Names: ``lm-<id>``, ``gm-<id>``, ``workers-<lm id>``,
+    ``predictor``; logs in the children's log dir."""
     base = [sys.executable, "-m", "services.cli"]
-    conf = ["--config", str(config_path)]
+    conf = ["--config", str(config_path), *extra]
     for lm in config.lms:
         children.start(f"lm-{lm.id}", [*base, "lm", "--id", lm.id, *conf])
     if config.predictor is not None:
@@ -191,6 +202,16 @@ class Children:
 
     def restart(self, name: str) -> None:
         self.start(name, self.argv[name])
+
+    def crash(self, names: list[str] | None = None) -> list[str]:
+        """Kill (-9) the named children, every one by default, all before any starts
+        again (a host or a whole federation going down), then restart them; the names."""
+        names = sorted(self.procs) if names is None else names
+        for name in names:
+            self.kill(name)
+        for name in names:
+            self.restart(name)
+        return names
 
     async def guard(self, coro, restart: bool = False):
         """Await ``coro``; a child that exits meanwhile aborts it with ``ChildDied``, or,

@@ -38,11 +38,7 @@ async def test_tasks_running_when_the_whole_federation_dies_run_again(tmp_path):
             await asyncio.sleep(0.1)
         else:
             raise AssertionError("the tasks never all ran")
-        names = sorted(fed.children.procs)
-        for name in names:
-            fed.children.kill(name)
-        for name in names:
-            fed.children.restart(name)
+        fed.children.crash()
         await fed.events.wait_succeeded(ids, timeout_s=60)
         job = await job_in_state(fed.gm(), reply.job_id, common_pb2.TASK_STATE_SUCCEEDED, 20)
         assert {t.task_id for t in job.tasks} == ids
@@ -92,11 +88,7 @@ async def test_tasks_that_just_ended_do_not_run_again_after_a_whole_crash(tmp_pa
         reply = await fed.gm().submit(sim_tasks(8, 0.3))
         ids = set(reply.task_ids)
         await fed.events.wait_succeeded(ids, timeout_s=20)
-        names = sorted(fed.children.procs)
-        for name in names:
-            fed.children.kill(name)
-        for name in names:
-            fed.children.restart(name)
+        fed.children.crash()
         # Past the LM's grace for workers to name its tasks (worker_timeout_s + 5 s).
         await asyncio.sleep(fed.config.worker_timeout_s + RESTART_GRACE_S + 1)
         await job_in_state(fed.gm(), reply.job_id, common_pb2.TASK_STATE_SUCCEEDED, 30)
@@ -118,10 +110,6 @@ async def test_endings_journalled_but_not_yet_published_are_published_after_a_cr
         else:
             raise AssertionError("the tasks never ended on the LM")
         assert not fed.events.succeeded(), "published already: the test proves nothing"
-        names = sorted(fed.children.procs)
-        for name in names:
-            fed.children.kill(name)
-        for name in names:
-            fed.children.restart(name)
+        fed.children.crash()
         await fed.events.wait_succeeded(set(ids), timeout_s=30)
         assert max(fed.events.runs().values()) == 1
