@@ -67,6 +67,7 @@ from services.operator import (
 T = TypeVar("T")
 DRAIN_EXTRA_S = 30.0  # the wait after the offer is bounded by seconds + this
 STARTUP_TIMEOUT_S = 90.0
+MEMORY_SAMPLE_S = 5.0  # at most, between two samples of every process's resident memory
 # Below Linux's ephemeral ports (32768-60999 by default): a port probed free there can be
 # taken by one of the federation's own outgoing connections before its server binds it
 # (seen: a worker host's metrics port, "Address already in use", mid-sweep).
@@ -448,15 +449,18 @@ def _loadavg() -> float | None:
         return None
 
 
-_HOST = "(host)"  # CpuMeter's key for the whole host's busy CPU time
+_HOST = "(host)"  # ProcessMeter's key for the whole host's busy CPU time
 
 
-class CpuMeter:
-    """CPU seconds each process used over a window, read from /proc (Linux only).
+class ProcessMeter:
+    """CPU seconds each process used over a window, and its resident memory at both ends,
+    read from /proc (Linux only).
 
     Every process of the run shares this host's CPUs, so "who burns the CPU" tells where
     the time goes better than a profile of one process. RabbitMQ is included when it runs
-    here (it may also serve other clients).
+    here (it may also serve other clients). Memory that grows with the tasks run is what
+    a long-lived federation must have room for (GMs and LMs remember ended tasks, up to
+    their bounds).
     """
 
     def __init__(self, pids: dict[str, int]) -> None:
@@ -465,11 +469,47 @@ class CpuMeter:
         if broker is not None:
             self.pids["rabbitmq"] = broker
         self._ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._page_mb = (os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096) / 2**20
         self._began: dict[str, float] = {}
         self._began_at = 0.0
+        self._rss_began: dict[str, float] = {}
+        self._samples: list[tuple[float, dict[str, float]]] = []
 
     def start(self) -> None:
         self._began, self._began_at = self._read(), time.monotonic()
+        self._rss_began = self._rss()
+        self._samples = [(0.0, self._rss_began)]
+
+    def sample(self) -> None:
+        """Note every process's resident memory now (``memory`` reports the series)."""
+        self._samples.append((time.monotonic() - self._began_at, self._rss()))
+
+    def memory(self, tasks: int) -> dict[str, Any] | None:
+        """Each process's resident MB at ``start`` and now, its growth in KB per task, and
+        the series of ``sample`` calls (seconds since ``start``, MB per process)."""
+        self.sample()
+        ended = self._samples[-1][1]
+        both = [n for n in ended if n in self._rss_began]
+        if not both:
+            return None
+        return {
+            "rss_mb": {n: [round(self._rss_began[n], 1), round(ended[n], 1)] for n in both},
+            "kb_per_task": {
+                n: round(1024 * (ended[n] - self._rss_began[n]) / max(1, tasks), 3) for n in both
+            },
+            "series": {
+                "t_s": [round(t, 1) for t, _ in self._samples],
+                "rss_mb": {n: [round(r.get(n, 0.0), 1) for _, r in self._samples] for n in both},
+            },
+        }
+
+    def _rss(self) -> dict[str, float]:
+        out = {}
+        for name, pid in self.pids.items():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+                out[name] = pages * self._page_mb
+        return out
 
     def stop(self, tasks: int) -> dict[str, Any] | None:
         """``cores`` (CPU seconds per second) of the run, per process % of one core and ms
@@ -503,6 +543,12 @@ class CpuMeter:
                 continue
             out[name] = (int(fields[11]) + int(fields[12])) / self._ticks  # utime + stime
         return out
+
+
+async def _keep_sampling(meter: ProcessMeter, every_s: float) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        meter.sample()
 
 
 def _local_pid_of(program: bytes) -> int | None:
@@ -563,8 +609,11 @@ async def _measure(
     async with bus:
         await bus.subscribe_topic(EVENT_EXCHANGE, "task.#", on_batch)
         reporter = asyncio.create_task(_keep_showing(progress, line))
-        meter = CpuMeter({"loadgen": os.getpid()} | {n: p.pid for n, p in children.procs.items()})
+        pids = {"loadgen": os.getpid()} | {n: p.pid for n, p in children.procs.items()}
+        meter = ProcessMeter(pids)
         meter.start()
+        every_s = max(0.2, min(MEMORY_SAMPLE_S, options.seconds / 10))  # 10 or more samples
+        sampler = asyncio.create_task(_keep_sampling(meter, every_s))
         began = time.monotonic()
         drained = False
         try:
@@ -574,9 +623,11 @@ async def _measure(
         finally:
             wall_s = time.monotonic() - began
             cpu = meter.stop(len(offer.offer.accepted))
-            reporter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reporter
+            memory = meter.memory(len(offer.offer.accepted))
+            for loop_task in (reporter, sampler):
+                loop_task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loop_task
             for task in list(offer.offer.inflight):
                 task.cancel()
             await asyncio.gather(*offer.offer.inflight, return_exceptions=True)
@@ -585,6 +636,7 @@ async def _measure(
         counters = await scrape_counters(config)
     result = summarise(options, config, offer.offer, events, wall_s, counters)
     result.summary["cpu"] = cpu
+    result.summary["memory"] = memory
     result.summary["submit_api"] = "SubmitStream" if streaming else "SubmitJob"
     result.summary["drain_timed_out"] = not drained
     if attempts is not None:
@@ -710,6 +762,18 @@ def write_report(out_dir: Path, result: BenchResult) -> list[Path]:
     )
     if cdf is not None:
         files.append(cdf)
+    memory = (s.get("memory") or {}).get("series")
+    if memory and len(memory["t_s"]) >= 3:
+        plotted = report.plot_series(
+            memory["t_s"],
+            memory["rss_mb"],
+            out_dir / "memory.png",
+            title=f"resident memory, {s['offered_rate']:g} tasks/s offered",
+            xlabel="seconds since the offer began",
+            ylabel="MB",
+        )
+        if plotted is not None:
+            files.append(plotted)
     return files
 
 
@@ -745,6 +809,16 @@ def render(result: BenchResult) -> str:
                 if cpu.get("other_cores") is not None
                 else ""
             )
+        )
+    memory = s.get("memory")
+    if memory:
+        grew = sorted(memory["rss_mb"].items(), key=lambda kv: kv[1][1] - kv[1][0], reverse=True)
+        lines.append(
+            "memory, MB resident    "
+            + "  ".join(f"{n} {a:.0f}->{b:.0f}" for n, (a, b) in grew[:6])
+            + "  (KB per task: "
+            + ", ".join(f"{n} {memory['kb_per_task'][n]:.2f}" for n, _ in grew[:3])
+            + ")"
         )
     other = (cpu or {}).get("other_cores")
     if other is not None and other > 0.2:

@@ -331,6 +331,38 @@ def plot_cdfs(curves: Sequence[tuple[str, Sequence[float]]], path: Path, title: 
     return path
 
 
+def plot_series(
+    x: Sequence[float],
+    lines: Mapping[str, Sequence[float]],
+    path: Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+) -> Path | None:
+    """One line per ``lines`` entry over ``x``; None, writing nothing, without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    try:
+        for label, values in sorted(lines.items()):
+            ax.plot(x, values, label=label)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="upper left", fontsize=7, ncol=2)
+        ax.set_title(title)
+        save_figure(fig, path)
+    finally:
+        plt.close(fig)
+    return path
+
+
 def save_figure(fig: Any, path: Path) -> None:
     """Write a matplotlib figure as a PNG, making its folder."""
     path.parent.mkdir(parents=True, exist_ok=True)

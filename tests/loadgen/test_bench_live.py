@@ -140,6 +140,16 @@ def test_bench_live_end_to_end(tmp_path: Path) -> None:
         rows = list(csv.DictReader(handle))
     assert len(rows) == 40 and all(float(r["alloc_s"]) > 0 for r in rows)
     assert "completed / offered    40 / 40" in done.stdout
+    # Each service's resident memory at both ends of the run, and its growth per task.
+    rss = summary["memory"]["rss_mb"]
+    assert {"gm-gm-1", "lm-lm-1", "workers-lm-1", "loadgen"} <= set(rss)
+    assert all(10 < start < 2000 and 10 < end < 2000 for start, end in rss.values())
+    assert set(summary["memory"]["kb_per_task"]) == set(rss)
+    assert "memory, MB resident" in done.stdout
+    series = summary["memory"]["series"]
+    assert len(series["t_s"]) >= 10 and series["t_s"] == sorted(series["t_s"])
+    assert all(len(values) == len(series["t_s"]) for values in series["rss_mb"].values())
+    assert (out / "memory.png").stat().st_size > 0
 
 
 @pytest.mark.parametrize(
