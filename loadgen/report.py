@@ -349,6 +349,7 @@ def plot_series(
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
     try:
+        ax.set_prop_cycle(color=plt.get_cmap("tab20").colors)  # a dozen lines stay apart
         for label, values in sorted(lines.items()):
             ax.plot(x, values, label=label)
         ax.set_xlabel(xlabel)

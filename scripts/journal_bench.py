@@ -15,9 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from services._proto.megha.v1 import common_pb2
+from services.common.config import FederationConfig
 from services.core.cluster_state import ENDED_KEPT, ClusterState
 from services.local_master.journal import TaskJournal
-from services.local_master.service import ENDINGS_KEPT
+
+# The LM's default: whole final events kept for LookupTasks.
+ENDINGS_KEPT = FederationConfig.model_fields["lm_endings_kept"].default
 
 
 def _event(i: int, now: int) -> common_pb2.TaskEvent:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from services.core.cluster_state import ENDED_KEPT
 from services.core.constraints import DEFAULT_NUM_CONSTRAINTS, MAX_CONSTRAINTS
 from services.core.match import PlacementPolicy, make_policy
 from services.core.resources import ResourceError, parse_resources
@@ -106,6 +107,26 @@ class FederationConfig(_Model):
         description="An LM gathers task lifecycle events this long into one message: fewer, "
         "larger messages for the broker and every subscriber (events are observations; "
         "no placement waits for them).",
+    )
+    gm_job_history_tasks: int = Field(
+        500_000,
+        ge=1_000,
+        description="Tasks each GM remembers for GetJob and WatchJob (every GM hears of "
+        "every task; about 1 KB each in memory); past it, the jobs heard of least recently "
+        "are forgotten.",
+    )
+    lm_ended_kept: int = Field(
+        ENDED_KEPT,
+        ge=10_000,
+        description="Ended attempts each LM remembers, in memory and in its journal (about "
+        "0.4 KB each): a retry of one of them is refused as a duplicate, so a GM that retries "
+        "an attempt older than this may run it again.",
+    )
+    lm_endings_kept: int = Field(
+        100_000,
+        ge=1_000,
+        description="Ended tasks whose whole final event each LM keeps (about 1 KB each), to "
+        "tell a GM that missed the event how the task ended (LookupTasks, ListTasks).",
     )
     num_constraints: int = Field(DEFAULT_NUM_CONSTRAINTS, ge=1, le=MAX_CONSTRAINTS)
     policy: Literal["first-fit", "best-fit", "gpa"] = Field(

@@ -152,7 +152,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         )
         self.my_queues = [q.name for q in config.queues_of(gm_id)]
         self.queues: UserQueues[Pending] = UserQueues(self.my_queues)
-        self.jobs = JobBook()
+        self.jobs = JobBook(max_tasks=config.gm_job_history_tasks)
         # Jobs submitted here to our own queues, scheduled from memory, whose broker
         # delivery has not arrived yet (see SubmitJob).
         self._local: dict[tuple, Batch] = {}

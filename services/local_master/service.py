@@ -47,7 +47,7 @@ from services.common.convert import (
     snapshot_from_proto,
     snapshot_to_proto,
 )
-from services.core.cluster_state import ENDED_KEPT, ClusterState, Decision
+from services.core.cluster_state import ClusterState, Decision
 from services.core.constraints import to_mask
 from services.core.fairness import FairShare, QueueShare, usage_by_queue
 from services.core.global_view import GlobalView
@@ -69,8 +69,6 @@ TERMINAL = {
 ENDED = TERMINAL | {common_pb2.TASK_STATE_LOST}
 EVENT_RETRY_S = 0.5  # between tries to publish events while the broker is away
 LIST_BATCH = 5_000  # task events per ListTasks message, far below gRPC's 4 MiB
-# How many endings an LM remembers for GMs that missed their events (LookupTasks).
-ENDINGS_KEPT = 100_000
 # After an LM restarts, past ``worker_timeout_s`` plus this, a worker that has not
 # registered again is taken for gone with what it ran (the GM's rule for tasks the LM
 # lost, the LM's for the tasks its journal holds and no worker named: ``orphans``).
@@ -131,6 +129,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             config.num_constraints,
             config.placement_policy(),
             incarnation=time.time_ns(),  # a restart is a new life, told apart by GMs
+            ended_kept=config.lm_ended_kept,
         )
         self.fair = FairShare(
             [QueueShare(q.name, q.share, q.gm) for q in config.effective_queues()]
@@ -151,7 +150,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         # Tasks accepted in an earlier life that no worker has named since, by id.
         self.orphans: dict[str, common_pb2.Task] = {}
         path = config.lm(lm_id).journal
-        self.journal = TaskJournal(path, ENDED_KEPT, ENDINGS_KEPT) if path else None
+        self.journal = (
+            TaskJournal(path, config.lm_ended_kept, config.lm_endings_kept) if path else None
+        )
         # The journal loop's thread, for checkpoints; shutdown waits for the one running.
         self._journal_thread = ThreadPoolExecutor(1, "lm-journal") if path else None
         # Endings and accepted tasks (adopted, or whose write failed) not yet journalled;
@@ -650,7 +651,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         if state in ENDED:
             self.endings[task.task_id] = event
             self.endings.move_to_end(task.task_id)
-            if len(self.endings) > ENDINGS_KEPT:
+            if len(self.endings) > self.config.lm_endings_kept:
                 self.endings.popitem(last=False)
             if self.journal is not None:
                 self._unjournaled.append(event)
@@ -755,7 +756,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         except Exception as err:
             self._unaccepted[:0] = accepted
             self._unjournaled[:0] = ended
-            del self._unjournaled[:-ENDINGS_KEPT]
+            del self._unjournaled[: -self.config.lm_endings_kept]
             self._journal_failed(err)
         else:
             self._journal_failing = False

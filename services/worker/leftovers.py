@@ -30,7 +30,6 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 log = logging.getLogger("megha.worker")
 
@@ -76,12 +75,12 @@ def group_running(pgid: int) -> bool:
 
 
 class GroupLedger:
-    """The process groups of the tasks a worker host runs, on disk."""
+    """The process groups of the tasks a worker host runs, and whether it runs
+    containers, on disk."""
 
-    def __init__(self, path: str | Path, docker_client_factory: Any = None) -> None:
+    def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.host = self.path.stem  # the HOST_LABEL value of this host's containers
-        self._docker_client_factory = docker_client_factory
         self._live: dict[int, int] = {}
         self._docker_noted = False
         self._lines = 0
@@ -140,10 +139,7 @@ class GroupLedger:
         import requests
 
         try:
-            factory = self._docker_client_factory or (
-                lambda: docker.from_env(timeout=ENGINE_TIMEOUT_S)
-            )
-            client = factory()
+            client = docker.from_env(timeout=ENGINE_TIMEOUT_S)
             try:
                 left = client.containers.list(
                     all=True, filters={"label": f"{HOST_LABEL}={self.host}"}
