@@ -9,8 +9,10 @@ built the same way.
 
 from __future__ import annotations
 
+import struct
+import sys
 from collections import Counter
-from typing import Any
+from typing import Any, NamedTuple
 
 from loadgen import report
 from services._proto.megha.v1 import common_pb2
@@ -19,14 +21,44 @@ RUNNING = common_pb2.TASK_STATE_RUNNING
 SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
 # Ends a task for good; LOST and PREEMPTED tasks come back as a new attempt.
 ENDED = {SUCCEEDED, common_pb2.TASK_STATE_FAILED, common_pb2.TASK_STATE_REJECTED}
+# Every stamp of ``report.STAMPS``, packed: a run keeps one record per task and event
+# kind, so a replay of millions of tasks must not keep whole protobuf events.
+_STAMPS = struct.Struct(f"<{len(report.STAMPS)}q")
+_FIELDS = tuple(f"{name}_unix_nanos" for name in report.STAMPS)
+
+
+class Seen(NamedTuple):
+    """What one task event says that a report needs, in ~0.2 KB instead of a whole event
+    (which also keeps its whole batch's memory alive)."""
+
+    state: int
+    attempt: int
+    lm_id: str
+    node_id: str
+    packed_stamps: bytes
+
+    @classmethod
+    def of(cls, event: common_pb2.TaskEvent) -> Seen:
+        ts = event.timestamps
+        return cls(
+            event.state,
+            event.attempt,
+            sys.intern(event.lm_id),  # a few LMs and nodes, shared by every record
+            sys.intern(event.node_id),
+            _STAMPS.pack(*(getattr(ts, name) for name in _FIELDS)),
+        )
+
+    @property
+    def stamps(self) -> dict[str, int]:
+        return dict(zip(report.STAMPS, _STAMPS.unpack(self.packed_stamps), strict=True))
 
 
 class EventLog:
     """What the LMs' task events say about each task, recorded as they arrive."""
 
     def __init__(self) -> None:
-        self.running: dict[str, common_pb2.TaskEvent] = {}  # the latest attempt's RUNNING
-        self.ended: dict[str, common_pb2.TaskEvent] = {}  # SUCCEEDED / FAILED / REJECTED
+        self.running: dict[str, Seen] = {}  # the latest attempt's RUNNING
+        self.ended: dict[str, Seen] = {}  # SUCCEEDED / FAILED / REJECTED
         self.successes: Counter[str] = Counter()  # > 1 for a task id = exactly-once broken
         self.events = 0
         self.batches = 0
@@ -45,9 +77,9 @@ class EventLog:
         if state == RUNNING:
             known = self.running.get(event.task_id)
             if known is None or event.attempt >= known.attempt:
-                self.running[event.task_id] = event
+                self.running[event.task_id] = Seen.of(event)
         elif state in ENDED:
-            self.ended[event.task_id] = event
+            self.ended[event.task_id] = Seen.of(event)
             if state == SUCCEEDED:
                 self.successes[event.task_id] += 1
 
@@ -67,7 +99,7 @@ class EventLog:
         # finished, so it stands in if RUNNING was never seen.
         stamps = stamps_of(running or ended)
         if ended is not None:
-            stamps["finished"] = ended.timestamps.finished_unix_nanos
+            stamps["finished"] = ended.stamps["finished"]
         source = running or ended
         state = ended.state if ended else running.state if running else 0
         row = {
@@ -84,8 +116,5 @@ class EventLog:
         return row, stamps
 
 
-def stamps_of(event: common_pb2.TaskEvent | None) -> dict[str, int]:
-    if event is None:
-        return dict.fromkeys(report.STAMPS, 0)
-    ts = event.timestamps
-    return {name: getattr(ts, f"{name}_unix_nanos") for name in report.STAMPS}
+def stamps_of(seen: Seen | None) -> dict[str, int]:
+    return dict.fromkeys(report.STAMPS, 0) if seen is None else seen.stamps

@@ -1,0 +1,72 @@
+"""What the load generator's record of task events costs per task, in resident memory.
+
+    python scripts/eventlog_memory.py [--tasks 100000]
+
+Feeds ``EventLog`` a RUNNING and a SUCCEEDED event per task, in batches of 50 as an LM
+publishes them, then builds the report's rows (``task_row``) as bench-live and replay do
+at the end of a run, and prints the growth of this process's resident memory (Linux
+/proc) per task at each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+from loadgen.events import EventLog
+from services._proto.megha.v1 import common_pb2
+
+BATCH = 50
+STARTED = ("submitted", "queued", "dequeued", "decided", "lm_received", "lm_decided")
+
+
+def resident_mb() -> float:
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def batch_of(job: int, state: int, now: int) -> bytes:
+    batch = common_pb2.TaskEventBatch()
+    for i in range(BATCH):
+        event = batch.events.add(
+            task_id=f"job-{job}.{i}", job_id=f"job-{job}", state=state, attempt=0
+        )
+        event.lm_id, event.node_id, event.queue = "lm-1", f"lm-1-w{i % 100}", "default"
+        for k, name in enumerate((*STARTED, "worker_received", "started")):
+            setattr(event.timestamps, f"{name}_unix_nanos", now + k)
+        if state != common_pb2.TASK_STATE_RUNNING:
+            event.timestamps.finished_unix_nanos = now + 100
+    return batch.SerializeToString()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=100_000, help="tasks (multiple of 50)")
+    tasks = parser.parse_args().tasks // BATCH * BATCH
+    if tasks <= 0:
+        parser.error("--tasks must be at least 50")
+    now = time.time_ns()
+    log = EventLog()
+    before = resident_mb()
+    for job in range(tasks // BATCH):
+        for state in (common_pb2.TASK_STATE_RUNNING, common_pb2.TASK_STATE_SUCCEEDED):
+            log.add(common_pb2.TaskEventBatch.FromString(batch_of(job, state, now)))
+    logged = resident_mb()
+    jobs = range(tasks // BATCH)
+    accepted = {f"job-{job}.{i}": (f"job-{job}", "gm-1") for job in jobs for i in range(BATCH)}
+    offered = resident_mb()
+    rows = [log.task_row(task_id, job_id, gm) for task_id, (job_id, gm) in accepted.items()]
+    built = resident_mb()
+    assert len(rows) == tasks and log.succeeded == tasks
+    per_task = 1024 / tasks
+    print(
+        f"{tasks} tasks, KB per task: event record {(logged - before) * per_task:.2f}, "
+        f"accepted-task map {(offered - logged) * per_task:.2f}, "
+        f"report rows {(built - offered) * per_task:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
