@@ -16,6 +16,9 @@ Run from the repository root, with RabbitMQ up:
         every process (or those named, e.g. lm-lm-1,gm-gm-1) killed (-9) at once while
         tasks queue, start, run and end, then restarted (RabbitMQ stays up): is every
         task run, and how many twice?
+    python scripts/probes.py idle-worker [--agents 100] [--interval 0.05] [--seconds 60]
+                                         [--stream-life 120]
+        a worker host whose agents only heartbeat (no task): does its memory level off?
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness is in tests/
 
 from services._proto.megha.v1 import common_pb2
+from services.common.config import WORKER_STREAM_LIFE_S
 from tests.integration.harness import Federation, sim_tasks
 
 RUNNING, SUCCEEDED = common_pb2.TASK_STATE_RUNNING, common_pb2.TASK_STATE_SUCCEEDED
@@ -229,6 +233,41 @@ async def whole_crash(tasks: int, after: float, times: int, kill: list[str]) -> 
         )
 
 
+def _rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
+
+
+async def idle_worker(agents: int, interval_s: float, seconds: float, life_s: float) -> None:
+    async with _federation(
+        "idle-worker",
+        gms=1,
+        lms=1,
+        workers_per_lm=agents,
+        worker_heartbeat_interval_s=interval_s,
+        worker_timeout_s=max(1.5, 20 * interval_s),
+        worker_stream_life_s=life_s,
+    ) as fed:
+        host = fed.children.procs["workers-lm-1"].pid
+        lm = fed.children.procs["lm-lm-1"].pid
+        await asyncio.sleep(5)  # registered, streams open, allocator warm
+        began, first = time.monotonic(), (_rss_mb(host), _rss_mb(lm))
+        print(
+            f"{agents} agents heartbeating every {interval_s:g} s, no task, "
+            f"streams replaced every {life_s:g} s or so"
+        )
+        while (elapsed := time.monotonic() - began) < seconds:
+            await asyncio.sleep(min(10.0, seconds - elapsed))
+            elapsed = time.monotonic() - began
+            beats = agents * elapsed / interval_s
+            host_mb, lm_mb = _rss_mb(host), _rss_mb(lm)
+            print(
+                f"  {elapsed:5.0f} s: worker host {host_mb:.1f} MB "
+                f"({1e6 * (host_mb - first[0]) / beats:+.0f} B per heartbeat), "
+                f"LM {lm_mb:.1f} MB ({1e6 * (lm_mb - first[1]) / beats:+.0f} B)"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     probes = parser.add_subparsers(dest="probe", required=True)
@@ -245,6 +284,13 @@ def main() -> None:
     crash.add_argument(
         "--kill", default="", help="comma-separated children to kill (default: every one)"
     )
+    idle = probes.add_parser("idle-worker")
+    idle.add_argument("--agents", type=int, default=100)
+    idle.add_argument("--interval", type=float, default=0.05, help="heartbeat interval, s")
+    idle.add_argument("--seconds", type=float, default=60.0)
+    idle.add_argument(
+        "--stream-life", type=float, default=WORKER_STREAM_LIFE_S, help="worker_stream_life_s"
+    )
     args = parser.parse_args()
     if args.probe == "unreachable-lm":
         asyncio.run(unreachable_lm(not args.no_drop, args.tasks))
@@ -255,6 +301,8 @@ def main() -> None:
     elif args.probe == "whole-crash":
         kill = [name for name in args.kill.split(",") if name]
         asyncio.run(whole_crash(args.tasks, args.after, args.times, kill))
+    elif args.probe == "idle-worker":
+        asyncio.run(idle_worker(args.agents, args.interval, args.seconds, args.stream_life))
     else:
         asyncio.run(big_job(args.tasks))
 

@@ -21,6 +21,9 @@ from services.core.constraints import DEFAULT_NUM_CONSTRAINTS, MAX_CONSTRAINTS
 from services.core.match import PlacementPolicy, make_policy
 from services.core.resources import ResourceError, parse_resources
 
+# How long a worker agent keeps one heartbeat stream (services/worker/agent.py).
+WORKER_STREAM_LIFE_S = 120.0
+
 ENV_PREFIX = "MEGHA_"
 
 
@@ -100,6 +103,12 @@ class FederationConfig(_Model):
         description="A worker agent idle this long sends a heartbeat (task reports go at once).",
     )
     worker_timeout_s: float = Field(10.0, gt=0, description="Silence before a worker is dead.")
+    worker_stream_life_s: float = Field(
+        WORKER_STREAM_LIFE_S,
+        gt=0,
+        description="A worker agent replaces its heartbeat stream after about this long, "
+        "without registering again: gRPC holds memory per message for a stream's whole life.",
+    )
     event_batch_s: float = Field(
         0.05,
         ge=0,

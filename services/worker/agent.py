@@ -47,6 +47,7 @@ import grpc
 import numpy as np
 
 from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
+from services.common.config import WORKER_STREAM_LIFE_S
 from services.common.convert import resources_to_proto
 from services.core.resources import validate_capacity
 from services.worker.executors import (
@@ -70,6 +71,15 @@ REGISTER_TIMEOUT_S = 5.0
 REDELIVERY_WINDOW_S = 3.0
 # Keeps a heartbeat far below gRPC's 4 MiB message limit after a long disconnect.
 MAX_REPORTS_PER_HEARTBEAT = 2000
+# A heartbeat stream is replaced by a new one (no new registration) after about
+# ``stream_life_s`` (config ``worker_stream_life_s``): grpc holds ~370 B of native memory
+# per message written on a stream until the stream ends, so one that lived for ever grew
+# a worker host without bound (+366 B per heartbeat, `python scripts/probes.py
+# idle-worker`). Each stream's life is drawn in [0.75, 1.25] of it, so a host's agents do
+# not all replace their streams at once.
+# How long a replaced stream waits for the LM to end it: commands the LM wrote before it
+# saw our end are still read (a start read nowhere would be lost).
+STREAM_HANDOVER_S = 10.0
 
 
 class RegistrationRefused(RuntimeError):
@@ -140,6 +150,7 @@ class WorkerAgent:
         executors: Mapping[str, Executor] | None = None,
         registration_slots: asyncio.Semaphore | None = None,
         rng: random.Random | None = None,
+        stream_life_s: float = WORKER_STREAM_LIFE_S,
     ) -> None:
         if default_executor not in EXECUTOR_NAMES:
             raise ValueError(
@@ -153,6 +164,9 @@ class WorkerAgent:
         self.address = address
         self.default_executor = default_executor
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.stream_life_s = stream_life_s
+        self.streams = 0  # heartbeat streams opened, replacements included
+        self.registrations = 0
         self.lm_id = ""
         self.node_index: int | None = None
         self.channel = channel
@@ -214,11 +228,14 @@ class WorkerAgent:
         self._run_task = current
         wake, stop, connected = self._events()
         backoff = Backoff(rng=self._rng)
+        replaced = False  # the last stream ended by being replaced: no need to register
         while not self._closing:
             began = time.monotonic()
+            registered, replaced = replaced, False
             try:
-                await self._register()
-                await self._session(wake, connected)
+                if not registered:
+                    await self._register()
+                replaced = await self._session(wake, connected)
             except grpc.aio.AioRpcError as err:
                 if err.code() == grpc.StatusCode.INVALID_ARGUMENT and self.node_index is None:
                     raise RegistrationRefused(
@@ -239,14 +256,17 @@ class WorkerAgent:
                 # A write raced with the LM closing the stream cleanly.
                 log.warning("the LM ended the heartbeat stream", extra={"node_id": self.node_id})
             finally:
-                connected.clear()
                 if self._closing:
+                    connected.clear()
                     self._sent.clear()
                     self._owed.clear()
-                else:
+                elif not replaced:
+                    connected.clear()
                     self._requeue_recent()
             if self._closing:
                 break
+            if replaced:
+                continue  # the LM read all we wrote and we read all it wrote: go straight on
             # A stream that lived a while broke by accident: retry quickly. One that broke
             # at once probably breaks again: back off.
             if time.monotonic() - began >= BACKOFF_MAX_S:
@@ -301,6 +321,7 @@ class WorkerAgent:
 
     # --------------------------------------------------------------- the LM link
     async def _register(self) -> None:
+        self.registrations += 1
         request = local_master_pb2.RegisterWorkerRequest(
             node_id=self.node_id,
             worker_address=self.address,
@@ -322,23 +343,35 @@ class WorkerAgent:
             extra={"node_id": self.node_id, "lm_id": self.lm_id, "node_index": self.node_index},
         )
 
-    async def _session(self, wake: asyncio.Event, connected: asyncio.Event) -> None:
+    async def _session(self, wake: asyncio.Event, connected: asyncio.Event) -> bool:
+        """One heartbeat stream, until it breaks, we shut down, or its life is over.
+        True when it ended by being replaced, cleanly: every report we wrote was read
+        and every command the LM wrote was read here."""
         call = self._stub.WorkerHeartbeats()
-        self._resync()
+        self.streams += 1
+        if not connected.is_set():
+            self._resync()
         connected.set()
         self._report_outage = True
-        sender = asyncio.create_task(self._send_loop(call, wake))
+        life = self.stream_life_s * (0.75 + 0.5 * self._rng.random())
+        sender = asyncio.create_task(self._send_loop(call, wake, time.monotonic() + life))
         receiver = asyncio.create_task(self._receive_loop(call))
         try:
             done, _ = await asyncio.wait([sender, receiver], return_when=asyncio.FIRST_COMPLETED)
             if sender in done and sender.exception() is None:
-                # We closed our side on shutdown; give the LM a moment to end the stream.
+                # We closed our side (shut down, or replaced): the LM ends the stream once
+                # it has read it all; read what it wrote until then.
+                replacing = sender.result()
+                wait_s = STREAM_HANDOVER_S if replacing else 1.0
                 with contextlib.suppress(TimeoutError, grpc.aio.AioRpcError):
-                    await asyncio.wait_for(asyncio.shield(receiver), 1.0)
+                    await asyncio.wait_for(asyncio.shield(receiver), wait_s)
+                if replacing and receiver.done() and receiver.exception() is None:
+                    return True
             for finished in done:
                 finished.result()  # re-raise a stream error
             if receiver in done:
                 log.warning("the LM ended the heartbeat stream", extra={"node_id": self.node_id})
+            return False
         finally:
             sender.cancel()
             receiver.cancel()
@@ -367,7 +400,11 @@ class WorkerAgent:
         if report.state != RUNNING:
             self._owed.pop((report.task_id, report.attempt), None)
 
-    async def _send_loop(self, call: grpc.aio.StreamStreamCall, wake: asyncio.Event) -> None:
+    async def _send_loop(
+        self, call: grpc.aio.StreamStreamCall, wake: asyncio.Event, until: float
+    ) -> bool:
+        """Write heartbeats until we shut down (False) or past ``until`` with nothing left
+        to send (True: the stream is to be replaced); our side is closed either way."""
         while True:
             wake.clear()  # before draining: a report added from here on wakes us again
             reports = self._outbox[:MAX_REPORTS_PER_HEARTBEAT]
@@ -391,7 +428,10 @@ class WorkerAgent:
                 self._delivered(self._sent.popleft().report)
             if closing:
                 await call.done_writing()
-                return
+                return False
+            if now >= until and not self._outbox and not self._closing:
+                await call.done_writing()
+                return True
             # asyncio.timeout, not wait_for: no task per heartbeat (hundreds of agents).
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.heartbeat_interval_s):
@@ -416,7 +456,10 @@ class WorkerAgent:
     # ---------------------------------------------------------------- the tasks
     def _start(self, task: common_pb2.Task) -> None:
         task_id = task.task_id
-        if task_id in self._running:
+        if task_id in self._running or (task_id, task.attempt) in self._owed:
+            # A start the LM wrote again: on its worker's next stream, after the old one
+            # ended during the write (a replaced or broken stream). An attempt that ended
+            # here is owed its report, not a second run.
             log.info("duplicate start ignored", extra={"node_id": self.node_id, "task_id": task_id})
             return
         stamps = task.timestamps

@@ -117,6 +117,7 @@ class WorkerHost:
                 self._channel,
                 default_executor=self.group.executor,
                 heartbeat_interval_s=interval,
+                stream_life_s=self.config.worker_stream_life_s,
                 executors=self._executors,
                 registration_slots=slots,
             )
