@@ -77,6 +77,7 @@ MAX_REPORTS_PER_HEARTBEAT = 2000
 # a worker host without bound (+366 B per heartbeat, `python scripts/probes.py
 # idle-worker`). Each stream's life is drawn in [0.75, 1.25] of it, so a host's agents do
 # not all replace their streams at once.
+#
 # How long a replaced stream waits for the LM to end it: commands the LM wrote before it
 # saw our end are still read (a start read nowhere would be lost).
 STREAM_HANDOVER_S = 10.0
