@@ -220,9 +220,10 @@ def by_node(events: list[common_pb2.TaskEvent]) -> dict[str, list[str]]:
 
 
 @contextlib.asynccontextmanager
-async def embedded_federation(prefix: str):
+async def embedded_federation(prefix: str, hosts: list | None = None, **overrides):
     """In this process on the in-memory bus (as ``megha up --embedded``): one GM, one LM
-    with two workers of 4 CPUs. Yields (config, the GM, the GM's bus, a client)."""
+    with two workers of 4 CPUs. Yields (config, the GM, the GM's bus, a client).
+    ``overrides`` go into the config; ``hosts``, when given, receives the worker host."""
     gm_port, lm_port = free_ports(2)
     config = parse_config(
         {
@@ -231,6 +232,7 @@ async def embedded_federation(prefix: str):
             "workers": [{"lm": "lm-1", "count": 2, "capacity": "cpu=4,mem=8Gi"}],
             "heartbeat_interval_s": 0.2,
             "exchange_prefix": prefix,
+            **overrides,
         },
         env={},
     )
@@ -238,7 +240,7 @@ async def embedded_federation(prefix: str):
     async with (
         make_bus("memory://", broker=broker) as lm_bus,
         running_lm(config, "lm-1", lm_bus),
-        running_workers(config, None, None),
+        running_workers(config, None, None) as started,
         make_bus("memory://", broker=broker) as gm_bus,
         running_gm(config, "gm-1", gm_bus) as gm,
         GlobalMasterClient(config.gm("gm-1").target) as client,
@@ -251,6 +253,8 @@ async def embedded_federation(prefix: str):
             await asyncio.sleep(0.05)
         else:
             raise AssertionError("the GM never saw the workers")
+        if hosts is not None:
+            hosts.extend(started)
         yield config, gm, gm_bus, client
 
 
