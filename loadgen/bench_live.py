@@ -26,7 +26,7 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,7 +36,7 @@ import grpc
 from aio_pika.exceptions import AMQPError
 
 from loadgen import report
-from loadgen.events import EventLog
+from loadgen.events import EventLog, TaskRows
 from loadgen.queues import (
     LiveAttempts,
     QueueFileError,
@@ -381,7 +381,7 @@ async def _keep_showing(progress: Progress, line: Callable[[], str]) -> None:
 @dataclass
 class BenchResult:
     summary: dict[str, Any]
-    rows: list[dict[str, Any]]
+    rows: Iterable[dict[str, Any]]  # made when iterated (TaskRows)
     alloc_values_s: list[float]
     files: list[Path] = field(default_factory=list)
 
@@ -696,19 +696,8 @@ def summarise(
     counters: dict[str, int] | None,
 ) -> BenchResult:
     warmup_end = offer.started_ns + int(options.warmup_s * 1e9)
-    rows: list[dict[str, Any]] = []
-    measured: list[dict[str, int]] = []
-    starts: list[int] = []
-    for task_id, (job_id, gm) in offer.accepted.items():
-        row, stamps = events.task_row(task_id, job_id, gm)
-        alloc = row["alloc_s"]
-        rows.append(row)
-        if alloc is not None and stamps["started"] >= warmup_end:
-            measured.append(stamps)
-            starts.append(stamps["started"])
-    rows.sort(key=lambda r: r["task_id"])
-    alloc_values = [report.allocation_s(s) for s in measured]
-    throughput = report.placement_rate(starts)
+    measured = events.measure(offer.accepted, started_from_ns=warmup_end)
+    throughput = report.placement_rate(measured.started_ns)
     offer_s = max(1e-9, (offer.ended_ns - offer.started_ns) / 1e9)
     failed = sum(1 for t in offer.accepted if t in events.ended and t not in events.successes)
     summary = report.make_summary(
@@ -720,8 +709,8 @@ def summarise(
         jobs=offer.jobs,
         tasks=offer.tasks,
         completed=sum(1 for t in offer.accepted if t in events.successes),
-        alloc_s=report.percentiles(alloc_values),
-        components_s=report.component_medians(measured),
+        alloc_s=report.percentiles(measured.alloc_s),
+        components_s=report.component_medians(map(events.stamps, measured.task_ids)),
         **(counters or {}),
         throughput_tasks_per_s=round(throughput, 3),
         wall_s=round(wall_s, 3),
@@ -736,16 +725,16 @@ def summarise(
         submit_errors=dict(offer.errors),
         failed=failed,
         duplicates=events.duplicates,
-        measured_tasks=len(measured),
-        excluded_warmup=sum(1 for r in rows if r["alloc_s"] is not None) - len(measured),
+        measured_tasks=len(measured.task_ids),
+        excluded_warmup=measured.allocated - len(measured.task_ids),
         counters_source="prometheus" if counters is not None else "unavailable (left 0)",
-        detail_s=report.detail_percentiles(measured),
+        detail_s=report.detail_percentiles(map(events.stamps, measured.task_ids)),
         offer_lag_s=report.percentiles(offer.lags_s),
         submit_rpc_s=report.percentiles(offer.rpc_s),
         events_seen=events.events,
         exchange_prefix=config.exchange_prefix,
     )
-    return BenchResult(summary, rows, alloc_values)  # type: ignore[arg-type]
+    return BenchResult(summary, TaskRows(events, offer.accepted), measured.alloc_s)
 
 
 def write_report(out_dir: Path, result: BenchResult) -> list[Path]:

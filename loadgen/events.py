@@ -12,6 +12,7 @@ from __future__ import annotations
 import struct
 import sys
 from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from loadgen import report
@@ -91,8 +92,8 @@ class EventLog:
     def duplicates(self) -> int:
         return sum(1 for count in self.successes.values() if count > 1)
 
-    def task_row(self, task_id: str, job_id: str, gm: str) -> tuple[dict[str, Any], dict[str, int]]:
-        """The ``tasks.csv`` row of one task, and its stamps (``report.STAMPS`` names)."""
+    def stamps(self, task_id: str) -> dict[str, int]:
+        """One task's stamps (``report.STAMPS`` names, 0 where not seen)."""
         running = self.running.get(task_id)
         ended = self.ended.get(task_id)
         # RUNNING carries the stamps up to the start; the end event has them too, plus
@@ -100,6 +101,32 @@ class EventLog:
         stamps = stamps_of(running or ended)
         if ended is not None:
             stamps["finished"] = ended.stamps["finished"]
+        return stamps
+
+    def measure(self, task_ids: Iterable[str], started_from_ns: int = 0) -> Measured:
+        """The tasks of ``task_ids`` that were allocated and started at or after
+        ``started_from_ns``."""
+        ids: list[str] = []
+        alloc_s: list[float] = []
+        started_ns: list[int] = []
+        allocated = 0
+        for task_id in task_ids:
+            stamps = self.stamps(task_id)
+            alloc = report.allocation_s(stamps)
+            if alloc is None:
+                continue
+            allocated += 1
+            if stamps["started"] >= started_from_ns:
+                ids.append(task_id)
+                alloc_s.append(alloc)
+                started_ns.append(stamps["started"])
+        return Measured(ids, alloc_s, started_ns, allocated)
+
+    def task_row(self, task_id: str, job_id: str, gm: str) -> tuple[dict[str, Any], dict[str, int]]:
+        """The ``tasks.csv`` row of one task, and its stamps (``report.STAMPS`` names)."""
+        running = self.running.get(task_id)
+        ended = self.ended.get(task_id)
+        stamps = self.stamps(task_id)
         source = running or ended
         state = ended.state if ended else running.state if running else 0
         row = {
@@ -114,6 +141,36 @@ class EventLog:
             "state": common_pb2.TaskState.Name(state).removeprefix("TASK_STATE_").lower(),
         }
         return row, stamps
+
+
+class Measured(NamedTuple):
+    """The tasks a report measures (allocated, started at or after a warm-up's end), each
+    by id, allocation time and start, in the same order; only what a summary needs, so a
+    run of a million tasks does not keep a dict of stamps per task (``EventLog.stamps``
+    makes them again where wanted)."""
+
+    task_ids: list[str]
+    alloc_s: list[float]
+    started_ns: list[int]
+    allocated: int  # tasks with an allocation time, warm-up included
+
+
+class TaskRows:
+    """The ``tasks.csv`` rows of the accepted tasks (task id -> (job id, GM)), in task id
+    order, made anew each time they are iterated instead of kept: a row is a dict of ~1.4
+    KB, so a run of a million tasks would hold gigabytes of them just to write a file."""
+
+    def __init__(self, events: EventLog, accepted: Mapping[str, tuple[str, str]]) -> None:
+        self._events = events
+        self._accepted = accepted
+
+    def __len__(self) -> int:
+        return len(self._accepted)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for task_id in sorted(self._accepted):
+            job_id, gm = self._accepted[task_id]
+            yield self._events.task_row(task_id, job_id, gm)[0]
 
 
 def stamps_of(seen: Seen | None) -> dict[str, int]:

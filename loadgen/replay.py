@@ -18,7 +18,7 @@ import itertools
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from loadgen import report
-from loadgen.events import EventLog
+from loadgen.events import EventLog, TaskRows
 from loadgen.sim.engine import Progress, bar
 from loadgen.trace import ReadStats, TraceError, TraceJob
 from services._proto.megha.v1 import common_pb2
@@ -41,7 +41,7 @@ DEFAULT_MEMORY_MB = 128  # .tr tasks ask for no memory; a live node validates > 
 @dataclass
 class ReplayResult:
     summary: dict[str, Any]
-    rows: list[dict[str, Any]]
+    rows: Iterable[dict[str, Any]]  # made when iterated (TaskRows)
     alloc_values: list[float]
     files: list[Path] = field(default_factory=list)
 
@@ -214,13 +214,8 @@ async def replay_jobs(
         progress.done()
         for client in clients:
             await client.close()
-    rows, measured = [], []
-    for task_id, (job_id, gm) in accepted.items():
-        row, stamps = events.task_row(task_id, job_id, gm)
-        rows.append(row)
-        if row["alloc_s"] is not None:
-            measured.append(stamps)
-    rows.sort(key=lambda r: r["task_id"])
+    rows = TaskRows(events, accepted)
+    measured = events.measure(accepted)
     jobs_done: dict[str, list[int]] = {}  # job -> [first submit, last finish, tasks left]
     for row in rows:
         job = jobs_done.setdefault(row["job_id"], [row["submitted_unix_nanos"], 0, 0])
@@ -230,8 +225,7 @@ async def replay_jobs(
         else:
             job[2] += 1
     job_completion = [(end - start) / 1e9 for start, end, left in jobs_done.values() if not left]
-    alloc_values = [report.allocation_s(s) for s in measured]
-    throughput = report.placement_rate(s["started"] for s in measured)
+    throughput = report.placement_rate(measured.started_ns)
     summary = report.make_summary(
         target="live",
         scheduler="megha",
@@ -241,8 +235,8 @@ async def replay_jobs(
         jobs=len(jobs),
         tasks=total,
         completed=sum(1 for t in accepted if t in events.successes),
-        alloc_s=report.percentiles(alloc_values),
-        components_s=report.component_medians(measured),
+        alloc_s=report.percentiles(measured.alloc_s),
+        components_s=report.component_medians(map(events.stamps, measured.task_ids)),
         throughput_tasks_per_s=round(throughput, 3),
         wall_s=round(wall_s, 3),
         speedup=speedup,
@@ -257,10 +251,10 @@ async def replay_jobs(
         skipped_lines=skipped_lines,
         arrival_lag_s=report.percentiles(lags),
         job_completion_s=report.percentiles(job_completion),
-        detail_s=report.detail_percentiles(measured),
+        detail_s=report.detail_percentiles(map(events.stamps, measured.task_ids)),
         started_unix_nanos=began_ns,
     )
-    return ReplayResult(summary, rows, alloc_values)  # type: ignore[arg-type]
+    return ReplayResult(summary, rows, measured.alloc_s)
 
 
 def write_report(out_dir: Path, result: ReplayResult) -> list[Path]:

@@ -3,19 +3,23 @@
     python scripts/eventlog_memory.py [--tasks 100000]
 
 Feeds ``EventLog`` a RUNNING and a SUCCEEDED event per task, in batches of 50 as an LM
-publishes them, then builds the report's rows (``task_row``) as bench-live and replay do
-at the end of a run, and prints the growth of this process's resident memory (Linux
-/proc) per task at each step.
+publishes them, then makes what bench-live and replay make at the end of a run: the
+summary's measurements (``EventLog.measure`` and the component medians and step
+percentiles over them) and ``tasks.csv`` (``TaskRows``, made as the file is written).
+Prints the growth of this process's resident memory (Linux /proc) per task at each step;
+the peak is what the kernel recorded (``VmHWM``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 import time
 from pathlib import Path
 
-from loadgen.events import EventLog
+from loadgen import report
+from loadgen.events import EventLog, TaskRows
 from services._proto.megha.v1 import common_pb2
 
 BATCH = 50
@@ -25,6 +29,12 @@ STARTED = ("submitted", "queued", "dequeued", "decided", "lm_received", "lm_deci
 def resident_mb() -> float:
     pages = int(Path("/proc/self/statm").read_text().split()[1])
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_mb() -> float:
+    status = Path("/proc/self/status").read_text()
+    line = next(ln for ln in status.splitlines() if ln.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
 
 
 def batch_of(job: int, state: int, now: int) -> bytes:
@@ -57,14 +67,22 @@ def main() -> None:
     jobs = range(tasks // BATCH)
     accepted = {f"job-{job}.{i}": (f"job-{job}", "gm-1") for job in jobs for i in range(BATCH)}
     offered = resident_mb()
-    rows = [log.task_row(task_id, job_id, gm) for task_id, (job_id, gm) in accepted.items()]
-    built = resident_mb()
-    assert len(rows) == tasks and log.succeeded == tasks
+    measured = log.measure(accepted)
+    report.component_medians(map(log.stamps, measured.task_ids))
+    report.detail_percentiles(map(log.stamps, measured.task_ids))
+    summarised = resident_mb()
+    with tempfile.TemporaryDirectory() as out:
+        csv = report.write_tasks_csv(out, TaskRows(log, accepted))
+        lines = sum(1 for _ in csv.open()) - 1
+    written = resident_mb()
+    assert len(measured.task_ids) == lines == tasks and log.succeeded == tasks
     per_task = 1024 / tasks
     print(
         f"{tasks} tasks, KB per task: event record {(logged - before) * per_task:.2f}, "
         f"accepted-task map {(offered - logged) * per_task:.2f}, "
-        f"report rows {(built - offered) * per_task:.2f}"
+        f"summary {(summarised - offered) * per_task:.2f}, "
+        f"tasks.csv {(written - summarised) * per_task:.2f}; "
+        f"peak above the accepted-task map {(peak_mb() - offered) * per_task:.2f}"
     )
 
 

@@ -86,6 +86,7 @@ def test_summary_excludes_warmup_counts_duplicates_and_measures_the_steady_windo
     assert s["counters_source"].startswith("unavailable")
     assert not result.ok
     rows = {r["task_id"]: r for r in result.rows}
+    assert list(rows) == ["a.0", "b.0", "c.0", "d.0", "e.0"]  # tasks.csv in task id order
     assert rows["e.0"]["alloc_s"] is None and rows["e.0"]["state"] == "unspecified"
     assert rows["b.0"]["state"] == "succeeded" and rows["b.0"]["finished_unix_nanos"] > 0
 
