@@ -157,8 +157,8 @@ class Measured(NamedTuple):
 
 class TaskRows:
     """The ``tasks.csv`` rows of the accepted tasks (task id -> (job id, GM)), in task id
-    order, made anew each time they are iterated instead of kept: a row is a dict of ~1.4
-    KB, so a run of a million tasks would hold gigabytes of them just to write a file."""
+    order, made anew each time they are iterated instead of kept: a row and its stamps
+    take ~2 KB, so a run of a million tasks would hold gigabytes just to write a file."""
 
     def __init__(self, events: EventLog, accepted: Mapping[str, tuple[str, str]]) -> None:
         self._events = events
