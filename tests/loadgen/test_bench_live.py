@@ -61,7 +61,7 @@ def test_summary_excludes_warmup_counts_duplicates_and_measures_the_steady_windo
     options = BenchOptions(rate=4, seconds=3, gms=1, lms=1, workers_per_lm=2, warmup_s=1.0)
     config = bench_config(options, base_port=30_000, prefix="bench-unit")
     offer = Offer(jobs=5, tasks=5, started_ns=T0, ended_ns=T0 + 2 * S)
-    for name in "abcde":
+    for name in "dbeac":  # not in id order: tasks.csv sorts
         offer.accepted[f"{name}.0"] = (name, "gm-1")
     events = run_events(
         event("a.0", RUNNING, 0.5),  # in the warm-up
