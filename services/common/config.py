@@ -128,13 +128,13 @@ class FederationConfig(_Model):
         ENDED_KEPT,
         ge=10_000,
         description="Ended attempts each LM remembers, in memory and in its journal (about "
-        "0.4 KB each): a retry of one of them is refused as a duplicate, so a GM that retries "
+        "0.15 KB each): a retry of one of them is refused as a duplicate, so a GM that retries "
         "an attempt older than this may run it again.",
     )
     lm_endings_kept: int = Field(
         100_000,
         ge=1_000,
-        description="Ended tasks whose whole final event each LM keeps (about 1 KB each), to "
+        description="Ended tasks whose whole final event each LM keeps (about 0.3 KB each), to "
         "tell a GM that missed the event how the task ended (LookupTasks, ListTasks).",
     )
     num_constraints: int = Field(DEFAULT_NUM_CONSTRAINTS, ge=1, le=MAX_CONSTRAINTS)
