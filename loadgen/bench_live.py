@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import aio_pika
 import grpc
 from aio_pika.exceptions import AMQPError
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen import report
 from loadgen.events import EventLog, TaskRows
@@ -250,20 +251,9 @@ async def delete_broker_objects(config: FederationConfig, timeout_s: float = 10.
                 await channel.exchange_delete(bus.exchange_name(exchange))
 
 
-async def scrape_counters(config: FederationConfig) -> dict[str, int] | None:
-    """Totals of the GM/LM counters the summary reports, from their Prometheus endpoints.
-
-    None when an endpoint cannot be read (the summary then says the counts are unknown).
-    """
-    from prometheus_client.parser import text_string_to_metric_families
-
-    wanted = {
-        "megha_inconsistencies_total": "inconsistencies",
-        "megha_repartitions_total": "repartitions",
-        "megha_preemption_attempts_total": "preemption_attempts",
-        "megha_preemptions_total": "preemptions",
-    }
-    totals = dict.fromkeys(wanted.values(), 0)
+async def scrape(config: FederationConfig) -> dict[str, str] | None:
+    """Each GM's and LM's Prometheus text, by id; None when an endpoint cannot be read
+    (the summary then says the counts are unknown)."""
     endpoints = [e for e in (*config.gms, *config.lms) if e.metrics_port]
 
     def fetch(port: int) -> str:
@@ -274,12 +264,60 @@ async def scrape_counters(config: FederationConfig) -> dict[str, int] | None:
         texts = await asyncio.gather(*(asyncio.to_thread(fetch, e.metrics_port) for e in endpoints))
     except OSError:
         return None
-    for text in texts:
+    return {e.id: text for e, text in zip(endpoints, texts, strict=True)}
+
+
+def counters_from(texts: dict[str, str]) -> dict[str, int]:
+    """Totals over every process of the GM/LM counters the summary reports."""
+    wanted = {
+        "megha_inconsistencies_total": "inconsistencies",
+        "megha_repartitions_total": "repartitions",
+        "megha_preemption_attempts_total": "preemption_attempts",
+        "megha_preemptions_total": "preemptions",
+    }
+    totals = dict.fromkeys(wanted.values(), 0)
+    for text in texts.values():
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name in wanted:
                     totals[wanted[sample.name]] += int(sample.value)
     return totals
+
+
+# A loop this late is a stall worth counting (the services log each one of 0.1 s or more;
+# 0.128 s is a bucket edge of the histogram).
+STALL_S = 0.128
+
+
+def stalls_from(texts: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Per process: how often its event loop ran more than ``STALL_S`` late, a bound on the
+    worst lag (the histogram bucket it fell in), and its garbage collections by generation
+    as [count, seconds]."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, text in texts.items():
+        buckets: dict[float, float] = {}
+        gc: dict[str, list[float]] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "megha_event_loop_lag_seconds_bucket":
+                    buckets[float(sample.labels["le"])] = sample.value
+                elif sample.name.startswith("megha_gc_pause_seconds_"):
+                    kind = sample.name.rsplit("_", 1)[1]
+                    if kind in ("count", "sum"):
+                        entry = gc.setdefault(sample.labels["generation"], [0, 0.0])
+                        entry[1 if kind == "sum" else 0] = sample.value
+        if not buckets:
+            continue  # a service without the watcher
+        total = buckets[float("inf")]
+        below = max((n for edge, n in buckets.items() if edge <= STALL_S), default=0.0)
+        worst = min((edge for edge, n in buckets.items() if n >= total), default=0.0)
+        out[name] = {
+            "loop_lags": int(total),
+            "stalls": int(total - below),
+            "worst_lag_le_s": worst,
+            "gc": {gen: [int(c), round(sec, 3)] for gen, (c, sec) in sorted(gc.items())},
+        }
+    return out
 
 
 # --------------------------------------------------------------------------- events
@@ -633,8 +671,10 @@ async def _measure(
             await asyncio.gather(*offer.offer.inflight, return_exceptions=True)
             for target in targets:
                 await target.client.close()
-        counters = await scrape_counters(config)
+        texts = await scrape(config)
+    counters = counters_from(texts) if texts is not None else None
     result = summarise(options, config, offer.offer, events, wall_s, counters)
+    result.summary["stalls"] = stalls_from(texts) if texts is not None else None
     result.summary["cpu"] = cpu
     result.summary["memory"] = memory
     result.summary["submit_api"] = "SubmitStream" if streaming else "SubmitJob"
@@ -809,6 +849,9 @@ def render(result: BenchResult) -> str:
             + ", ".join(f"{n} {memory['kb_per_task'][n]:.2f}" for n, _ in grew[:3])
             + ")"
         )
+    stalls = s.get("stalls")
+    if stalls:
+        lines.append(render_stalls(stalls))
     other = (cpu or {}).get("other_cores")
     if other is not None and other > 0.2:
         lines.append(
@@ -822,6 +865,19 @@ def render(result: BenchResult) -> str:
     for path in result.files:
         lines.append(f"wrote {path}")
     return "\n".join(lines)
+
+
+def render_stalls(stalls: dict[str, dict[str, Any]]) -> str:
+    """One line: each process's event-loop stalls and the time its full collections took."""
+
+    def one(name: str, st: dict[str, Any]) -> str:
+        count, seconds = st["gc"].get("2", [0, 0.0])
+        stalled = f"{st['stalls']} stalls" + (
+            f" (worst <= {st['worst_lag_le_s']:g} s)" if st["stalls"] else ""
+        )
+        return f"{name} {stalled}, gen-2 gc {count}x {seconds:.2f} s"
+
+    return f"loop stalls > {STALL_S:g} s    " + "  ".join(one(n, st) for n, st in stalls.items())
 
 
 def run(options: BenchOptions) -> int:

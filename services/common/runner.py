@@ -19,6 +19,7 @@ from services._proto.megha.v1 import (
     predictor_pb2,
     predictor_pb2_grpc,
 )
+from services.common import stalls
 from services.common.bus import Bus, InMemoryBroker, make_bus
 from services.common.config import FederationConfig, WorkerGroup
 from services.common.server import Service, start_metrics, wait_healthy
@@ -127,8 +128,25 @@ async def until_signalled() -> None:
     await stop.wait()
 
 
+@contextlib.asynccontextmanager
+async def watching_stalls() -> AsyncIterator[None]:
+    """``stalls.watch`` for as long as the block runs: one per process."""
+    watcher = asyncio.create_task(stalls.watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
 async def serve_role(config: FederationConfig, role: str, ident: str | None, count: int | None):
     """``megha gm|lm|worker|predictor``: one role until SIGINT/SIGTERM."""
+    async with watching_stalls():
+        await _serve_role(config, role, ident, count)
+
+
+async def _serve_role(config: FederationConfig, role: str, ident: str | None, count: int | None):
     if role == "predictor":
         async with running_predictor(config):
             await until_signalled()
@@ -149,6 +167,7 @@ async def serve_embedded(config: FederationConfig, ready: asyncio.Event | None =
     """Every service of ``config`` in this process on an in-memory bus (no RabbitMQ)."""
     broker = InMemoryBroker()
     async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(watching_stalls())
         for lm in config.lms:
             bus = await stack.enter_async_context(make_bus("memory://", broker=broker))
             await stack.enter_async_context(running_lm(config, lm.id, bus))

@@ -8,12 +8,18 @@ from pathlib import Path
 from prometheus_client.metrics import MetricWrapperBase
 
 import services.common.metrics
+import services.common.stalls
 import services.global_master.predictions
 import services.predictor.service
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 # Where the services define their megha_ metrics.
-MODULES = (services.common.metrics, services.global_master.predictions, services.predictor.service)
+MODULES = (
+    services.common.metrics,
+    services.common.stalls,
+    services.global_master.predictions,
+    services.predictor.service,
+)
 
 
 def _defined() -> dict[str, tuple[str, set[str]]]:

@@ -12,9 +12,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from loadgen import cli, report
-from loadgen.bench_live import BenchError, BenchOptions, Offer, bench_config, summarise
+from loadgen.bench_live import (
+    BenchError,
+    BenchOptions,
+    Offer,
+    bench_config,
+    stalls_from,
+    summarise,
+)
 from loadgen.bench_sweep import parse_rates
 from loadgen.events import EventLog
 from services._proto.megha.v1 import common_pb2
@@ -117,6 +125,33 @@ def test_cli_without_a_subcommand_describes_itself(capsys) -> None:
     assert "bench-live" in capsys.readouterr().out
 
 
+def test_stalls_are_read_from_each_process_histograms() -> None:
+    registry = CollectorRegistry()
+    lag = Histogram(
+        "megha_event_loop_lag_seconds", "", buckets=(0.128, 0.256, 0.512, 1.024), registry=registry
+    )
+    pause = Histogram("megha_gc_pause_seconds", "", ["generation"], registry=registry)
+    for seconds in (0.001, 0.2, 0.3, 0.9):
+        lag.observe(seconds)
+    pause.labels("2").observe(0.05)
+    pause.labels("2").observe(0.07)
+    quiet = CollectorRegistry()
+    Histogram("megha_event_loop_lag_seconds", "", registry=quiet).observe(0.001)
+    texts = {"lm-1": generate_latest(registry).decode(), "gm-1": generate_latest(quiet).decode()}
+    texts["predictor"] = "# no watcher here\n"
+
+    stalls = stalls_from(texts)
+
+    assert stalls["lm-1"] == {
+        "loop_lags": 4,
+        "stalls": 3,  # 0.2, 0.3 and 0.9: over 0.128 s
+        "worst_lag_le_s": 1.024,
+        "gc": {"2": [2, 0.12]},
+    }
+    assert stalls["gm-1"]["stalls"] == 0 and stalls["gm-1"]["gc"] == {}
+    assert "predictor" not in stalls
+
+
 def run_cli(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "MEGHA_RABBITMQ_URL": RABBIT_URL}
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
@@ -151,6 +186,11 @@ def test_bench_live_end_to_end(tmp_path: Path) -> None:
     assert len(series["t_s"]) >= 10 and series["t_s"] == sorted(series["t_s"])
     assert all(len(values) == len(series["t_s"]) for values in series["rss_mb"].values())
     assert (out / "memory.png").stat().st_size > 0
+    # Each GM's and LM's stall watcher ran all along (every 50 ms) and timed its collections.
+    stalls = summary["stalls"]
+    assert set(stalls) == {"gm-1", "lm-1"}
+    assert all(s["loop_lags"] >= 20 and s["gc"]["0"][0] > 0 for s in stalls.values())
+    assert "loop stalls > 0.128 s" in done.stdout
 
 
 @pytest.mark.parametrize(

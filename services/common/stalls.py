@@ -1,0 +1,95 @@
+"""Where a service process loses time it cannot spend on requests: event-loop stalls and
+the garbage collector's pauses.
+
+``watch()`` runs for the life of a ``megha`` process. It wakes every ``interval_s`` and
+measures how late it woke (the event loop's lag: a callback that ran too long, or the
+process not getting a core), and it times every collection of CPython's cyclic garbage
+collector through ``gc.callbacks``. Both go to Prometheus histograms; a lag of
+``warn_s`` or more is also logged, with the collections that ran while the loop was late,
+so a stall in an allocation-time report can be matched to its cause from the service's log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+from dataclasses import dataclass, field
+
+from prometheus_client import Histogram
+
+log = logging.getLogger("megha.stalls")
+
+# 1 ms .. ~16 s, x2 per bucket.
+_BUCKETS = tuple(0.001 * 2**i for i in range(15))
+
+LOOP_LAG_SECONDS = Histogram(
+    "megha_event_loop_lag_seconds",
+    "How late the event loop ran a timer that was due (blocked loop or no free core).",
+    buckets=_BUCKETS,
+)
+GC_PAUSE_SECONDS = Histogram(
+    "megha_gc_pause_seconds",
+    "Duration of each collection of the cyclic garbage collector, by generation.",
+    ["generation"],
+    buckets=_BUCKETS,
+)
+
+
+@dataclass
+class GcTimer:
+    """Times each collection through ``gc.callbacks``; ``recent`` keeps the ones since it
+    was last drained as (generation, seconds, objects collected)."""
+
+    recent: list[tuple[int, float, int]] = field(default_factory=list)
+    _began: float = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        took = time.perf_counter() - self._began
+        generation = int(info.get("generation", 0))
+        GC_PAUSE_SECONDS.labels(str(generation)).observe(took)
+        if len(self.recent) < 1000:  # drained by the watcher; bounded if it is not running
+            self.recent.append((generation, took, int(info.get("collected", 0))))
+
+    def drain(self) -> list[tuple[int, float, int]]:
+        out, self.recent = self.recent, []
+        return out
+
+
+def describe(collections: list[tuple[int, float, int]]) -> str:
+    """``"gc: 2 collections, 0.061 s (gen 2: 0.058 s)"`` or ``"no gc"``."""
+    if not collections:
+        return "no gc"
+    total = sum(took for _, took, _ in collections)
+    slowest = max(collections, key=lambda c: c[1])
+    return (
+        f"gc: {len(collections)} collections, {total:.3f} s"
+        f" (slowest gen {slowest[0]}: {slowest[1]:.3f} s)"
+    )
+
+
+async def watch(interval_s: float = 0.05, warn_s: float = 0.1) -> None:
+    """Measure the loop's lag and the collector's pauses until cancelled."""
+    timer = GcTimer()
+    gc.callbacks.append(timer)
+    try:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + interval_s
+            await asyncio.sleep(interval_s)
+            lag = max(0.0, loop.time() - due)
+            LOOP_LAG_SECONDS.observe(lag)
+            collections = timer.drain()
+            if lag >= warn_s:
+                log.warning(
+                    "event loop ran %.3f s late (%s)",
+                    lag,
+                    describe(collections),
+                    extra={"lag_s": round(lag, 3)},
+                )
+    finally:
+        gc.callbacks.remove(timer)

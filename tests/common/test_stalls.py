@@ -1,0 +1,55 @@
+"""The stall watcher: a blocked event loop is measured and logged, collections are timed."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+
+import pytest
+
+from services.common import stalls
+
+
+def _count(histogram, **labels) -> float:
+    metric = histogram.labels(**labels) if labels else histogram
+    (family,) = metric.collect()
+    return next(s.value for s in family.samples if s.name.endswith("_count"))
+
+
+async def test_a_blocked_loop_is_logged_with_the_collections_that_ran_meanwhile(caplog):
+    caplog.set_level(logging.WARNING, logger="megha.stalls")
+    lags_before = _count(stalls.LOOP_LAG_SECONDS)
+    gen2_before = _count(stalls.GC_PAUSE_SECONDS, generation="2")
+    watcher = asyncio.create_task(stalls.watch(interval_s=0.01, warn_s=0.2))
+    await asyncio.sleep(0.05)
+    time.sleep(0.3)  # the loop is blocked
+    gc.collect()
+    await asyncio.sleep(0.05)
+    watcher.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await watcher
+
+    (record,) = [r for r in caplog.records if r.name == "megha.stalls"]
+    assert record.lag_s >= 0.29
+    assert "1 collections" in record.getMessage() and "gen 2" in record.getMessage()
+    assert _count(stalls.LOOP_LAG_SECONDS) >= lags_before + 3
+    assert _count(stalls.GC_PAUSE_SECONDS, generation="2") == gen2_before + 1
+    assert not any(isinstance(c, stalls.GcTimer) for c in gc.callbacks)  # removed on cancel
+
+
+async def test_a_loop_that_keeps_up_logs_nothing(caplog):
+    caplog.set_level(logging.WARNING, logger="megha.stalls")
+    watcher = asyncio.create_task(stalls.watch(interval_s=0.01, warn_s=0.2))
+    await asyncio.sleep(0.1)
+    watcher.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await watcher
+    assert not [r for r in caplog.records if r.name == "megha.stalls"]
+
+
+def test_describe_names_the_slowest_collection():
+    assert stalls.describe([]) == "no gc"
+    text = stalls.describe([(0, 0.001, 5), (2, 0.050, 0)])
+    assert text == "gc: 2 collections, 0.051 s (slowest gen 2: 0.050 s)"
