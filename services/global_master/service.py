@@ -453,8 +453,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         updates: asyncio.Queue = asyncio.Queue()
         job.watchers.append(updates)
         # Copy every status now, with no await between subscribing and copying: an event
-        # applied later reaches this watcher through ``updates`` only, so none comes twice
-        # (the statuses are updated in place while the stream yields).
+        # applied later reaches this watcher through ``updates`` only, so none comes twice.
         current = [
             common_pb2.TaskEvent(
                 task_id=status.task_id,
@@ -467,7 +466,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 timestamps=status.timestamps,
                 attempt=status.attempt,
             )
-            for status in job.tasks.values()
+            for status in job.statuses()
         ]
         try:
             for event in current:

@@ -1,6 +1,9 @@
-"""JobBook.taken: which tasks of a job a GM must not queue again."""
+"""JobBook: which tasks of a job a GM must not queue again, what it keeps of each, and
+its bounds."""
 
 from __future__ import annotations
+
+import gc
 
 from services._proto.megha.v1 import common_pb2
 from services.global_master.jobs import JobBook
@@ -39,7 +42,7 @@ def test_a_rejected_task_is_not_taken_and_queueing_it_again_takes_it():
     book.apply(event("j.0", S.TASK_STATE_REJECTED))  # e.g. dropped: the broker refused it
     assert book.taken("j", [task("j.0")]) == set()
     book.queued(task("j.0"))  # queued again (a retry, or its message came after all)
-    assert book.get("j").tasks["j.0"].state == S.TASK_STATE_QUEUED
+    assert book.get("j").status("j.0").state == S.TASK_STATE_QUEUED
     assert book.taken("j", [task("j.0")]) == {"j.0"}
 
 
@@ -58,7 +61,7 @@ def test_queueing_does_not_overwrite_what_events_said():
     book = JobBook()
     book.apply(event("j.0", S.TASK_STATE_RUNNING))
     book.queued(task("j.0"))
-    assert book.get("j").tasks["j.0"].state == S.TASK_STATE_RUNNING
+    assert book.get("j").status("j.0").state == S.TASK_STATE_RUNNING
 
 
 def test_a_requeued_attempt_shows_as_queued_and_an_old_event_does_not_undo_it():
@@ -66,9 +69,10 @@ def test_a_requeued_attempt_shows_as_queued_and_an_old_event_does_not_undo_it():
     book.queued(task("j.0"))
     book.apply(event("j.0", S.TASK_STATE_RUNNING))
     book.queued(task("j.0", attempt=1))  # the LM re-queued it after a preemption
-    status = book.get("j").tasks["j.0"]
+    status = book.get("j").status("j.0")
     assert (status.state, status.attempt) == (S.TASK_STATE_QUEUED, 1)
     book.apply(event("j.0", S.TASK_STATE_PREEMPTED))  # attempt 0's event, arriving late
+    status = book.get("j").status("j.0")
     assert (status.state, status.attempt) == (S.TASK_STATE_QUEUED, 1)
 
 
@@ -81,7 +85,7 @@ def test_open_holds_the_placed_and_running_tasks_whose_end_is_awaited():
     book.apply(event("j.1", S.TASK_STATE_RUNNING))
     book.apply(event("j.2", S.TASK_STATE_RUNNING))
     assert set(book.open) == {("j", "j.0"), ("j", "j.1"), ("j", "j.2")}
-    assert book.open["j", "j.1"] is book.get("j").tasks["j.1"]  # the live status
+    assert book.open["j", "j.1"] == book.get("j").status("j.1")
     book.apply(event("j.0", S.TASK_STATE_SUCCEEDED))
     book.apply(event("j.1", S.TASK_STATE_LOST))
     book.apply(event("j.1", S.TASK_STATE_RUNNING))  # a late event of the ended attempt
@@ -113,3 +117,39 @@ def test_past_its_task_bound_the_book_forgets_the_jobs_least_recently_heard_of()
     for n in range(3):  # a job's own tasks never push it out
         book.queued(job_task("c", n))
     assert [*book.jobs] == ["c"] and book.task_count == 3 and book.open == {}
+
+
+def test_a_job_is_done_when_every_task_has_ended_at_its_latest_attempt():
+    book = JobBook()
+    book.queued(task("j.0"))
+    book.queued(task("j.1"))
+    job = book.get("j")
+    assert not job.done
+    book.apply(event("j.0", S.TASK_STATE_SUCCEEDED))
+    book.apply(event("j.1", S.TASK_STATE_PREEMPTED))
+    assert not job.done  # preempted: its next attempt is to come
+    book.apply(event("j.1", S.TASK_STATE_FAILED))
+    assert job.done
+    book.queued(task("j.1", attempt=1))  # re-queued after all
+    assert not job.done
+    book.apply(event("j.1", S.TASK_STATE_SUCCEEDED, attempt=1))
+    book.set_reason("j", "j.1", "a reason keeps the state")
+    assert job.done and job.status("j.1").pending_reason == "a reason keeps the state"
+    assert not book.record("empty", "q").done
+
+
+def test_what_the_book_keeps_of_its_tasks_is_not_scanned_by_the_garbage_collector():
+    # A GM remembers up to 500,000 tasks: as tracked objects they would lengthen every
+    # full collection of its heap.
+    book = JobBook()
+    gc.collect()
+    before = len(gc.get_objects())
+    for j in range(40):
+        for n in range(50):
+            t = common_pb2.Task(task_id=f"{j}.{n}", job_id=str(j), queue="q")
+            book.queued(t)
+            for state in (S.TASK_STATE_RUNNING, S.TASK_STATE_SUCCEEDED):
+                book.apply(common_pb2.TaskEvent(task_id=t.task_id, job_id=str(j), state=state))
+    gc.collect()
+    assert book.task_count == 2000
+    assert len(gc.get_objects()) - before < 200  # per job, not per task
