@@ -54,6 +54,8 @@ from services.common.bus import RabbitBus
 from services.common.config import ConfigError, FederationConfig, default_config, parse_config
 from services.common.convert import resources_to_proto
 from services.common.runner import wait_all_healthy
+from services.common.stalls import STALL_S, StallTally
+from services.common.stalls import watch as watch_stalls
 from services.core.resources import parse_resources, resources
 from services.local_master.service import EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, user_queue
 from services.operator import (
@@ -282,11 +284,6 @@ def counters_from(texts: dict[str, str]) -> dict[str, int]:
                 if sample.name in wanted:
                     totals[wanted[sample.name]] += int(sample.value)
     return totals
-
-
-# A loop this late is a stall worth counting (the services log each one of 0.1 s or more;
-# 0.128 s is a bucket edge of the histogram).
-STALL_S = 0.128
 
 
 def stalls_from(texts: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -652,6 +649,9 @@ async def _measure(
         meter.start()
         every_s = max(0.2, min(MEMORY_SAMPLE_S, options.seconds / 10))  # 10 or more samples
         sampler = asyncio.create_task(_keep_sampling(meter, every_s))
+        # The load generator's own stalls delay the load it offers, then bunch it up.
+        tally = StallTally()
+        watcher = asyncio.create_task(watch_stalls(tally=tally))
         began = time.monotonic()
         drained = False
         try:
@@ -662,7 +662,7 @@ async def _measure(
             wall_s = time.monotonic() - began
             cpu = meter.stop(len(offer.offer.accepted))
             memory = meter.memory(len(offer.offer.accepted))
-            for loop_task in (reporter, sampler):
+            for loop_task in (reporter, sampler, watcher):
                 loop_task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await loop_task
@@ -674,7 +674,10 @@ async def _measure(
         texts = await scrape(config)
     counters = counters_from(texts) if texts is not None else None
     result = summarise(options, config, offer.offer, events, wall_s, counters)
-    result.summary["stalls"] = stalls_from(texts) if texts is not None else None
+    result.summary["stalls"] = {
+        **(stalls_from(texts) if texts is not None else {}),
+        "loadgen": tally.as_dict(),
+    }
     result.summary["cpu"] = cpu
     result.summary["memory"] = memory
     result.summary["submit_api"] = "SubmitStream" if streaming else "SubmitJob"

@@ -30,7 +30,13 @@ _FIELDS = tuple(f"{name}_unix_nanos" for name in report.STAMPS)
 
 class Seen(NamedTuple):
     """What one task event says that a report needs, in ~0.2 KB instead of a whole event
-    (which also keeps its whole batch's memory alive)."""
+    (which also keeps its whole batch's memory alive).
+
+    ``EventLog`` keeps ``record``'s plain tuple and makes the named one when read: the
+    garbage collector stops tracking a plain tuple of strings, ints and bytes, but tracks
+    every named one, and a million of them made each full collection of the load
+    generator ~0.3 s, stalling the load it offers (``scripts/eventlog_memory.py`` times it).
+    """
 
     state: int
     attempt: int
@@ -40,8 +46,12 @@ class Seen(NamedTuple):
 
     @classmethod
     def of(cls, event: common_pb2.TaskEvent) -> Seen:
+        return cls._make(cls.record(event))
+
+    @staticmethod
+    def record(event: common_pb2.TaskEvent) -> tuple[int, int, str, str, bytes]:
         ts = event.timestamps
-        return cls(
+        return (
             event.state,
             event.attempt,
             sys.intern(event.lm_id),  # a few LMs and nodes, shared by every record
@@ -54,12 +64,16 @@ class Seen(NamedTuple):
         return dict(zip(report.STAMPS, _STAMPS.unpack(self.packed_stamps), strict=True))
 
 
+_ATTEMPT = Seen._fields.index("attempt")  # in a record
+
+
 class EventLog:
     """What the LMs' task events say about each task, recorded as they arrive."""
 
     def __init__(self) -> None:
-        self.running: dict[str, Seen] = {}  # the latest attempt's RUNNING
-        self.ended: dict[str, Seen] = {}  # SUCCEEDED / FAILED / REJECTED
+        # Task id -> ``Seen.record``; read them through ``seen``.
+        self.running: dict[str, tuple] = {}  # the latest attempt's RUNNING
+        self.ended: dict[str, tuple] = {}  # SUCCEEDED / FAILED / REJECTED
         self.successes: Counter[str] = Counter()  # > 1 for a task id = exactly-once broken
         self.events = 0
         self.batches = 0
@@ -77,12 +91,20 @@ class EventLog:
         state = event.state
         if state == RUNNING:
             known = self.running.get(event.task_id)
-            if known is None or event.attempt >= known.attempt:
-                self.running[event.task_id] = Seen.of(event)
+            if known is None or event.attempt >= known[_ATTEMPT]:
+                self.running[event.task_id] = Seen.record(event)
         elif state in ENDED:
-            self.ended[event.task_id] = Seen.of(event)
+            self.ended[event.task_id] = Seen.record(event)
             if state == SUCCEEDED:
                 self.successes[event.task_id] += 1
+
+    def seen(self, task_id: str) -> tuple[Seen | None, Seen | None]:
+        """The task's latest RUNNING and its end, as far as seen."""
+        running, ended = self.running.get(task_id), self.ended.get(task_id)
+        return (
+            None if running is None else Seen._make(running),
+            None if ended is None else Seen._make(ended),
+        )
 
     @property
     def succeeded(self) -> int:
@@ -94,8 +116,7 @@ class EventLog:
 
     def stamps(self, task_id: str) -> dict[str, int]:
         """One task's stamps (``report.STAMPS`` names, 0 where not seen)."""
-        running = self.running.get(task_id)
-        ended = self.ended.get(task_id)
+        running, ended = self.seen(task_id)
         # RUNNING carries the stamps up to the start; the end event has them too, plus
         # finished, so it stands in if RUNNING was never seen.
         stamps = stamps_of(running or ended)
@@ -124,8 +145,7 @@ class EventLog:
 
     def task_row(self, task_id: str, job_id: str, gm: str) -> tuple[dict[str, Any], dict[str, int]]:
         """The ``tasks.csv`` row of one task, and its stamps (``report.STAMPS`` names)."""
-        running = self.running.get(task_id)
-        ended = self.ended.get(task_id)
+        running, ended = self.seen(task_id)
         stamps = self.stamps(task_id)
         source = running or ended
         state = ended.state if ended else running.state if running else 0

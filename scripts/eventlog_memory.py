@@ -1,4 +1,5 @@
-"""What the load generator's record of task events costs per task, in resident memory.
+"""What the load generator's record of task events costs per task, in resident memory
+and in the garbage collector's time.
 
     python scripts/eventlog_memory.py [--tasks 100000]
 
@@ -7,13 +8,17 @@ publishes them, then makes what bench-live and replay make at the end of a run: 
 summary's measurements (``EventLog.measure`` and the component medians and step
 percentiles over them) and ``tasks.csv`` (``TaskRows``, made as the file is written).
 Prints the growth of this process's resident memory (Linux /proc) per task at each step;
-the peak is what the kernel recorded (``VmHWM``).
+the peak is what the kernel recorded (``VmHWM``). Then times a full garbage collection
+with the record and the accepted-task map in memory (median of 3; what was in memory
+before them is frozen out of it).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -58,6 +63,8 @@ def main() -> None:
     if tasks <= 0:
         parser.error("--tasks must be at least 50")
     now = time.time_ns()
+    gc.collect()
+    gc.freeze()
     log = EventLog()
     before = resident_mb()
     for job in range(tasks // BATCH):
@@ -77,12 +84,18 @@ def main() -> None:
     written = resident_mb()
     assert len(measured.task_ids) == lines == tasks and log.succeeded == tasks
     per_task = 1024 / tasks
+    pauses = []
+    for _ in range(3):
+        began = time.perf_counter()
+        gc.collect()
+        pauses.append(time.perf_counter() - began)
     print(
         f"{tasks} tasks, KB per task: event record {(logged - before) * per_task:.2f}, "
         f"accepted-task map {(offered - logged) * per_task:.2f}, "
         f"summary {(summarised - offered) * per_task:.2f}, "
         f"tasks.csv {(written - summarised) * per_task:.2f}; "
-        f"peak above the accepted-task map {(peak_mb() - offered) * per_task:.2f}"
+        f"peak above the accepted-task map {(peak_mb() - offered) * per_task:.2f}; "
+        f"a full collection {1000 * statistics.median(pauses):.1f} ms"
     )
 
 

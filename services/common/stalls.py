@@ -23,6 +23,8 @@ log = logging.getLogger("megha.stalls")
 
 # 1 ms .. ~16 s, x2 per bucket.
 _BUCKETS = tuple(0.001 * 2**i for i in range(15))
+# A loop later than this has stalled, for the reports that count stalls (a bucket edge).
+STALL_S = _BUCKETS[7]  # 0.128 s
 
 LOOP_LAG_SECONDS = Histogram(
     "megha_event_loop_lag_seconds",
@@ -60,6 +62,35 @@ class GcTimer:
         return out
 
 
+@dataclass
+class StallTally:
+    """What one ``watch`` saw, for a report of a bounded run (the histograms cover the
+    whole process): the same figures bench-live reads from a service's histograms."""
+
+    loop_lags: int = 0
+    stalls: int = 0
+    worst_lag_s: float = 0.0
+    gc: dict[str, list[float]] = field(default_factory=dict)  # generation -> [count, s]
+
+    def add(self, lag: float, collections: list[tuple[int, float, int]]) -> None:
+        self.loop_lags += 1
+        self.stalls += lag > STALL_S
+        self.worst_lag_s = max(self.worst_lag_s, lag)
+        for generation, took, _ in collections:
+            entry = self.gc.setdefault(str(generation), [0, 0.0])
+            entry[0] += 1
+            entry[1] += took
+
+    def as_dict(self) -> dict:
+        worst = next((edge for edge in _BUCKETS if self.worst_lag_s <= edge), float("inf"))
+        return {
+            "loop_lags": self.loop_lags,
+            "stalls": self.stalls,
+            "worst_lag_le_s": worst,
+            "gc": {gen: [int(c), round(sec, 3)] for gen, (c, sec) in sorted(self.gc.items())},
+        }
+
+
 def describe(collections: list[tuple[int, float, int]]) -> str:
     """``"gc: 2 collections, 0.061 s (gen 2: 0.058 s)"`` or ``"no gc"``."""
     if not collections:
@@ -72,8 +103,11 @@ def describe(collections: list[tuple[int, float, int]]) -> str:
     )
 
 
-async def watch(interval_s: float = 0.05, warn_s: float = 0.1) -> None:
-    """Measure the loop's lag and the collector's pauses until cancelled."""
+async def watch(
+    interval_s: float = 0.05, warn_s: float = 0.1, tally: StallTally | None = None
+) -> None:
+    """Measure the loop's lag and the collector's pauses until cancelled; ``tally`` also
+    counts them."""
     timer = GcTimer()
     gc.callbacks.append(timer)
     try:
@@ -84,6 +118,8 @@ async def watch(interval_s: float = 0.05, warn_s: float = 0.1) -> None:
             lag = max(0.0, loop.time() - due)
             LOOP_LAG_SECONDS.observe(lag)
             collections = timer.drain()
+            if tally is not None:
+                tally.add(lag, collections)
             if lag >= warn_s:
                 log.warning(
                     "event loop ran %.3f s late (%s)",

@@ -22,7 +22,8 @@ async def test_a_blocked_loop_is_logged_with_the_collections_that_ran_meanwhile(
     caplog.set_level(logging.WARNING, logger="megha.stalls")
     lags_before = _count(stalls.LOOP_LAG_SECONDS)
     gen2_before = _count(stalls.GC_PAUSE_SECONDS, generation="2")
-    watcher = asyncio.create_task(stalls.watch(interval_s=0.01, warn_s=0.2))
+    tally = stalls.StallTally()
+    watcher = asyncio.create_task(stalls.watch(interval_s=0.01, warn_s=0.2, tally=tally))
     await asyncio.sleep(0.05)
     time.sleep(0.3)  # the loop is blocked
     gc.collect()
@@ -37,6 +38,9 @@ async def test_a_blocked_loop_is_logged_with_the_collections_that_ran_meanwhile(
     assert _count(stalls.LOOP_LAG_SECONDS) >= lags_before + 3
     assert _count(stalls.GC_PAUSE_SECONDS, generation="2") == gen2_before + 1
     assert not any(isinstance(c, stalls.GcTimer) for c in gc.callbacks)  # removed on cancel
+    counted = tally.as_dict()
+    assert counted["stalls"] == 1 and counted["worst_lag_le_s"] == 0.512
+    assert counted["loop_lags"] >= 3 and counted["gc"]["2"][0] == 1
 
 
 async def test_a_loop_that_keeps_up_logs_nothing(caplog):
