@@ -121,7 +121,7 @@ class FederationConfig(_Model):
         500_000,
         ge=1_000,
         description="Tasks each GM remembers for GetJob and WatchJob (every GM hears of "
-        "every task; about 1 KB each in memory); past it, the jobs heard of least recently "
+        "every task; about 0.2 KB each in memory); past it, the jobs heard of least recently "
         "are forgotten.",
     )
     lm_ended_kept: int = Field(
