@@ -121,6 +121,8 @@ async def running_workers(config: FederationConfig, lm_id: str | None, count: in
 
 
 async def until_signalled() -> None:
+    """Run, once everything has started, until SIGINT or SIGTERM."""
+    stalls.settle()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
