@@ -54,7 +54,7 @@ from services.common.bus import RabbitBus
 from services.common.config import ConfigError, FederationConfig, default_config, parse_config
 from services.common.convert import resources_to_proto
 from services.common.runner import wait_all_healthy
-from services.common.stalls import STALL_S, StallTally
+from services.common.stalls import STALL_S, StallTally, settle
 from services.common.stalls import watch as watch_stalls
 from services.core.resources import parse_resources, resources
 from services.local_master.service import EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, user_queue
@@ -650,6 +650,7 @@ async def _measure(
         every_s = max(0.2, min(MEMORY_SAMPLE_S, options.seconds / 10))  # 10 or more samples
         sampler = asyncio.create_task(_keep_sampling(meter, every_s))
         # The load generator's own stalls delay the load it offers, then bunch it up.
+        settle()
         tally = StallTally()
         watcher = asyncio.create_task(watch_stalls(tally=tally))
         began = time.monotonic()
