@@ -54,7 +54,9 @@ class JobRecord:
     _unfinished: int = 0  # tasks not in a TERMINAL state
     watchers: list[asyncio.Queue] = field(default_factory=list)
 
-    def __len__(self) -> int:
+    @property
+    def size(self) -> int:
+        """How many tasks the job has (not ``__len__``: an empty record stays truthy)."""
         return len(self._statuses)
 
     def task_ids(self) -> Iterable[str]:
@@ -121,7 +123,7 @@ class JobBook:
             if gone is keep:
                 return
             del self.jobs[gone.job_id]
-            self.task_count -= len(gone)
+            self.task_count -= gone.size
             for task_id in gone.task_ids():
                 self.open.pop((gone.job_id, task_id), None)
 
