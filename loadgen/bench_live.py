@@ -37,7 +37,7 @@ from aio_pika.exceptions import AMQPError
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadgen import report
-from loadgen.events import EventLog, TaskRows
+from loadgen.events import AcceptedTasks, EventLog, TaskRows
 from loadgen.queues import (
     LiveAttempts,
     QueueFileError,
@@ -336,7 +336,7 @@ class Offer:
 
     jobs: int = 0
     tasks: int = 0
-    accepted: dict[str, tuple[str, str]] = field(default_factory=dict)  # task -> (job, gm)
+    accepted: AcceptedTasks = field(default_factory=AcceptedTasks)  # task -> (job, gm)
     attempts: LiveAttempts | None = None  # --queues FILE: when each task was acknowledged
     errors: Counter[str] = field(default_factory=Counter)  # gRPC code -> failed jobs
     lags_s: list[float] = field(default_factory=list)  # send time - deadline, per job
@@ -396,7 +396,7 @@ class LoadOffer:
         self.offer.rpc_s.append(time.perf_counter() - began)
         acked = time.time_ns()
         for task_id in reply.task_ids:
-            self.offer.accepted[task_id] = (reply.job_id, target.scheduler_gm)
+            self.offer.accepted.add(task_id, job_id, target.scheduler_gm)
             if self.offer.attempts is not None:
                 self.offer.attempts.submitted(task_id, target.queue, acked)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import struct
 import sys
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -22,21 +21,27 @@ RUNNING = common_pb2.TASK_STATE_RUNNING
 SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
 # Ends a task for good; LOST and PREEMPTED tasks come back as a new attempt.
 ENDED = {SUCCEEDED, common_pb2.TASK_STATE_FAILED, common_pb2.TASK_STATE_REJECTED}
-# Every stamp of ``report.STAMPS``, packed: a run keeps one record per task and event
-# kind, so a replay of millions of tasks must not keep whole protobuf events.
+# What a report needs of one event, packed: state, attempt and every stamp of
+# ``report.STAMPS``, then "lm_id\0node_id". A run keeps one record per task and event kind.
+_HEAD = struct.Struct(f"<ii{len(report.STAMPS)}q")
 _STAMPS = struct.Struct(f"<{len(report.STAMPS)}q")
+_STATE_ATTEMPT = struct.Struct("<ii")  # the head's first two fields
 _FIELDS = tuple(f"{name}_unix_nanos" for name in report.STAMPS)
 
 
-class Seen(NamedTuple):
-    """What one task event says that a report needs, in ~0.2 KB instead of a whole event
-    (which also keeps its whole batch's memory alive).
+def record(event: common_pb2.TaskEvent) -> bytes:
+    """``event`` as ``EventLog`` keeps it: bytes, ~0.15 KB. A map whose values are all
+    bytes and strings is never tracked by the garbage collector, so the load generator's
+    maps of a million tasks add nothing to its full collections. With tuples they did:
+    337 ms a collection at a million tasks (32 ms now, ``scripts/eventlog_memory.py``),
+    and the load generator offered nothing meanwhile."""
+    ts = event.timestamps
+    head = _HEAD.pack(event.state, event.attempt, *(getattr(ts, name) for name in _FIELDS))
+    return head + f"{event.lm_id}\0{event.node_id}".encode()
 
-    ``EventLog`` keeps ``record``'s plain tuple and makes the named one when read: the
-    garbage collector stops tracking a plain tuple of strings, ints and bytes, but tracks
-    every named one, and a million of them made each full collection of the load
-    generator ~0.3 s, stalling the load it offers (``scripts/eventlog_memory.py`` times it).
-    """
+
+class Seen(NamedTuple):
+    """What one task event says that a report needs (a record, read back)."""
 
     state: int
     attempt: int
@@ -46,35 +51,55 @@ class Seen(NamedTuple):
 
     @classmethod
     def of(cls, event: common_pb2.TaskEvent) -> Seen:
-        return cls._make(cls.record(event))
+        return cls.read(record(event))
 
-    @staticmethod
-    def record(event: common_pb2.TaskEvent) -> tuple[int, int, str, str, bytes]:
-        ts = event.timestamps
-        return (
-            event.state,
-            event.attempt,
-            sys.intern(event.lm_id),  # a few LMs and nodes, shared by every record
-            sys.intern(event.node_id),
-            _STAMPS.pack(*(getattr(ts, name) for name in _FIELDS)),
-        )
+    @classmethod
+    def read(cls, data: bytes) -> Seen:
+        state, attempt = _STATE_ATTEMPT.unpack_from(data)
+        lm_id, node_id = data[_HEAD.size :].decode().split("\0")
+        return cls(state, attempt, lm_id, node_id, data[_STATE_ATTEMPT.size : _HEAD.size])
 
     @property
     def stamps(self) -> dict[str, int]:
         return dict(zip(report.STAMPS, _STAMPS.unpack(self.packed_stamps), strict=True))
 
 
-_ATTEMPT = Seen._fields.index("attempt")  # in a record
+class AcceptedTasks(Mapping[str, tuple[str, str]]):
+    """Task id -> (job id, GM) of every task a GM acknowledged. Kept as maps of strings
+    (task -> job, job -> GM), which the garbage collector never scans (see ``record``)."""
+
+    def __init__(self) -> None:
+        self._job: dict[str, str] = {}
+        self._gm: dict[str, str] = {}
+
+    def add(self, task_id: str, job_id: str, gm: str) -> None:
+        self._job[task_id] = job_id
+        self._gm[job_id] = sys.intern(gm)
+
+    def __getitem__(self, task_id: str) -> tuple[str, str]:
+        job_id = self._job[task_id]
+        return job_id, self._gm[job_id]
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._job
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._job)
+
+    def __len__(self) -> int:
+        return len(self._job)
 
 
 class EventLog:
     """What the LMs' task events say about each task, recorded as they arrive."""
 
     def __init__(self) -> None:
-        # Task id -> ``Seen.record``; read them through ``seen``.
-        self.running: dict[str, tuple] = {}  # the latest attempt's RUNNING
-        self.ended: dict[str, tuple] = {}  # SUCCEEDED / FAILED / REJECTED
-        self.successes: Counter[str] = Counter()  # > 1 for a task id = exactly-once broken
+        # Task id -> ``record``; read them through ``seen``.
+        self.running: dict[str, bytes] = {}  # the latest attempt's RUNNING
+        self.ended: dict[str, bytes] = {}  # SUCCEEDED / FAILED / REJECTED
+        # Task id -> successes seen, > 1 = exactly-once broken (a plain dict of ints, never
+        # scanned by the collector, where a Counter would be).
+        self.successes: dict[str, int] = {}
         self.events = 0
         self.batches = 0
 
@@ -91,19 +116,19 @@ class EventLog:
         state = event.state
         if state == RUNNING:
             known = self.running.get(event.task_id)
-            if known is None or event.attempt >= known[_ATTEMPT]:
-                self.running[event.task_id] = Seen.record(event)
+            if known is None or event.attempt >= _STATE_ATTEMPT.unpack_from(known)[1]:
+                self.running[event.task_id] = record(event)
         elif state in ENDED:
-            self.ended[event.task_id] = Seen.record(event)
+            self.ended[event.task_id] = record(event)
             if state == SUCCEEDED:
-                self.successes[event.task_id] += 1
+                self.successes[event.task_id] = self.successes.get(event.task_id, 0) + 1
 
     def seen(self, task_id: str) -> tuple[Seen | None, Seen | None]:
         """The task's latest RUNNING and its end, as far as seen."""
         running, ended = self.running.get(task_id), self.ended.get(task_id)
         return (
-            None if running is None else Seen._make(running),
-            None if ended is None else Seen._make(ended),
+            None if running is None else Seen.read(running),
+            None if ended is None else Seen.read(ended),
         )
 
     @property

@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from loadgen import report
-from loadgen.events import EventLog, TaskRows
+from loadgen.events import AcceptedTasks, EventLog, TaskRows
 from loadgen.sim.engine import Progress, bar
 from loadgen.trace import ReadStats, TraceError, TraceJob
 from services._proto.megha.v1 import common_pb2
@@ -126,7 +126,7 @@ async def replay_jobs(
     view = await _first_answer(clients)
     workers = sum(p.node_count for lm in view.lms for p in lm.partitions)
     events = EventLog()
-    accepted: dict[str, tuple[str, str]] = {}  # task id -> (job id, GM)
+    accepted = AcceptedTasks()  # task id -> (job id, GM)
     errors: dict[str, int] = {}
     rerouted = 0  # submissions a GM could not take, handed to the next one
     # Job ids of this replay: a job handed to another GM keeps its id, so the federation
@@ -196,9 +196,10 @@ async def replay_jobs(
                 continue
             gm, client, reply = taken
             submitted_tasks += len(tasks)
+            job_id = reply.job_id  # one string for all its tasks
             for task_id in reply.task_ids:
-                accepted[task_id] = (reply.job_id, gm)
-            watchers.append(asyncio.create_task(follow(client, reply.job_id, reply.task_ids)))
+                accepted.add(task_id, job_id, gm)
+            watchers.append(asyncio.create_task(follow(client, job_id, reply.task_ids)))
         remaining = timeout_s - (time.monotonic() - began)
         if watchers:
             _, pending = await asyncio.wait(watchers, timeout=max(1.0, remaining))

@@ -9,8 +9,8 @@ summary's measurements (``EventLog.measure`` and the component medians and step
 percentiles over them) and ``tasks.csv`` (``TaskRows``, made as the file is written).
 Prints the growth of this process's resident memory (Linux /proc) per task at each step;
 the peak is what the kernel recorded (``VmHWM``). Then times a full garbage collection
-with the record and the accepted-task map in memory (median of 3; what was in memory
-before them is frozen out of it).
+with the record and the accepted-task map in memory, each time after one more job came
+in, as during a run (median of 3; what was in memory before them is frozen out of it).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from loadgen import events as events_module
 from loadgen import report
 from loadgen.events import EventLog, TaskRows
 from services._proto.megha.v1 import common_pb2
@@ -56,6 +57,20 @@ def batch_of(job: int, state: int, now: int) -> bytes:
     return batch.SerializeToString()
 
 
+def accepted_map():
+    """The load generator's map of accepted tasks; a plain dict of (job, GM) tuples in a
+    checkout from before ``AcceptedTasks``, so the script measures both."""
+    kind = getattr(events_module, "AcceptedTasks", None)
+    return kind() if kind is not None else {}
+
+
+def accept(accepted, task_id: str, job_id: str, gm: str) -> None:
+    if isinstance(accepted, dict):
+        accepted[task_id] = (job_id, gm)
+    else:
+        accepted.add(task_id, job_id, gm)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=100_000, help="tasks (multiple of 50)")
@@ -72,7 +87,10 @@ def main() -> None:
             log.add(common_pb2.TaskEventBatch.FromString(batch_of(job, state, now)))
     logged = resident_mb()
     jobs = range(tasks // BATCH)
-    accepted = {f"job-{job}.{i}": (f"job-{job}", "gm-1") for job in jobs for i in range(BATCH)}
+    accepted = accepted_map()
+    for job in jobs:
+        for i in range(BATCH):
+            accept(accepted, f"job-{job}.{i}", f"job-{job}", "gm-1")
     offered = resident_mb()
     measured = log.measure(accepted)
     report.component_medians(map(log.stamps, measured.task_ids))
@@ -85,7 +103,12 @@ def main() -> None:
     assert len(measured.task_ids) == lines == tasks and log.succeeded == tasks
     per_task = 1024 / tasks
     pauses = []
-    for _ in range(3):
+    for extra in range(3):
+        job = tasks // BATCH + extra  # one more job offered and run, as during a run
+        for i in range(BATCH):
+            accept(accepted, f"job-{job}.{i}", f"job-{job}", "gm-1")
+        for state in (common_pb2.TASK_STATE_RUNNING, common_pb2.TASK_STATE_SUCCEEDED):
+            log.add(common_pb2.TaskEventBatch.FromString(batch_of(job, state, now)))
         began = time.perf_counter()
         gc.collect()
         pauses.append(time.perf_counter() - began)

@@ -4,6 +4,7 @@ small end-to-end run against real processes and RabbitMQ."""
 from __future__ import annotations
 
 import csv
+import gc
 import importlib.util
 import json
 import os
@@ -24,7 +25,7 @@ from loadgen.bench_live import (
     summarise,
 )
 from loadgen.bench_sweep import parse_rates
-from loadgen.events import EventLog
+from loadgen.events import AcceptedTasks, EventLog
 from services._proto.megha.v1 import common_pb2
 
 RABBIT_URL = os.environ.get("MEGHA_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
@@ -70,7 +71,7 @@ def test_summary_excludes_warmup_counts_duplicates_and_measures_the_steady_windo
     config = bench_config(options, base_port=30_000, prefix="bench-unit")
     offer = Offer(jobs=5, tasks=5, started_ns=T0, ended_ns=T0 + 2 * S)
     for name in "dbeac":  # not in id order: tasks.csv sorts
-        offer.accepted[f"{name}.0"] = (name, "gm-1")
+        offer.accepted.add(f"{name}.0", name, "gm-1")
     events = run_events(
         event("a.0", RUNNING, 0.5),  # in the warm-up
         event("b.0", RUNNING, 1.0),
@@ -97,6 +98,21 @@ def test_summary_excludes_warmup_counts_duplicates_and_measures_the_steady_windo
     assert list(rows) == ["a.0", "b.0", "c.0", "d.0", "e.0"]  # tasks.csv in task id order
     assert rows["e.0"]["alloc_s"] is None and rows["e.0"]["state"] == "unspecified"
     assert rows["b.0"]["state"] == "succeeded" and rows["b.0"]["finished_unix_nanos"] > 0
+
+
+def test_the_load_generators_maps_of_tasks_are_never_scanned_by_the_garbage_collector():
+    # A run keeps a million tasks in them: a tracked map is walked, entry by entry, by
+    # every full collection while the load is offered (~0.3 s at a million tasks).
+    log, accepted = EventLog(), AcceptedTasks()
+    for n in range(100):
+        accepted.add(f"j.{n}", "j", "gm-1")
+        log.add_event(event(f"j.{n}", RUNNING, 1.0))
+        log.add_event(event(f"j.{n}", SUCCEEDED, 1.0))
+    maps = (log.running, log.ended, log.successes, accepted._job, accepted._gm)
+    assert not any(gc.is_tracked(m) for m in maps)  # with no collection since they filled
+    assert accepted["j.7"] == ("j", "gm-1") and len(accepted) == 100 and "j.100" not in accepted
+    running, ended = log.seen("j.7")
+    assert (running.state, ended.state, ended.lm_id) == (RUNNING, SUCCEEDED, "lm-1")
 
 
 def test_a_retried_task_is_measured_by_its_latest_attempt() -> None:
