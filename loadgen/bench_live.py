@@ -718,17 +718,30 @@ async def _drain(offer: Offer, events: EventLog, bound_s: float) -> bool:
     """Until every accepted task has ended and no submission is in flight (True), or the
     bound passed (False)."""
     deadline = time.monotonic() + bound_s
-    waiting: set[str] = set()
+    waiting: set[str] | None = None
     while time.monotonic() < deadline:
         if offer.inflight:
-            waiting = set()  # accepted may still grow
+            waiting = None  # accepted may still grow
         else:
-            waiting = waiting or set(offer.accepted)
+            if waiting is None:
+                waiting = await _not_ended(offer.accepted, events)
             waiting = {t for t in waiting if t not in events.ended}
             if not waiting:
                 return True
         await asyncio.sleep(0.05)
     return False
+
+
+async def _not_ended(task_ids: Iterable[str], events: EventLog, chunk: int = 20_000) -> set[str]:
+    """The tasks of ``task_ids`` that have not ended, yielding to the loop every ``chunk``
+    tasks: one pass over 540,000 of them held it 0.3 s while events arrived."""
+    out: set[str] = set()
+    for n, task_id in enumerate(task_ids, 1):
+        if task_id not in events.ended:
+            out.add(task_id)
+        if n % chunk == 0:
+            await asyncio.sleep(0)
+    return out
 
 
 def summarise(
