@@ -308,12 +308,8 @@ def stalls_from(texts: dict[str, str]) -> dict[str, dict[str, Any]]:
         total = buckets[float("inf")]
         below = max((n for edge, n in buckets.items() if edge <= STALL_S), default=0.0)
         worst = min((edge for edge, n in buckets.items() if n >= total), default=0.0)
-        out[name] = {
-            "loop_lags": int(total),
-            "stalls": int(total - below),
-            "worst_lag_le_s": worst,
-            "gc": {gen: [int(c), round(sec, 3)] for gen, (c, sec) in sorted(gc.items())},
-        }
+        tally = StallTally(int(total), int(total - below), worst, gc)
+        out[name] = tally.as_dict()
     return out
 
 
@@ -725,7 +721,8 @@ async def _drain(offer: Offer, events: EventLog, bound_s: float) -> bool:
         else:
             if waiting is None:
                 waiting = await _not_ended(offer.accepted, events)
-            waiting = {t for t in waiting if t not in events.ended}
+            else:
+                waiting = {t for t in waiting if t not in events.ended}
             if not waiting:
                 return True
         await asyncio.sleep(0.05)

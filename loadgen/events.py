@@ -50,10 +50,6 @@ class Seen(NamedTuple):
     packed_stamps: bytes
 
     @classmethod
-    def of(cls, event: common_pb2.TaskEvent) -> Seen:
-        return cls.read(record(event))
-
-    @classmethod
     def read(cls, data: bytes) -> Seen:
         state, attempt = _STATE_ATTEMPT.unpack_from(data)
         lm_id, node_id = data[_HEAD.size :].decode().split("\0")

@@ -42,9 +42,9 @@ GC_PAUSE_SECONDS = Histogram(
 @dataclass
 class GcTimer:
     """Times each collection through ``gc.callbacks``; ``recent`` keeps the ones since it
-    was last drained as (generation, seconds, objects collected)."""
+    was last drained as (generation, seconds)."""
 
-    recent: list[tuple[int, float, int]] = field(default_factory=list)
+    recent: list[tuple[int, float]] = field(default_factory=list)
     _began: float = 0.0
 
     def __call__(self, phase: str, info: dict) -> None:
@@ -55,9 +55,9 @@ class GcTimer:
         generation = int(info.get("generation", 0))
         GC_PAUSE_SECONDS.labels(str(generation)).observe(took)
         if len(self.recent) < 1000:  # drained by the watcher; bounded if it is not running
-            self.recent.append((generation, took, int(info.get("collected", 0))))
+            self.recent.append((generation, took))
 
-    def drain(self) -> list[tuple[int, float, int]]:
+    def drain(self) -> list[tuple[int, float]]:
         out, self.recent = self.recent, []
         return out
 
@@ -72,11 +72,11 @@ class StallTally:
     worst_lag_s: float = 0.0
     gc: dict[str, list[float]] = field(default_factory=dict)  # generation -> [count, s]
 
-    def add(self, lag: float, collections: list[tuple[int, float, int]]) -> None:
+    def add(self, lag: float, collections: list[tuple[int, float]]) -> None:
         self.loop_lags += 1
         self.stalls += lag > STALL_S
         self.worst_lag_s = max(self.worst_lag_s, lag)
-        for generation, took, _ in collections:
+        for generation, took in collections:
             entry = self.gc.setdefault(str(generation), [0, 0.0])
             entry[0] += 1
             entry[1] += took
@@ -91,11 +91,11 @@ class StallTally:
         }
 
 
-def describe(collections: list[tuple[int, float, int]]) -> str:
+def describe(collections: list[tuple[int, float]]) -> str:
     """``"gc: 2 collections, 0.061 s (gen 2: 0.058 s)"`` or ``"no gc"``."""
     if not collections:
         return "no gc"
-    total = sum(took for _, took, _ in collections)
+    total = sum(took for _, took in collections)
     slowest = max(collections, key=lambda c: c[1])
     return (
         f"gc: {len(collections)} collections, {total:.3f} s"
