@@ -36,6 +36,7 @@ from services.core.fairness import usage_by_queue
 from services.core.gpa import task_usage
 from services.core.match import FirstFit, PlacementPolicy
 from services.core.node_table import NodeTable
+from services.core.recent import RecentInts
 from services.core.resources import NUM_RESOURCES, format_resources, validate_capacity
 from services.core.snapshot import Allocation, Snapshot
 from services.core.status import PlacementStatus
@@ -94,8 +95,7 @@ class ClusterState:
         self._delta_floor = 0  # deltas from a base below this need a full snapshot
         # The newest ``ended_kept`` ended attempts, oldest first: a retry of one of them
         # is a duplicate. Bounded, so a long-lived LM does not grow by a task per task.
-        self._ended_attempt: collections.OrderedDict[str, int] = collections.OrderedDict()
-        self._ended_kept = ended_kept
+        self._ended_attempt = RecentInts(ended_kept)
         self._sequence = 0
 
     # ------------------------------------------------------------------ nodes
@@ -228,13 +228,7 @@ class ClusterState:
     def remember_ended(self, task_id: str, attempt: int) -> None:
         """Note that ``attempt`` of ``task_id`` ended (a retry of it is a duplicate): on
         every release, and from the LM's journal when it restarts."""
-        ended = self._ended_attempt
-        if ended.get(task_id, -1) > attempt:
-            return
-        ended[task_id] = attempt
-        ended.move_to_end(task_id)
-        if len(ended) > self._ended_kept:
-            ended.popitem(last=False)
+        self._ended_attempt.put_max(task_id, attempt)
 
     def known_attempt(self, task_id: str) -> tuple[int, bool] | None:
         """The latest attempt of ``task_id`` launched here and whether it still runs;

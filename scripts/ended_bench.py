@@ -1,0 +1,94 @@
+"""What an LM's book of ended attempts costs as it fills to its bound and turns over: the
+slowest single insert (and where), time per insert and per lookup, memory per entry and
+how long a full garbage collection of the process takes with it.
+
+    python scripts/ended_bench.py                       # 2,300,000 endings, bound 1,000,000
+    python scripts/ended_bench.py --endings 500000 --json
+
+Uses only ClusterState's public calls (``remember_ended``, ``known_attempt``), so the same
+script measures an older checkout (run it from that checkout's directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+
+from services.core.cluster_state import ENDED_KEPT, ClusterState
+
+STALL_S = 0.005  # inserts slower than this are listed with their position
+
+
+def rss_kb() -> int:
+    with open("/proc/self/status") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--endings", type=int, default=2_300_000)
+    parser.add_argument("--bound", type=int, default=ENDED_KEPT)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    task_ids = [f"job-{i // 50:08d}.{i % 50}" for i in range(args.endings)]
+    gc.collect()
+    gc.freeze()  # what was there before the book is not counted in the collections below
+    rss_before = rss_kb()
+    state = ClusterState("lm-1", ("gm-1",), ended_kept=args.bound)
+    stalls: list[tuple[int, float]] = []
+    clock = time.perf_counter
+    began = clock()
+    for n, task_id in enumerate(task_ids):
+        start = clock()
+        state.remember_ended(task_id, 0)
+        took = clock() - start
+        if took > STALL_S:
+            stalls.append((n, round(1000 * took, 1)))
+    spent = clock() - began
+    gc.collect()
+    rss_after = rss_kb()
+    kept = min(args.endings, args.bound)
+
+    unknown = [f"new-{i}" for i in range(200_000)]
+    began = clock()
+    for task_id in unknown:
+        state.known_attempt(task_id)
+    miss_us = 1e6 * (clock() - began) / len(unknown)
+    recent = task_ids[-200_000:]
+    began = clock()
+    for task_id in recent:
+        state.known_attempt(task_id)
+    hit_us = 1e6 * (clock() - began) / len(recent)
+
+    pauses = []
+    for _ in range(5):
+        start = clock()
+        gc.collect()
+        pauses.append(clock() - start)
+    out = {
+        "endings": args.endings,
+        "bound": args.bound,
+        "us_per_insert": round(1e6 * spent / args.endings, 3),
+        "slowest_insert_ms": max((ms for _, ms in stalls), default=0.0),
+        "inserts_over_5ms": stalls,
+        "us_per_lookup_unknown": round(miss_us, 3),
+        "us_per_lookup_recent": round(hit_us, 3),
+        "kb_per_entry": round((rss_after - rss_before) / kept, 3),
+        "full_collection_ms": round(1000 * statistics.median(pauses), 1),
+    }
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for key, value in out.items():
+            print(f"{key:22} {value}")
+
+
+if __name__ == "__main__":
+    main()
