@@ -49,7 +49,10 @@ def main() -> None:
     stalls: list[tuple[int, float]] = []
     clock = time.perf_counter
     spent = 0.0
+    rss_series: list[tuple[int, float]] = []  # (endings so far, MB above the start)
     for n in range(args.endings):
+        if n % 100_000 == 0:
+            rss_series.append((n, round((rss_kb() - rss_before) / 1024, 1)))
         task_id = task_name(n)  # a new string, as a task id parsed from a request is
         start = clock()
         state.remember_ended(task_id, 0)
@@ -59,6 +62,7 @@ def main() -> None:
             stalls.append((n, round(1000 * took, 1)))
     gc.collect()
     rss_after = rss_kb()
+    rss_series.append((args.endings, round((rss_after - rss_before) / 1024, 1)))
     kept = min(args.endings, args.bound)
 
     unknown = [f"new-{i}" for i in range(200_000)]
@@ -86,6 +90,7 @@ def main() -> None:
         "us_per_lookup_unknown": round(miss_us, 3),
         "us_per_lookup_recent": round(hit_us, 3),
         "kb_per_entry": round((rss_after - rss_before) / kept, 3),
+        "mb_every_100000": rss_series,
         "full_collection_ms": round(1000 * statistics.median(pauses), 1),
     }
     if args.json:

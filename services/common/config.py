@@ -128,7 +128,7 @@ class FederationConfig(_Model):
         ENDED_KEPT,
         ge=10_000,
         description="Ended attempts each LM remembers, in memory and in its journal (about "
-        "0.15 KB each): a retry of one of them is refused as a duplicate, so a GM that retries "
+        "0.12 KB each): a retry of one of them is refused as a duplicate, so a GM that retries "
         "an attempt older than this may run it again.",
     )
     lm_endings_kept: int = Field(

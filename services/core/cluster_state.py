@@ -55,7 +55,8 @@ class Decision:
         return self.status.ok
 
 
-# How many ended attempts an LM remembers to refuse their retries (about 170 bytes each).
+# How many ended attempts an LM remembers to refuse their retries (about 120 bytes each,
+# the task id included: scripts/ended_bench.py).
 # A GM that dies redelivers the messages it had not acked, and it acks a message once all
 # its tasks have launched; a task that ended more than this many endings before such a
 # redelivery is not recognised and runs again.
