@@ -7,28 +7,20 @@ counts the task id's string, which the book holds.
     python scripts/ended_bench.py --endings 500000 --json
 
 Uses only ClusterState's public calls (``remember_ended``, ``known_attempt``), so the same
-script measures an older checkout (run it from that checkout's directory).
+script measures an older checkout: ``PYTHONPATH=path/to/old python scripts/ended_bench.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
-import statistics
 import time
+
+from _measure import emit, full_collection_ms, rss_kb
 
 from services.core.cluster_state import ENDED_KEPT, ClusterState
 
 STALL_S = 0.005  # inserts slower than this are listed with their position
-
-
-def rss_kb() -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def task_name(n: int) -> str:
@@ -76,11 +68,6 @@ def main() -> None:
         state.known_attempt(task_id)
     hit_us = 1e6 * (clock() - began) / len(recent)
 
-    pauses = []
-    for _ in range(5):
-        start = clock()
-        gc.collect()
-        pauses.append(clock() - start)
     out = {
         "endings": args.endings,
         "bound": args.bound,
@@ -91,13 +78,9 @@ def main() -> None:
         "us_per_lookup_recent": round(hit_us, 3),
         "kb_per_entry": round((rss_after - rss_before) / kept, 3),
         "mb_every_100000": rss_series,
-        "full_collection_ms": round(1000 * statistics.median(pauses), 1),
+        "full_collection_ms": full_collection_ms(),
     }
-    if args.json:
-        print(json.dumps(out))
-    else:
-        for key, value in out.items():
-            print(f"{key:22} {value}")
+    emit(out, args.json)
 
 
 if __name__ == "__main__":

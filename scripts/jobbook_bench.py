@@ -6,29 +6,21 @@ full garbage collection of the process takes with it.
 
 Each task is queued, then placed, running and succeeded (three events), as in a GM that
 sees every task of the federation. Uses only JobBook's public calls, so the same script
-measures an older checkout (run it from that checkout's directory).
+measures an older checkout: ``PYTHONPATH=path/to/old python scripts/jobbook_bench.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
-import statistics
 import time
+
+from _measure import emit, full_collection_ms, rss_kb
 
 from services._proto.megha.v1 import common_pb2
 from services.global_master.jobs import JobBook
 
 S = common_pb2
-
-
-def rss_kb() -> int:
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def fill(book: JobBook, tasks: int, per_job: int) -> float:
@@ -81,23 +73,14 @@ def main() -> None:
     gc.collect()
     rss_after = rss_kb()
     tracked = len(gc.get_objects())
-    pauses = []
-    for _ in range(5):
-        began = time.perf_counter()
-        gc.collect()
-        pauses.append(time.perf_counter() - began)
     out = {
         "tasks": book.task_count,
         "us_per_update": round(1e6 * spent / (4 * book.task_count), 3),
         "kb_per_task": round((rss_after - rss_before) / book.task_count, 3),
         "tracked_objects": tracked,
-        "full_collection_ms": round(1000 * statistics.median(pauses), 1),
+        "full_collection_ms": full_collection_ms(),
     }
-    if args.json:
-        print(json.dumps(out))
-    else:
-        for key, value in out.items():
-            print(f"{key:20} {value}")
+    emit(out, args.json)
 
 
 if __name__ == "__main__":
