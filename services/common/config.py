@@ -109,6 +109,16 @@ class FederationConfig(_Model):
         description="A worker agent replaces its heartbeat stream after about this long, "
         "without registering again: gRPC holds memory per message for a stream's whole life.",
     )
+    worker_fence_s: float = Field(
+        0.0,
+        ge=0,
+        description="A worker agent that has not heard from its LM for this long kills the "
+        "tasks it runs (reported LOST), so that a worker cut off from its LM does not run them "
+        "while the LM, after worker_timeout_s, runs them elsewhere. 0 (the default): never, "
+        "and tasks also go on through an LM restart of any length. Otherwise at least twice "
+        "worker_heartbeat_interval_s and at most worker_timeout_s - 1 (a kill must finish "
+        "before the LM gives the task to another worker).",
+    )
     event_batch_s: float = Field(
         0.05,
         ge=0,
@@ -170,6 +180,17 @@ class FederationConfig(_Model):
             bad = [c for c in group.constraints if not 0 <= c < self.num_constraints]
             if bad:
                 raise ValueError(f"worker constraints {bad} outside 0..{self.num_constraints - 1}")
+        fence, beat, timeout = (
+            self.worker_fence_s,
+            self.worker_heartbeat_interval_s,
+            self.worker_timeout_s,
+        )
+        if fence and not 2 * beat <= fence <= timeout - 1:
+            raise ValueError(
+                f"worker_fence_s {fence:g} must be 0 (off) or between twice "
+                f"worker_heartbeat_interval_s ({2 * beat:g}) and worker_timeout_s - 1 "
+                f"({timeout - 1:g})"
+            )
         names = [q.name for q in self.queues]
         if len(set(names)) != len(names):
             raise ValueError(f"queue names must be unique, got {names}")

@@ -103,9 +103,13 @@ class WorkerSession:
     commands: deque[local_master_pb2.WorkerCommand] = field(default_factory=deque)
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # set when commands wait
     streams: int = 0
+    acked_at: float = 0.0  # when a HeartbeatAck was last queued (monotonic)
 
 
 MAX_STARTS_PER_MESSAGE = 64
+# A worker that fences itself (worker_fence_s) asks for acks; it gets at most one per this
+# long, so a busy worker's many heartbeats do not double the messages sent to it.
+ACK_EVERY_S = 0.5
 
 
 def _leading_starts(commands: deque) -> list:
@@ -537,11 +541,18 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             yield local_master_pb2.ListTasksResponse(events=events[start : start + LIST_BATCH])
 
     async def _on_heartbeat(self, session: WorkerSession, beat) -> None:
-        session.last_seen = time.monotonic()
+        session.last_seen = now = time.monotonic()
         for report in beat.reports:
             await self._on_report(session.node, report)
         if beat.leaving and self.state.table.is_alive(session.node):
             await self.mark_dead(session.node, f"its worker {session.node_id} shut down")
+        elif beat.want_ack and now - session.acked_at >= ACK_EVERY_S:
+            # Queued after the commands this heartbeat caused: what the worker reads
+            # before it is what the LM decided knowing the heartbeat.
+            session.acked_at = now
+            ack = local_master_pb2.HeartbeatAck(heartbeat_sent_unix_nanos=beat.sent_unix_nanos)
+            session.commands.append(local_master_pb2.WorkerCommand(ack=ack))
+            session.ready.set()
 
     async def _on_report(self, node: int, report) -> bool:
         task = self.tasks.get(report.task_id)

@@ -28,6 +28,12 @@ What the LM can rely on:
   completed write does not mean the LM received it. Drop a terminal report for a task
   that has already ended.
 - A task killed on shutdown is reported LOST: the node is going away, like a crash.
+- With ``fence_s`` (config ``worker_fence_s``), an agent whose LM has not read a heartbeat
+  of it for that long kills its tasks (reported LOST): the LM takes a worker it has not
+  heard from for ``worker_timeout_s`` for dead and runs its tasks elsewhere, and a worker
+  cut off from it (a network partition) must not run them meanwhile. Heartbeats then ask
+  for a ``HeartbeatAck`` naming the newest one the LM read; the agent counts from when
+  it sent that one (or began its last registration), so it always fences first.
 """
 
 from __future__ import annotations
@@ -81,6 +87,9 @@ MAX_REPORTS_PER_HEARTBEAT = 2000
 # How long a replaced stream waits for the LM to end it: commands the LM wrote before it
 # saw our end are still read (a start read nowhere would be lost).
 STREAM_HANDOVER_S = 10.0
+# Heartbeats sent and not yet acked that a fencing agent remembers (an LM that never acks
+# would otherwise grow it): far more than are sent between two acks.
+MAX_UNACKED = 1000
 
 
 class RegistrationRefused(RuntimeError):
@@ -152,6 +161,7 @@ class WorkerAgent:
         registration_slots: asyncio.Semaphore | None = None,
         rng: random.Random | None = None,
         stream_life_s: float = WORKER_STREAM_LIFE_S,
+        fence_s: float = 0.0,
     ) -> None:
         if default_executor not in EXECUTOR_NAMES:
             raise ValueError(
@@ -166,6 +176,8 @@ class WorkerAgent:
         self.default_executor = default_executor
         self.heartbeat_interval_s = heartbeat_interval_s
         self.stream_life_s = stream_life_s
+        self.fence_s = fence_s
+        self.fenced = 0  # tasks killed because the LM had not heard from us for fence_s
         self.streams = 0  # heartbeat streams opened, replacements included
         self.registrations = 0
         self.lm_id = ""
@@ -182,6 +194,11 @@ class WorkerAgent:
         # registration names them, so an LM that restarted can book them and take the
         # reports (see RegisterWorkerRequest.finished_tasks).
         self._owed: dict[tuple[str, int], common_pb2.Task] = {}
+        # Fencing: when the LM had certainly heard from us last (monotonic; None before
+        # the first registration), and the heartbeats of this stream it has not acked
+        # yet, as (sent_unix_nanos, monotonic time just before the write).
+        self._contact: float | None = None
+        self._unacked: deque[tuple[int, float]] = deque(maxlen=MAX_UNACKED)
         # Created lazily: asyncio primitives belong to the loop that runs the agent.
         self._wake: asyncio.Event | None = None
         self._stop: asyncio.Event | None = None
@@ -228,6 +245,16 @@ class WorkerAgent:
             raise RuntimeError(f"worker {self.node_id} is already running")
         self._run_task = current
         wake, stop, connected = self._events()
+        fencing = asyncio.create_task(self._fence_loop()) if self.fence_s > 0 else None
+        try:
+            await self._serve(wake, stop, connected)
+        finally:
+            if fencing is not None:
+                fencing.cancel()
+
+    async def _serve(
+        self, wake: asyncio.Event, stop: asyncio.Event, connected: asyncio.Event
+    ) -> None:
         backoff = Backoff(rng=self._rng)
         replaced = False  # the last stream ended by being replaced: no need to register
         while not self._closing:
@@ -322,6 +349,7 @@ class WorkerAgent:
 
     # --------------------------------------------------------------- the LM link
     async def _register(self) -> None:
+        began = time.monotonic()
         self.registrations += 1
         request = local_master_pb2.RegisterWorkerRequest(
             node_id=self.node_id,
@@ -335,6 +363,7 @@ class WorkerAgent:
             reply: local_master_pb2.RegisterWorkerResponse = await self._stub.RegisterWorker(
                 request, timeout=REGISTER_TIMEOUT_S
             )
+        self._contact = max(self._contact or began, began)  # the LM read the request
         self.lm_id = reply.lm_id
         self.node_index = reply.node_index
         if reply.heartbeat_interval_s > 0:
@@ -350,6 +379,7 @@ class WorkerAgent:
         and every command the LM wrote was read here."""
         call = self._stub.WorkerHeartbeats()
         self.streams += 1
+        self._unacked.clear()  # an ack on this stream names a heartbeat of this stream
         if not connected.is_set():
             self._resync()
         connected.set()
@@ -413,13 +443,17 @@ class WorkerAgent:
             if self._outbox:
                 wake.set()  # the rest goes in the next heartbeat, right away
             closing = self._closing and not self._running and not self._outbox
+            sent_ns = time.time_ns()
+            if self.fence_s > 0:
+                self._unacked.append((sent_ns, time.monotonic()))
             await call.write(
                 local_master_pb2.WorkerHeartbeat(
                     node_id=self.node_id,
                     node_index=self.node_index or 0,
-                    sent_unix_nanos=time.time_ns(),
+                    sent_unix_nanos=sent_ns,
                     reports=reports,
                     leaving=closing,
+                    want_ack=self.fence_s > 0,
                 )
             )
             now = time.monotonic()
@@ -451,8 +485,51 @@ class WorkerAgent:
                     self._start(task)
             elif kind == "kill":
                 self._on_kill(command.kill.task_id, command.kill.reason)
+            elif kind == "ack":
+                self._acked(command.ack.heartbeat_sent_unix_nanos)
             else:
                 log.warning("ignored an empty command", extra={"node_id": self.node_id})
+
+    def _acked(self, sent_unix_nanos: int) -> None:
+        """The LM read our heartbeat stamped ``sent_unix_nanos``, and every one before it.
+        Found by its stamp, not compared with it: the wall clock may step back."""
+        unacked = self._unacked
+        if not any(stamp == sent_unix_nanos for stamp, _ in unacked):
+            return  # an ack written on an earlier stream
+        while True:
+            stamp, contact = unacked.popleft()
+            if stamp == sent_unix_nanos:
+                break
+        if self._contact is None or contact > self._contact:
+            self._contact = contact
+
+    async def _fence_loop(self) -> None:
+        """Kill every running task once the LM has not heard from us for ``fence_s``."""
+        while True:
+            contact = self._contact
+            age = None if contact is None else time.monotonic() - contact
+            if age is not None and age >= self.fence_s and self._running:
+                self._fence(age)
+            if age is not None and age < self.fence_s:
+                wait = self.fence_s - age  # when the newest contact will be too old
+            else:
+                wait = min(1.0, self.fence_s / 4)  # not registered yet, or cut off
+            await asyncio.sleep(max(wait, 0.05))
+
+    def _fence(self, age: float) -> None:
+        message = (
+            f"worker {self.node_id} was cut off from its LM for {age:.1f} s "
+            f"(worker_fence_s {self.fence_s:g}): killed, as the LM runs it elsewhere"
+        )
+        doomed = [e for e in self._running.values() if e.kill_state is None]
+        for entry in doomed:
+            self._kill(entry, LOST, message)
+        if doomed:
+            self.fenced += len(doomed)
+            log.warning(
+                "cut off from the LM: killed the tasks running here",
+                extra={"node_id": self.node_id, "tasks": len(doomed), "seconds": round(age, 1)},
+            )
 
     # ---------------------------------------------------------------- the tasks
     def _start(self, task: common_pb2.Task) -> None:

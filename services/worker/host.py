@@ -118,6 +118,7 @@ class WorkerHost:
                 default_executor=self.group.executor,
                 heartbeat_interval_s=interval,
                 stream_life_s=self.config.worker_stream_life_s,
+                fence_s=self.config.worker_fence_s,
                 executors=self._executors,
                 registration_slots=slots,
             )

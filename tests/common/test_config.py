@@ -52,6 +52,8 @@ def test_toml_and_environment_overrides(tmp_path):
             "add up to more than 1",
         ),
         ({"heartbeat_interval_s": 0}, "heartbeat_interval_s: Input should be greater than 0"),
+        ({"worker_fence_s": 3}, "worker_fence_s 3 must be 0 (off) or between twice"),
+        ({"worker_fence_s": 9.5}, "and worker_timeout_s - 1 (9)"),
         ({"surprise": 1}, "surprise: Extra inputs are not permitted"),
         (
             {"lms": [{"id": "lm-1", "port": 50050}], "workers": [{"lm": "lm-1"}]},
@@ -88,3 +90,9 @@ def test_one_port_on_two_hosts_is_fine():
     data["lms"] = [{"id": "lm-1", "host": "lm-1.example", "port": data["gms"][0]["port"]}]
     data["workers"] = [{"lm": "lm-1", "count": 1}]
     assert parse_config(data, env={}).lm("lm-1").port == data["gms"][0]["port"]
+
+
+def test_worker_fencing_is_off_by_default_and_bounded_by_the_timeouts():
+    assert parse_config(default_config(), env={}).worker_fence_s == 0
+    config = parse_config({**default_config(), "worker_fence_s": 7}, env={})
+    assert config.worker_fence_s == 7  # in [2 x 2 s heartbeats, 10 s timeout - 1]

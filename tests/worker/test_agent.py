@@ -76,3 +76,14 @@ async def test_agent_context_manager_runs_in_the_background() -> None:
         assert agent.running_task_ids == []
         with pytest.raises(RuntimeError, match="already running"):
             await agent.run()
+
+
+async def test_an_ack_moves_the_contact_to_the_heartbeat_it_names_whatever_the_wall_clock_did():
+    agent = WorkerAgent("w0", CAPACITY, [], grpc.aio.insecure_channel("127.0.0.1:1"), fence_s=2.0)
+    agent._unacked.extend([(100, 1.0), (50, 2.0), (60, 3.0)])  # the clock stepped back
+    agent._acked(50)
+    assert agent._contact == 2.0 and list(agent._unacked) == [(60, 3.0)]
+    agent._acked(999)  # written on an earlier stream: names none of these
+    assert agent._contact == 2.0 and list(agent._unacked) == [(60, 3.0)]
+    agent._acked(60)
+    assert agent._contact == 3.0 and not agent._unacked

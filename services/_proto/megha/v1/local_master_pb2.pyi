@@ -607,6 +607,7 @@ class WorkerHeartbeat(_message.Message):
     SENT_UNIX_NANOS_FIELD_NUMBER: _builtins.int
     REPORTS_FIELD_NUMBER: _builtins.int
     LEAVING_FIELD_NUMBER: _builtins.int
+    WANT_ACK_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     node_index: _builtins.int
     sent_unix_nanos: _builtins.int
@@ -614,6 +615,10 @@ class WorkerHeartbeat(_message.Message):
     """Set on the last heartbeat of a worker that is shutting down (its tasks were killed
     and reported LOST above): the LM takes the node out at once, not once it has been
     silent for worker_timeout_s, so nothing more is placed there.
+    """
+    want_ack: _builtins.bool
+    """Set by a worker that fences itself (worker_fence_s): the LM answers with a
+    HeartbeatAck, at most every ACK_EVERY_S per stream.
     """
     @_builtins.property
     def reports(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskReport]:
@@ -627,10 +632,11 @@ class WorkerHeartbeat(_message.Message):
         sent_unix_nanos: _builtins.int = ...,
         reports: _abc.Iterable[Global___TaskReport] | None = ...,
         leaving: _builtins.bool = ...,
+        want_ack: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["leaving", b"leaving", "node_id", b"node_id", "node_index", b"node_index", "reports", b"reports", "sent_unix_nanos", b"sent_unix_nanos"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["leaving", b"leaving", "node_id", b"node_id", "node_index", b"node_index", "reports", b"reports", "sent_unix_nanos", b"sent_unix_nanos", "want_ack", b"want_ack"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -645,6 +651,7 @@ class WorkerCommand(_message.Message):
     START_FIELD_NUMBER: _builtins.int
     KILL_FIELD_NUMBER: _builtins.int
     STARTS_FIELD_NUMBER: _builtins.int
+    ACK_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def start(self) -> Global___StartTask: ...
     @_builtins.property
@@ -655,22 +662,47 @@ class WorkerCommand(_message.Message):
         queue up (a job's tasks packed onto one node), in order.
         """
 
+    @_builtins.property
+    def ack(self) -> Global___HeartbeatAck:
+        """The LM has read the worker's heartbeats up to this one (see want_ack)."""
+
     def __init__(
         self,
         *,
         start: Global___StartTask | None = ...,
         kill: Global___KillTask | None = ...,
         starts: Global___StartTasks | None = ...,
+        ack: Global___HeartbeatAck | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "kill", b"kill", "start", b"start", "starts", b"starts"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "command", b"command", "kill", b"kill", "start", b"start", "starts", b"starts"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "kill", b"kill", "start", b"start", "starts", b"starts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "command", b"command", "kill", b"kill", "start", b"start", "starts", b"starts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["start", "kill", "starts"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["start", "kill", "starts", "ack"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
 Global___WorkerCommand: _TypeAlias = WorkerCommand  # noqa: Y015
+
+@_typing.final
+class HeartbeatAck(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEARTBEAT_SENT_UNIX_NANOS_FIELD_NUMBER: _builtins.int
+    heartbeat_sent_unix_nanos: _builtins.int
+    """The sent_unix_nanos of the newest heartbeat the LM had read."""
+    def __init__(
+        self,
+        *,
+        heartbeat_sent_unix_nanos: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_sent_unix_nanos", b"heartbeat_sent_unix_nanos"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeartbeatAck: _TypeAlias = HeartbeatAck  # noqa: Y015
 
 @_typing.final
 class StartTasks(_message.Message):
