@@ -363,7 +363,8 @@ class WorkerAgent:
             reply: local_master_pb2.RegisterWorkerResponse = await self._stub.RegisterWorker(
                 request, timeout=REGISTER_TIMEOUT_S
             )
-        self._contact = max(self._contact or began, began)  # the LM read the request
+        # The LM read the request after we sent it: it has heard from us since ``began``.
+        self._contact = began if self._contact is None else max(self._contact, began)
         self.lm_id = reply.lm_id
         self.node_index = reply.node_index
         if reply.heartbeat_interval_s > 0:
