@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from loadgen import report
 from services._proto.megha.v1 import common_pb2
+from services.core.recent import GrowingMap
 
 RUNNING = common_pb2.TASK_STATE_RUNNING
 SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
@@ -62,10 +63,11 @@ class Seen(NamedTuple):
 
 class AcceptedTasks(Mapping[str, tuple[str, str]]):
     """Task id -> (job id, GM) of every task a GM acknowledged. Kept as maps of strings
-    (task -> job, job -> GM), which the garbage collector never scans (see ``record``)."""
+    (task -> job, job -> GM), which the garbage collector never scans (see ``record``);
+    the one per task grows in generations (``GrowingMap``), as do ``EventLog``'s."""
 
     def __init__(self) -> None:
-        self._job: dict[str, str] = {}
+        self._job: GrowingMap[str] = GrowingMap()
         self._gm: dict[str, str] = {}
 
     def add(self, task_id: str, job_id: str, gm: str) -> None:
@@ -90,12 +92,14 @@ class EventLog:
     """What the LMs' task events say about each task, recorded as they arrive."""
 
     def __init__(self) -> None:
-        # Task id -> ``record``; read them through ``seen``.
-        self.running: dict[str, bytes] = {}  # the latest attempt's RUNNING
-        self.ended: dict[str, bytes] = {}  # SUCCEEDED / FAILED / REJECTED
-        # Task id -> successes seen, > 1 = exactly-once broken (a plain dict of ints, never
-        # scanned by the collector, where a Counter would be).
-        self.successes: dict[str, int] = {}
+        # Task id -> ``record``; read them through ``seen``. In generations of plain
+        # dicts: one dict of a million tasks held the offer ~30 ms each time it grew, and
+        # these three and AcceptedTasks grow together (~0.12 s at 699,050 tasks).
+        self.running: GrowingMap[bytes] = GrowingMap()  # the latest attempt's RUNNING
+        self.ended: GrowingMap[bytes] = GrowingMap()  # SUCCEEDED / FAILED / REJECTED
+        # Task id -> successes seen, > 1 = exactly-once broken (ints, never scanned by the
+        # collector, where a Counter would be).
+        self.successes: GrowingMap[int] = GrowingMap()
         self.events = 0
         self.batches = 0
 

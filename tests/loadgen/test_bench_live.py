@@ -108,8 +108,8 @@ def test_the_load_generators_maps_of_tasks_are_never_scanned_by_the_garbage_coll
         accepted.add(f"j.{n}", "j", "gm-1")
         log.add_event(event(f"j.{n}", RUNNING, 1.0))
         log.add_event(event(f"j.{n}", SUCCEEDED, 1.0))
-    maps = (log.running, log.ended, log.successes, accepted._job, accepted._gm)
-    assert not any(gc.is_tracked(m) for m in maps)  # with no collection since they filled
+    maps = [g for m in (log.running, log.ended, log.successes, accepted._job) for g in m._gens]
+    assert not any(gc.is_tracked(m) for m in [*maps, accepted._gm])  # none since they filled
     assert accepted["j.7"] == ("j", "gm-1") and len(accepted) == 100 and "j.100" not in accepted
     running, ended = log.seen("j.7")
     assert (running.state, ended.state, ended.lm_id) == (RUNNING, SUCCEEDED, "lm-1")

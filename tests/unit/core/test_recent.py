@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.core.recent import RecentInts
+from services.core.recent import GrowingMap, RecentInts
 
 
 class Model:
@@ -49,11 +49,35 @@ def test_it_keeps_exactly_what_an_ordered_dict_cut_to_the_bound_keeps(bound, gen
     assert recent.get("never", -1) == -1
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    generation=st.integers(1, 6),
+    sets=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 5)), max_size=100),
+)
+def test_a_growing_map_holds_what_a_dict_holds(generation, sets):
+    grown: GrowingMap[int] = GrowingMap(generation)
+    model: dict[str, int] = {}
+    for key, value in sets:
+        grown[f"t{key}"] = value
+        model[f"t{key}"] = value
+    assert len(grown) == len(model) and sorted(grown) == sorted(model)
+    assert sorted(grown.items()) == sorted(model.items())
+    assert sorted(grown.values()) == sorted(model.values())
+    for key in range(31):
+        assert grown.get(f"t{key}") == model.get(f"t{key}")
+        assert (f"t{key}" in grown) == (f"t{key}" in model)
+    assert all(len(gen) <= generation for gen in grown._gens)
+    with pytest.raises(KeyError):
+        grown["never"]
+
+
 def test_bad_bounds_are_refused():
     with pytest.raises(ValueError, match="bound"):
         RecentInts(0)
     with pytest.raises(ValueError, match="generation"):
         RecentInts(10, generation=0)
+    with pytest.raises(ValueError, match="generation"):
+        GrowingMap(0)
 
 
 def test_the_garbage_collector_never_walks_it():
