@@ -11,6 +11,8 @@ Prints the growth of this process's resident memory (Linux /proc) per task at ea
 the peak is what the kernel recorded (``VmHWM``). Then times a full garbage collection
 with the record and the accepted-task map in memory, each time after one more job came
 in, as during a run (median of 3; what was in memory before them is frozen out of it).
+Last, the slowest single step while the maps filled (one batch of events, one job
+accepted): a map growing its table holds the load generator, which offers nothing then.
 """
 
 from __future__ import annotations
@@ -82,15 +84,27 @@ def main() -> None:
     gc.freeze()
     log = EventLog()
     before = resident_mb()
+    slowest_add = (0.0, 0)  # the slowest batch of events taken in (s, tasks before it)
+    adding = accepting = 0.0
     for job in range(tasks // BATCH):
         for state in (common_pb2.TASK_STATE_RUNNING, common_pb2.TASK_STATE_SUCCEEDED):
-            log.add(common_pb2.TaskEventBatch.FromString(batch_of(job, state, now)))
+            batch = common_pb2.TaskEventBatch.FromString(batch_of(job, state, now))
+            began = time.perf_counter()
+            log.add(batch)
+            took = time.perf_counter() - began
+            adding += took
+            slowest_add = max(slowest_add, (took, job * BATCH))
     logged = resident_mb()
     jobs = range(tasks // BATCH)
     accepted = accepted_map()
+    slowest_accept = (0.0, 0)
     for job in jobs:
+        began = time.perf_counter()
         for i in range(BATCH):
             accept(accepted, f"job-{job}.{i}", f"job-{job}", "gm-1")
+        took = time.perf_counter() - began
+        accepting += took
+        slowest_accept = max(slowest_accept, (took, job * BATCH))
     offered = resident_mb()
     measured = log.measure(accepted)
     report.component_medians(map(log.stamps, measured.task_ids))
@@ -119,6 +133,13 @@ def main() -> None:
         f"tasks.csv {(written - summarised) * per_task:.2f}; "
         f"peak above the accepted-task map {(peak_mb() - offered) * per_task:.2f}; "
         f"a full collection {1000 * statistics.median(pauses):.1f} ms"
+    )
+    print(
+        f"slowest step: a batch of {BATCH} events {1000 * slowest_add[0]:.1f} ms "
+        f"(at task {slowest_add[1]:,}), accepting a job {1000 * slowest_accept[0]:.1f} ms "
+        f"(at task {slowest_accept[1]:,}); a map grows its table at 2/3 full. CPU per task: "
+        f"{1e6 * adding / tasks:.2f} us for its two events, {1e6 * accepting / tasks:.2f} us "
+        "to accept it"
     )
 
 
