@@ -30,3 +30,35 @@ def test_jobbook_bench_reports_a_full_book():
     out = _run("jobbook_bench.py", "--tasks", "5000")
     assert out["tasks"] == 5_000
     assert out["kb_per_task"] >= 0 and out["full_collection_ms"] >= 0
+
+
+def test_slow_tasks_groups_the_slow_ones_into_episodes(tmp_path):
+    header = (
+        "task_id,job_id,gm,lm_id,node_id,submitted_unix_nanos,dequeued_unix_nanos,"
+        "decided_unix_nanos,lm_received_unix_nanos,lm_decided_unix_nanos,"
+        "worker_received_unix_nanos,started_unix_nanos,finished_unix_nanos,alloc_s,"
+        "queued_unix_nanos,attempt,state"
+    )
+    ms = 1_000_000
+    rows = []
+    for n, (at_s, queued_for_ms) in enumerate([(0, 1), (5, 1), (5, 80)]):
+        sub = at_s * 1000 * ms
+        stamps = [sub + (queued_for_ms + 1 + k) * ms for k in range(7)]  # dequeued .. finished
+        started = stamps[5]
+        rows.append(
+            f"j{n}.0,j{n},gm-1,lm-1,w0,{sub},{','.join(map(str, stamps))},"
+            f"{(started - sub) / 1e9},{sub + ms},0,succeeded"
+        )
+    path = tmp_path / "tasks.csv"
+    path.write_text("\n".join([header, *rows]) + "\n")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "slow_tasks.py"), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    assert lines[0] == "1 of 3 allocated tasks over 50 ms"
+    assert lines[1].startswith("at      5 s:    1 tasks of 1 jobs (j2; gm-1), 0 later attempts")
+    assert "broker 80.0" in lines[2]
