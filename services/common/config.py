@@ -119,6 +119,14 @@ class FederationConfig(_Model):
         "worker_heartbeat_interval_s and at most worker_timeout_s - 1 (a kill must finish "
         "before the LM gives the task to another worker).",
     )
+    worker_janitor: bool = Field(
+        True,
+        description="Each worker host starts a small janitor process that, when the host "
+        "dies (kill -9, the OOM killer, a crash), at once kills what its process tasks "
+        "started and removes its containers, instead of leaving them to the host's next "
+        "start (or for ever, if it never starts again) while the LM runs those tasks "
+        "elsewhere.",
+    )
     event_batch_s: float = Field(
         0.05,
         ge=0,

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from services._proto.megha.v1 import common_pb2
+from services.worker.janitor import LIFE_LABEL
 from services.worker.leftovers import HOST_LABEL, GroupLedger, group_running
 
 SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
@@ -273,8 +274,10 @@ class DockerExecutor:
     CPU and memory limits come from the task's request (``nano_cpus``, ``mem_limit``); the
     container carries the label ``megha.task_id`` so an operator can find it, and, with a
     ``ledger``, ``megha.host`` so that the host's next start removes it if this host dies
-    first (``leftovers``). The container is removed however the task ends. An engine that
-    cannot be reached fails the task with a clear message instead of raising.
+    first (``leftovers``), and with the ledger's janitor, ``megha.life``, so that the
+    janitor removes it as soon as the host dies (``janitor``). The container is removed
+    however the task ends. An engine that cannot be reached fails the task with a clear
+    message instead of raising.
 
     ``docker.from_env()`` is called lazily, once, and the client is shared by every task.
     Short engine calls run in ``asyncio.to_thread``; the one call that blocks for the
@@ -319,6 +322,8 @@ class DockerExecutor:
         }
         if self.ledger is not None:
             kwargs["labels"][HOST_LABEL] = self.ledger.host
+            if self.ledger.janitor is not None:
+                kwargs["labels"][LIFE_LABEL] = self.ledger.janitor.life
             self.ledger.note_containers()  # before the container exists
         if task.resources.cpu_milli > 0:
             kwargs["nano_cpus"] = task.resources.cpu_milli * 1_000_000

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import tempfile
+import uuid
 from pathlib import Path
 from types import TracebackType
 
@@ -21,6 +22,7 @@ from services.common.config import FederationConfig, WorkerGroup
 from services.core.resources import parse_resources
 from services.worker.agent import WorkerAgent
 from services.worker.executors import DockerExecutor, Executor, default_executors
+from services.worker.janitor import Janitor
 from services.worker.leftovers import GroupLedger
 
 log = logging.getLogger("megha.worker")
@@ -55,7 +57,8 @@ class WorkerHost:
         # One file per host of one federation on this machine (prefix, LM, first node).
         name = f"{config.exchange_prefix}-{self.target}-{self.node_ids[0]}".replace(":", "_")
         ledgers = Path(tempfile.gettempdir()) / f"megha-{os.getuid()}"
-        self._ledger = GroupLedger(ledgers / f"{name}.groups")
+        janitor = Janitor(uuid.uuid4().hex[:12]) if config.worker_janitor else None
+        self._ledger = GroupLedger(ledgers / f"{name}.groups", janitor)
         self._shutdown_task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> WorkerHost:

@@ -20,6 +20,10 @@ container of a life writes a ``d`` line before it is created. A start whose file
 that line removes, with ``force``, every container labelled with its host; a host that
 never ran a container never asks the engine anything. If the engine cannot be asked, the
 new file keeps the line, so the next start tries again.
+
+The next start may be late, or never come: each life's janitor (``janitor.py``) is told
+the same lines and ends that life's leftovers as soon as the host dies. The sweep here is
+for what died with its janitor.
 """
 
 from __future__ import annotations
@@ -29,7 +33,13 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from services.worker.janitor import Janitor
 
 log = logging.getLogger("megha.worker")
 
@@ -78,9 +88,11 @@ class GroupLedger:
     """The process groups of the tasks a worker host runs, and whether it runs
     containers, on disk."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, janitor: Janitor | None = None) -> None:
         self.path = Path(path)
         self.host = self.path.stem  # the HOST_LABEL value of this host's containers
+        # Told every line too; ends this life's leftovers at once if the host dies.
+        self.janitor = janitor
         self._live: dict[int, int] = {}
         self._docker_noted = False
         self._lines = 0
@@ -89,29 +101,17 @@ class GroupLedger:
     def sweep(self) -> int:
         """Kill the groups and remove the containers a former life of this host left
         running; start a new log. Returns how many groups and containers it ended."""
-        noted: dict[int, int] = {}
-        ran_containers = False
-        with contextlib.suppress(OSError):  # none yet, or unreadable: nothing to kill
-            for line in self.path.read_text().splitlines():
-                try:
-                    op, *values = line.split()
-                    if op == "+":
-                        noted[int(values[0])] = int(values[1])
-                    elif op == "-":
-                        noted.pop(int(values[0]), None)
-                    elif op == "d":
-                        ran_containers = True
-                except (IndexError, ValueError):
-                    continue  # a line cut short by the crash
-        killed = [pgid for pgid, ticks in noted.items() if _kill_group(pgid, ticks)]
-        removed = self._remove_containers() if ran_containers else 0
-        deadline = time.monotonic() + GONE_WAIT_S
-        while killed and time.monotonic() < deadline and any(map(group_running, killed)):
-            time.sleep(0.01)
+        try:
+            lines = self.path.read_bytes().splitlines()
+        except OSError:  # none yet, or unreadable: nothing to kill
+            lines = []
+        noted = replay(lines)
+        killed = kill_groups(noted.groups)
+        removed = remove_containers({HOST_LABEL: self.host}) if noted.containers else 0
         if killed or removed:
             log.warning(
                 "killed what the tasks of this host's last life left running",
-                extra={"groups": len(killed), "containers": removed or 0, "ledger": str(self.path)},
+                extra={"groups": killed, "containers": removed or 0, "ledger": str(self.path)},
             )
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -121,46 +121,22 @@ class GroupLedger:
                 "cannot note the tasks' process groups; after a crash of this host they may run on",
                 extra={"ledger": str(self.path), "error": str(err)},
             )
+        if self.janitor is not None and not self.janitor.start():
+            self.janitor = None
         if removed is None:
             self.note_containers()  # the engine could not be asked: the next start asks
-        return len(killed) + (removed or 0)
+        return killed + (removed or 0)
 
     def note_containers(self) -> None:
         """Say, once per life and before the first container exists, that this host
         starts containers: a start after a crash then looks for them."""
-        if not self._docker_noted and self._file is not None:
+        if not self._docker_noted and self._noting():
             self._docker_noted = True
             self._write("d\n")
 
-    def _remove_containers(self) -> int | None:
-        """Force-remove every container labelled as this host's; None if the engine could
-        not be asked."""
-        import docker.errors  # binds ``docker`` too
-        import requests
-
-        try:
-            client = docker.from_env(timeout=ENGINE_TIMEOUT_S)
-            try:
-                left = client.containers.list(
-                    all=True, filters={"label": f"{HOST_LABEL}={self.host}"}
-                )
-                for container in left:
-                    with contextlib.suppress(docker.errors.NotFound):
-                        container.remove(force=True)
-            finally:
-                client.close()
-        except (docker.errors.DockerException, requests.RequestException) as err:
-            log.warning(
-                "cannot ask the Docker engine for the containers this host's last life "
-                "left running; the next start asks again",
-                extra={"host": self.host, "error": str(err)},
-            )
-            return None
-        return len(left)
-
     def add(self, pgid: int) -> None:
         ticks = start_ticks(pgid)
-        if ticks is None or self._file is None:
+        if ticks is None or not self._noting():
             return
         self._live[pgid] = ticks
         self._write(f"+ {pgid} {ticks}\n")
@@ -170,12 +146,21 @@ class GroupLedger:
             self._write(f"- {pgid}\n")
 
     def close(self) -> None:
+        """The host exits in order (its tasks are over): its janitor leaves too."""
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self.janitor is not None:
+            self.janitor.close(all_ended=not self._live)  # a group not ended: it ends it
+
+    def _noting(self) -> bool:
+        return self._file is not None or self.janitor is not None
 
     def _write(self, line: str) -> None:
-        assert self._file is not None
+        if self.janitor is not None:
+            self.janitor.tell(line)
+        if self._file is None:
+            return
         self._file.write(line)  # line-buffered: in the kernel at once, safe from a kill -9
         self._lines += 1
         if self._lines > COMPACT_AFTER:
@@ -194,8 +179,48 @@ class GroupLedger:
         self._lines = len(lines)
 
 
+@dataclass
+class Noted:
+    """What a ledger's lines say is still to end: live groups (pgid -> start ticks),
+    whether containers ran, and whether the host said it exits in order (``q``)."""
+
+    groups: dict[int, int] = field(default_factory=dict)
+    containers: bool = False
+    quit: bool = False
+
+
+def replay(lines: Iterable[bytes]) -> Noted:
+    """Read ledger lines (a file's, or a janitor's pipe until it closes or says ``q``);
+    a line cut short by a crash is skipped."""
+    noted = Noted()
+    for line in lines:
+        try:
+            op, *values = line.split()
+            if op == b"+":
+                noted.groups[int(values[0])] = int(values[1])
+            elif op == b"-":
+                noted.groups.pop(int(values[0]), None)
+            elif op == b"d":
+                noted.containers = True
+            elif op == b"q":
+                noted.quit = True
+                break
+        except (IndexError, ValueError):
+            continue
+    return noted
+
+
+def kill_groups(groups: dict[int, int]) -> int:
+    """SIGKILL each group (pgid -> its leader's start ticks) that still runs and is the
+    one noted; wait (bounded) until they are gone. Returns how many it killed."""
+    killed = [pgid for pgid, ticks in groups.items() if _kill_group(pgid, ticks)]
+    deadline = time.monotonic() + GONE_WAIT_S
+    while killed and time.monotonic() < deadline and any(map(group_running, killed)):
+        time.sleep(0.01)
+    return len(killed)
+
+
 def _kill_group(pgid: int, ticks: int) -> bool:
-    """SIGKILL the group ``pgid`` if it still runs and is the one noted."""
     if not group_running(pgid):
         return False
     leader = start_ticks(pgid)
@@ -205,3 +230,29 @@ def _kill_group(pgid: int, ticks: int) -> bool:
         os.killpg(pgid, signal.SIGKILL)
         return True
     return False
+
+
+def remove_containers(labels: dict[str, str]) -> int | None:
+    """Force-remove every container that carries all these labels; None if the engine
+    could not be asked (a warning says so)."""
+    import docker.errors  # binds ``docker`` too
+    import requests
+
+    wanted = [f"{key}={value}" for key, value in labels.items()]
+    try:
+        client = docker.from_env(timeout=ENGINE_TIMEOUT_S)
+        try:
+            left = client.containers.list(all=True, filters={"label": wanted})
+            for container in left:
+                with contextlib.suppress(docker.errors.NotFound):
+                    container.remove(force=True)
+        finally:
+            client.close()
+    except (docker.errors.DockerException, requests.RequestException) as err:
+        log.warning(
+            "cannot ask the Docker engine for the containers a life of this host left "
+            "running; the next start asks again",
+            extra={"labels": ",".join(wanted), "error": str(err)},
+        )
+        return None
+    return len(left)

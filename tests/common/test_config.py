@@ -96,3 +96,11 @@ def test_worker_fencing_is_off_by_default_and_bounded_by_the_timeouts():
     assert parse_config(default_config(), env={}).worker_fence_s == 0
     config = parse_config({**default_config(), "worker_fence_s": 7}, env={})
     assert config.worker_fence_s == 7  # in [2 x 2 s heartbeats, 10 s timeout - 1]
+
+
+def test_the_worker_janitor_is_on_by_default_and_an_environment_variable_turns_it_off():
+    assert parse_config(default_config(), env={}).worker_janitor is True
+    off = parse_config(default_config(), env={"MEGHA_WORKER_JANITOR": "false"})
+    assert off.worker_janitor is False
+    with pytest.raises(ConfigError, match="worker_janitor"):
+        parse_config(default_config(), env={"MEGHA_WORKER_JANITOR": "maybe"})

@@ -355,24 +355,63 @@ def _pids_running(marker: str) -> set[int]:
     return {int(pid) for pid in found.split()}
 
 
+def _process_tasks(script: str, count: int) -> list[common_pb2.Task]:
+    tasks = []
+    for _ in range(count):
+        task = common_pb2.Task(process=common_pb2.ProcessExecutor(args=["sh", "-c", script]))
+        task.resources.cpu_milli, task.resources.memory_mb = 1000, 256
+        tasks.append(task)
+    return tasks
+
+
+async def _all_running(marker: str, count: int) -> set[int]:
+    deadline = time.monotonic() + 10
+    while len(running := _pids_running(marker)) < count:
+        assert time.monotonic() < deadline, f"the tasks never started: {running}"
+        await asyncio.sleep(0.1)
+    return running
+
+
+async def test_a_worker_host_killed_has_its_tasks_processes_killed_by_its_janitor(tmp_path):
+    # A host killed -9 and not started again: its process tasks' children ran on, while
+    # the LM queued their tasks again, until the host's next start (for ever if none).
+    # Its janitor now kills them as soon as the host is gone.
+    marker = f"{time.monotonic_ns() % 10**6}.7"  # a sleep only this test runs
+    script = f"sleep 3{marker} & exec sleep 4{marker}"
+    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2) as fed:
+        reply = await fed.gm().submit(_process_tasks(script, 2))
+        first = await _all_running(f"sleep [34]{marker}", 4)
+        fed.children.kill("workers-lm-1")
+        killed = time.monotonic()
+        while _pids_running(f"sleep [34]{marker}") & first:
+            assert time.monotonic() - killed < 2, "a first attempt still runs"
+            await asyncio.sleep(0.01)
+        took = time.monotonic() - killed
+        assert took < 1.0, f"the janitor took {took:.2f} s"
+        ended = "the worker host died; its janitor ended what its tasks left running"
+        deadline = time.monotonic() + 5
+        while ended not in fed.log("workers-lm-1"):
+            assert time.monotonic() < deadline, "the janitor did not say what it did"
+            await asyncio.sleep(0.05)
+        assert '"groups": 2' in fed.log("workers-lm-1")
+        # The tasks were lost with the host and are queued again as their next attempt.
+        deadline = time.monotonic() + 20
+        while set(fed.events.states(common_pb2.TASK_STATE_LOST)) != set(reply.task_ids):
+            assert time.monotonic() < deadline, "the tasks were never taken for lost"
+            await asyncio.sleep(0.1)
+
+
 async def test_a_worker_host_killed_takes_its_tasks_processes_along(tmp_path):
     # Each process task runs in a session of its own, so a worker host killed -9 left its
-    # processes running while the LM re-queued their tasks: they ran twice at once. Now
-    # the main process dies with the host (pdeathsig), and the host, started again, kills
-    # what that process had started before its agents register.
+    # processes running while the LM re-queued their tasks: they ran twice at once. The
+    # main process dies with the host (pdeathsig), and the host, started again, kills
+    # what that process had started before its agents register: what is left when the
+    # janitor died with the host (here: none was started).
     marker = f"{time.monotonic_ns() % 10**6}.5"  # a sleep only this test runs
     script = f"sleep 3{marker} & exec sleep 4{marker}"  # the exec'd sleep leads the group
-    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2) as fed:
-        tasks = []
-        for _ in range(2):
-            task = common_pb2.Task(process=common_pb2.ProcessExecutor(args=["sh", "-c", script]))
-            task.resources.cpu_milli, task.resources.memory_mb = 1000, 256
-            tasks.append(task)
-        reply = await fed.gm().submit(tasks)
-        deadline = time.monotonic() + 10
-        while len(first := _pids_running(f"sleep [34]{marker}")) < 4:
-            assert time.monotonic() < deadline, f"the tasks never started: {first}"
-            await asyncio.sleep(0.1)
+    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2, worker_janitor=False) as fed:
+        reply = await fed.gm().submit(_process_tasks(script, 2))
+        first = await _all_running(f"sleep [34]{marker}", 4)
         leaders = _pids_running(f"sleep 4{marker}")
         fed.children.kill("workers-lm-1")
         await asyncio.sleep(0.5)
@@ -396,11 +435,12 @@ async def test_a_worker_host_killed_takes_its_tasks_processes_along(tmp_path):
 async def test_a_worker_host_killed_has_its_containers_removed_when_it_starts_again(tmp_path):
     # A container is the Docker engine's child, not the host's: a host killed -9 left its
     # containers running while the LM queued their tasks again. The host's next start
-    # removes them, before its agents register.
+    # removes them, before its agents register: what is left when its janitor died with
+    # it (here: none was started).
     import docker
 
     engine = docker.from_env()
-    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2) as fed:
+    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2, worker_janitor=False) as fed:
         tasks = []
         for _ in range(2):
             image = common_pb2.DockerExecutor(image=local_image(), args=["sleep", "300"])

@@ -251,6 +251,47 @@ asyncio.run(DockerExecutor(ledger=ledger).run(task))
         client.close()
 
 
+@needs_docker
+async def test_a_container_of_a_killed_host_is_removed_by_its_janitor(tmp_path: Path) -> None:
+    # With a janitor, the container goes as soon as the host dies, not at its next start.
+    import docker
+
+    task_id = f"d-janitor-{os.getpid()}"
+    script = f"""
+import asyncio
+from services._proto.megha.v1 import common_pb2
+from services.worker.executors import DockerExecutor
+from services.worker.janitor import Janitor
+from services.worker.leftovers import GroupLedger
+ledger = GroupLedger({str(tmp_path / "host.groups")!r}, Janitor("life-{os.getpid()}"))
+ledger.sweep()
+image = common_pb2.DockerExecutor(image={local_image()!r}, args=["sleep", "300"])
+task = common_pb2.Task(task_id={task_id!r}, docker=image)
+asyncio.run(DockerExecutor(ledger=ledger).run(task))
+"""
+    client = docker.from_env()
+    labelled = {"label": f"megha.task_id={task_id}"}
+    host = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 60
+        while not (running := client.containers.list(filters=labelled)):
+            assert host.poll() is None and time.monotonic() < deadline, "never started"
+            await asyncio.sleep(0.1)
+        assert running[0].labels["megha.life"] == f"life-{os.getpid()}"
+        host.kill()
+        host.wait(10)
+        killed = time.monotonic()
+        while client.containers.list(all=True, filters=labelled):
+            assert time.monotonic() - killed < 15, "the janitor did not remove the container"
+            await asyncio.sleep(0.05)
+        assert GroupLedger(tmp_path / "host.groups").sweep() == 0  # nothing left for it
+    finally:
+        host.kill()
+        for container in client.containers.list(all=True, filters=labelled):
+            container.remove(force=True)
+        client.close()
+
+
 # ---------------------------------------------------------------------- choosing
 def test_executor_for_follows_the_task_then_the_default() -> None:
     executors = {"sim": SimExecutor(), "process": ProcessExecutor()}
