@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from services.common.argtypes import non_negative_float, positive_float, positive_int
+from services.common.pipes import quiet_on_broken_pipe
 
 # Modules that each add one subcommand, named like the module with "-" for "_": every one
 # has ``add_subcommand(subparsers)`` and ``main(args) -> int``.
@@ -109,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@quiet_on_broken_pipe
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

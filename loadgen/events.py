@@ -21,7 +21,12 @@ from services.core.recent import GrowingMap
 RUNNING = common_pb2.TASK_STATE_RUNNING
 SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
 # Ends a task for good; LOST and PREEMPTED tasks come back as a new attempt.
-ENDED = {SUCCEEDED, common_pb2.TASK_STATE_FAILED, common_pb2.TASK_STATE_REJECTED}
+ENDED = {
+    SUCCEEDED,
+    common_pb2.TASK_STATE_FAILED,
+    common_pb2.TASK_STATE_REJECTED,
+    common_pb2.TASK_STATE_CANCELLED,
+}
 # What a report needs of one event, packed: state, attempt and every stamp of
 # ``report.STAMPS``, then "lm_id\0node_id". A run keeps one record per task and event kind.
 _HEAD = struct.Struct(f"<ii{len(report.STAMPS)}q")
@@ -96,7 +101,7 @@ class EventLog:
         # dicts: one dict of a million tasks held the offer ~30 ms each time it grew, and
         # these three and AcceptedTasks grow together (~0.12 s at 699,050 tasks).
         self.running: GrowingMap[bytes] = GrowingMap()  # the latest attempt's RUNNING
-        self.ended: GrowingMap[bytes] = GrowingMap()  # SUCCEEDED / FAILED / REJECTED
+        self.ended: GrowingMap[bytes] = GrowingMap()  # SUCCEEDED / FAILED / REJECTED / CANCELLED
         # Task id -> successes seen, > 1 = exactly-once broken (ints, never scanned by the
         # collector, where a Counter would be).
         self.successes: GrowingMap[int] = GrowingMap()

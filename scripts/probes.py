@@ -16,6 +16,10 @@ Run from the repository root, with RabbitMQ up:
         every process (or those named, e.g. lm-lm-1,gm-gm-1) killed (-9) at once while
         tasks queue, start, run and end, then restarted (RabbitMQ stays up): is every
         task run, and how many twice?
+    python scripts/probes.py cancel [--tasks 20000]
+        a job that fills every worker and queues the rest, cancelled through the GM that
+        does not serve its queue: how long until every task ended CANCELLED, and until
+        the next job runs in its room?
     python scripts/probes.py idle-worker [--agents 100] [--interval 0.05] [--seconds 60]
                                          [--stream-life 120]
         a worker host whose agents only heartbeat (no task): does its memory level off?
@@ -211,6 +215,57 @@ async def big_job(tasks: int) -> None:
         )
 
 
+async def cancel(tasks: int) -> None:
+    async with _federation(
+        "cancel", gms=2, lms=2, workers_per_lm=16, capacity="cpu=16,mem=32Gi"
+    ) as fed:
+        slots = 2 * 16 * 16
+        reply = await fed.gm("gm-1").submit(sim_tasks(tasks, 600.0))
+        ids = set(reply.task_ids)
+        deadline = time.monotonic() + 120
+        while len(fed.events.nodes_of(RUNNING)) < min(slots, tasks):
+            assert time.monotonic() < deadline, "the job never filled the workers"
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(1)
+        running = set(fed.events.nodes_of(RUNNING))
+        print(f"{tasks} tasks of 600 s: {len(running)} running, the rest queued at gm-1")
+        began = time.monotonic()
+        answer = await fed.gm("gm-2").cancel(reply.job_id, "probe")
+        answered = time.monotonic() - began
+        print(
+            f"  CancelJob through gm-2 answered in {answered * 1e3:.1f} ms "
+            f"(known {answer.known}, {answer.unfinished} not ended)"
+        )
+        cancelled = common_pb2.TASK_STATE_CANCELLED
+        seen = {"running task": None, "task": None}
+        while time.monotonic() - began < 120:
+            ended = set(fed.events.states(cancelled))
+            now = time.monotonic() - began
+            if seen["running task"] is None and running <= ended:
+                seen["running task"] = now
+            if ended >= ids:
+                seen["task"] = now
+                break
+            await asyncio.sleep(0.01)
+        for what, when in seen.items():
+            shown = "never (120 s)" if when is None else f"{when:.2f} s"
+            print(f"  every {what}'s CANCELLED event seen after {shown}")
+        after = sum(
+            e.state == RUNNING and e.task_id in ids and e.task_id not in running
+            for e in fed.events.events
+        )
+        print(f"  tasks of the job that started after the cancel: {after}")
+        for gm in fed.config.gms:
+            job = await fed.gm(gm.id).job(reply.job_id)
+            counts = Counter(common_pb2.TaskState.Name(t.state) for t in job.tasks)
+            print(f"  {gm.id} GetJob: {dict(counts)}")
+        began = time.monotonic()
+        nxt = await fed.gm("gm-1").submit(sim_tasks(slots, 0.5))
+        await fed.events.wait_succeeded(set(nxt.task_ids), timeout_s=60)
+        took = time.monotonic() - began
+        print(f"  the next job, {slots} tasks of 0.5 s, all ran in {took:.2f} s")
+
+
 async def whole_crash(tasks: int, after: float, times: int, kill: list[str]) -> None:
     async with _federation("whole-crash", gms=2, lms=2, workers_per_lm=4) as fed:
         reply = await fed.gm("gm-1").submit(sim_tasks(tasks, 0.5))
@@ -284,6 +339,7 @@ def main() -> None:
     crash.add_argument(
         "--kill", default="", help="comma-separated children to kill (default: every one)"
     )
+    probes.add_parser("cancel").add_argument("--tasks", type=int, default=20_000)
     idle = probes.add_parser("idle-worker")
     idle.add_argument("--agents", type=int, default=100)
     idle.add_argument("--interval", type=float, default=0.05, help="heartbeat interval, s")
@@ -301,6 +357,8 @@ def main() -> None:
     elif args.probe == "whole-crash":
         kill = [name for name in args.kill.split(",") if name]
         asyncio.run(whole_crash(args.tasks, args.after, args.times, kill))
+    elif args.probe == "cancel":
+        asyncio.run(cancel(args.tasks))
     elif args.probe == "idle-worker":
         asyncio.run(idle_worker(args.agents, args.interval, args.seconds, args.stream_life))
     else:

@@ -17,6 +17,7 @@ from services.common.argtypes import (
     positive_float,
     positive_int,
 )
+from services.common.pipes import quiet_on_broken_pipe
 
 ROLES = ("gm", "lm", "worker", "predictor")
 
@@ -124,6 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="list every task (default: a job of over 50 lists 50, those not succeeded first)",
     )
 
+    cancel = commands.add_parser(
+        "cancel", help="cancel a job: its queued tasks are dropped, its running ones killed"
+    )
+    _add_config(cancel)
+    _add_gm(cancel)
+    cancel.add_argument("job_id")
+    cancel.add_argument("--reason", default="", help="shown in the tasks' CANCELLED events")
+    cancel.add_argument("--wait", action="store_true", help="follow the job until it ends")
+
     status = commands.add_parser("status", help="LMs, partitions, queues, allocation times")
     _add_config(status)
     _add_gm(status)
@@ -183,6 +193,7 @@ def _add_predictor_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=non_negative_int, default=0)
 
 
+@quiet_on_broken_pipe
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "bench":

@@ -102,6 +102,10 @@ class GlobalMasterClient:
         reply = await self.stub.GetJob(global_master_pb2.GetJobRequest(job_id=job_id), timeout=10)
         return reply.job
 
+    async def cancel(self, job_id: str, reason: str = "") -> global_master_pb2.CancelJobResponse:
+        request = global_master_pb2.CancelJobRequest(job_id=job_id, reason=reason)
+        return await self.stub.CancelJob(request, timeout=10)
+
     async def watch(self, job_id: str) -> AsyncIterator[common_pb2.TaskEvent]:
         call = self.stub.WatchJob(global_master_pb2.WatchJobRequest(job_id=job_id))
         async for reply in call:

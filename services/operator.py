@@ -309,6 +309,8 @@ async def client_command(args: argparse.Namespace, config: FederationConfig) -> 
                 return await _submit(client, args, config)
             if args.command == "job":
                 return await _job(client, args)
+            if args.command == "cancel":
+                return await _cancel(client, args)
             if args.command == "status":
                 return await _status(client)
     except grpc.aio.AioRpcError as err:
@@ -370,7 +372,7 @@ async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
 
     def line() -> str:
         counts = Counter(latest.values())  # only when the line is drawn
-        ended = sum(counts[s] for s in ("succeeded", "failed", "rejected"))
+        ended = sum(counts[s] for s in ("succeeded", "failed", "rejected", "cancelled"))
         progressed = f"{bar(ended / len(task_ids))} {ended}/{len(task_ids)}"
         return f"job {job_id} {progressed} ended: {_by_state(counts)}"
 
@@ -378,7 +380,7 @@ async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
     try:
         async for event in client.follow(job_id, task_ids):
             state = STATE_NAMES.get(event.state, "?")
-            failed |= state in ("failed", "rejected")
+            failed |= state in ("failed", "rejected", "cancelled")
             latest[event.task_id] = state
             if big and state in _ROUTINE:
                 progress.show(line)
@@ -414,6 +416,17 @@ async def _job(client: GlobalMasterClient, args) -> int:
         print(f"  {task.task_id:<24} {state:<10} {where:<24} {task.pending_reason}")
     if len(rows) < len(job.tasks):
         print(f"  ... {len(job.tasks) - len(rows)} more (--all lists every task)")
+    return 0
+
+
+async def _cancel(client: GlobalMasterClient, args) -> int:
+    reply = await client.cancel(args.job_id, args.reason)
+    if reply.known:
+        print(f"job {args.job_id}: cancelled ({reply.unfinished} tasks had not ended)")
+    else:
+        print(f"job {args.job_id}: cancel sent to every GM and LM (this GM does not know the job)")
+    if args.wait:
+        await _follow(client, args.job_id)
     return 0
 
 

@@ -25,6 +25,7 @@ class PlacementStatus(enum.IntEnum):
     REJECTED_UNKNOWN_GM = 9
     REJECTED_INVALID = 10  # the task is malformed for this LM; retrying cannot help
     REJECTED_EXPIRED = 11  # read after the GM gave up on the request: nothing was done
+    REJECTED_CANCELLED = 12  # the task's job was cancelled: it must not run
 
     @property
     def ok(self) -> bool:

@@ -20,6 +20,7 @@ TERMINAL = {
     common_pb2.TASK_STATE_SUCCEEDED,
     common_pb2.TASK_STATE_FAILED,
     common_pb2.TASK_STATE_REJECTED,
+    common_pb2.TASK_STATE_CANCELLED,
 }
 # States in which a task's end is still to come, from the LM that holds it.
 _OPEN = {common_pb2.TASK_STATE_PLACED, common_pb2.TASK_STATE_RUNNING}
@@ -35,6 +36,7 @@ _RANK = {
     common_pb2.TASK_STATE_SUCCEEDED: 5,
     common_pb2.TASK_STATE_FAILED: 5,
     common_pb2.TASK_STATE_REJECTED: 5,
+    common_pb2.TASK_STATE_CANCELLED: 5,
 }
 
 

@@ -45,17 +45,20 @@ from services.common.convert import (
 )
 from services.common.request_stream import Launcher
 from services.common.server import channel
+from services.core.cancels import CancelledJobs
 from services.core.fairness import FairShare, QueueShare, dominant_share
 from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
-from services.global_master.jobs import JobBook
+from services.global_master.jobs import TERMINAL, JobBook
 from services.global_master.predictions import LifetimePredictions
 from services.local_master.service import (
+    CANCEL_EXCHANGE,
     ENDED,
     EVENT_EXCHANGE,
     HEARTBEAT_EXCHANGE,
+    LIST_BATCH,
     RESTART_GRACE_S,
     enqueue_next_attempt,
     user_queue,
@@ -177,6 +180,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self._loops: list[asyncio.Task] = []
         self._inflight: set[asyncio.Task] = set()
         self._pledged: set[str] = set()  # victims of preemptions under way
+        self.cancelled = CancelledJobs()  # jobs whose tasks are dropped wherever they turn up
         self._unexpiring: set[str] = set()  # LMs whose clocks disagree with ours
         # Tasks an LM accepted from this GM that no event has shown started yet, by id:
         # (LM, when, the wire task). If that LM dies before passing one to its worker,
@@ -195,6 +199,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         )
         self._subscriptions.append(
             await self.bus.subscribe_topic(EVENT_EXCHANGE, "task.#", self._on_events)
+        )
+        self._subscriptions.append(
+            await self.bus.subscribe_fanout(CANCEL_EXCHANGE, self._on_cancel_message)
         )
         for queue in self.my_queues:
             self._subscriptions.append(
@@ -479,6 +486,31 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         finally:
             job.watchers.remove(updates)
 
+    async def CancelJob(self, request, context):
+        if not request.job_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id is required")
+        msg = common_pb2.JobCancel(
+            job_id=request.job_id,
+            reason=request.reason or "cancelled",
+            gm_id=self.gm_id,
+            cancelled_unix_nanos=time.time_ns(),
+        )
+        try:
+            await self.bus.publish_fanout(CANCEL_EXCHANGE, msg.SerializeToString())
+        except Exception as err:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"could not publish the cancel ({err!r}); nothing was cancelled: try again",
+            )
+        job = self.jobs.get(request.job_id)
+        unfinished = 0 if job is None else sum(s.state not in TERMINAL for s in job.statuses())
+        self._cancel(msg.job_id, msg.reason)  # at once here; the broadcast finds it done
+        log.info(
+            "job cancelled",
+            extra={"job_id": request.job_id, "known": job is not None, "unfinished": unfinished},
+        )
+        return global_master_pb2.CancelJobResponse(known=job is not None, unfinished=unfinished)
+
     async def GetClusterView(self, request, context):
         now = time.monotonic()
         reply = global_master_pb2.GetClusterViewResponse()
@@ -541,6 +573,17 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # A second message of a job whose tasks this GM already holds (a client retried
         # it through another GM, or its first message was stored after all): not again.
         launched |= self.jobs.taken(batch_msg.job_id, batch_msg.tasks)
+        reason = self.cancelled.reason(batch_msg.job_id)
+        if reason is not None:  # cancelled: what did not run ends here
+            ends = [
+                self._event(task, common_pb2.TASK_STATE_CANCELLED, reason)
+                for task in batch_msg.tasks
+                if task.task_id not in launched
+            ]
+            if ends:
+                self._publish_ends(ends)
+            await delivery.ack()
+            return
         if batch.remaining == len(launched):
             await delivery.ack()
             return
@@ -607,6 +650,58 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 )
                 return None
             await asyncio.sleep(0.5)
+
+    async def _on_cancel_message(self, body: bytes) -> None:
+        msg = common_pb2.JobCancel.FromString(body)
+        self._cancel(msg.job_id, msg.reason or "cancelled")
+
+    def _cancel(self, job_id: str, reason: str) -> None:
+        """Drop the job's tasks from this GM's queues, ready or parked. Those out in a
+        request come back refused (REJECTED_CANCELLED: the LMs heard it too) or are
+        killed where they landed; later deliveries are dropped when they arrive. Also
+        when the job is known cancelled already (an LM's refusal told first)."""
+        self.cancelled.add(job_id, reason)
+        dropped: list[Pending] = []
+        for queue in list(self.queues.names):
+            dropped += self.queues.remove(queue, lambda item: item.task.job_id == job_id)
+        self._drop_cancelled(dropped)
+
+    def _dropped_if_cancelled(self, item: Pending) -> bool:
+        """A task of a cancelled job ends here, CANCELLED. True when it was dropped."""
+        if item.task.job_id not in self.cancelled:
+            return False
+        self._drop_cancelled([item])
+        return True
+
+    def _drop_cancelled(self, items: list[Pending]) -> None:
+        """End ``items`` CANCELLED; a message whose tasks are all done now is acked."""
+        if not items:
+            return
+        events, done = [], []
+        for item in items:
+            reason = self.cancelled.reason(item.task.job_id) or "cancelled"
+            events.append(self._event(item.task, common_pb2.TASK_STATE_CANCELLED, reason))
+            item.batch.remaining -= 1  # as _launched does
+            if item.batch.remaining == 0 and item.batch.delivery is not None:
+                done.append(item.batch.delivery)
+        self._publish_ends(events)
+        for delivery in done:
+            self._spawn(delivery.ack())
+
+    def _publish_ends(self, events: list[common_pb2.TaskEvent]) -> None:
+        """Ends decided here, not on an LM (queued tasks cancelled): on the events
+        exchange too, for the other GMs and whoever watches the federation."""
+
+        async def publish() -> None:
+            try:
+                for start in range(0, len(events), LIST_BATCH):
+                    batch = common_pb2.TaskEventBatch(events=events[start : start + LIST_BATCH])
+                    body = batch.SerializeToString()
+                    await self.bus.publish_topic(EVENT_EXCHANGE, f"task.{self.gm_id}", body)
+            except Exception as err:  # this GM's own book has them all the same
+                log.warning("could not publish task ends", extra={"error": repr(err)})
+
+        self._spawn(publish())
 
     async def _on_heartbeat(self, body: bytes) -> None:
         msg = common_pb2.LocalMasterState.FromString(body)
@@ -802,7 +897,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         failed: dict[tuple[str, int, bytes], str] = {}
         now = time.time_ns()
         for queue, item in round_:
-            if self._dropped_if_refused(item):
+            if self._dropped_if_refused(item) or self._dropped_if_cancelled(item):
                 continue
             item.task.timestamps.dequeued_unix_nanos = now
             shape = (queue, item.spec.constraint_mask, item.spec.resources.tobytes())
@@ -955,7 +1050,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 "restart this GM)",
                 extra={"lm": lm_id, "why": reason},
             )
-        if self._dropped_if_refused(item):
+        if self._dropped_if_refused(item) or self._dropped_if_cancelled(item):
+            return
+        if status is PlacementStatus.REJECTED_CANCELLED:  # the LM heard it first
+            self._cancel(item.task.job_id, reason)
+            self._drop_cancelled([item])
             return
         item.rejections += 1
         if item.rejections >= MAX_REJECTIONS:
@@ -975,7 +1074,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self._pledged.difference_update(plan.victims.task_ids)
         if reply is None:
             self.view.release(plan.lm_id, item.task.task_id)
-            if not self._dropped_if_refused(item):
+            if not self._dropped_if_refused(item) and not self._dropped_if_cancelled(item):
                 self.queues.park(queue, item)
             return
         result = reply.results[0]
@@ -1022,15 +1121,15 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         if batch.remaining == 0 and batch.delivery is not None:
             await batch.delivery.ack()
 
-    def _event(self, task: common_pb2.Task, state: int, reason: str) -> None:
-        self.jobs.apply(
-            common_pb2.TaskEvent(
-                task_id=task.task_id,
-                job_id=task.job_id,
-                queue=task.queue,
-                state=state,
-                reason=reason,
-                timestamps=task.timestamps,
-                attempt=task.attempt,
-            )
+    def _event(self, task: common_pb2.Task, state: int, reason: str) -> common_pb2.TaskEvent:
+        event = common_pb2.TaskEvent(
+            task_id=task.task_id,
+            job_id=task.job_id,
+            queue=task.queue,
+            state=state,
+            reason=reason,
+            timestamps=task.timestamps,
+            attempt=task.attempt,
         )
+        self.jobs.apply(event)
+        return event

@@ -37,9 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services._proto.megha.v1 import common_pb2
+from services.core.cancels import DEFAULT_KEPT
 
 FLUSH_S = 0.2  # between checkpoints, and tries again of writes that failed
 TRIM_EVERY = 10_000  # appended rows between two trims to ``keep``
+CANCELS_KEPT = DEFAULT_KEPT  # cancelled jobs, as in memory (``CancelledJobs``)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ended (
@@ -61,6 +63,11 @@ CREATE TABLE IF NOT EXISTS accepted (
     attempt INTEGER NOT NULL,
     task BLOB NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS cancelled (
+    seq INTEGER PRIMARY KEY,
+    job_id TEXT NOT NULL UNIQUE,
+    reason TEXT NOT NULL
+);
 """
 
 
@@ -74,6 +81,7 @@ class Recalled:
     events: list[common_pb2.TaskEvent]
     accepted: list[common_pb2.Task]
     unpublished: list[common_pb2.TaskEvent]
+    cancelled: list[tuple[str, str]]  # (job id, reason), the newest ``CANCELS_KEPT``
 
 
 class JournalError(RuntimeError):
@@ -141,6 +149,10 @@ class TaskJournal:
                     "SELECT event FROM events WHERE seq > "
                     "(SELECT COALESCE(MAX(seq), 0) FROM published) ORDER BY seq"
                 ).fetchall()
+                cancelled = self._db.execute(
+                    "SELECT job_id, reason FROM cancelled ORDER BY seq DESC LIMIT ?",
+                    (CANCELS_KEPT,),
+                ).fetchall()
             except sqlite3.Error as err:
                 raise JournalError(f"cannot read the LM journal {self.path}: {err}") from err
         attempts.reverse()
@@ -152,7 +164,8 @@ class TaskJournal:
         tasks = [common_pb2.Task.FromString(blob) for (blob,) in accepted]
         tasks.sort(key=lambda t: t.timestamps.lm_decided_unix_nanos)
         late = [common_pb2.TaskEvent.FromString(blob) for (blob,) in unpublished]
-        return Recalled(attempts, list(reversed(latest.values())), tasks, late)
+        cancelled.reverse()
+        return Recalled(attempts, list(reversed(latest.values())), tasks, late, cancelled)
 
     @property
     def seq(self) -> int:
@@ -176,6 +189,19 @@ class TaskJournal:
             self._db.executemany(
                 "INSERT OR REPLACE INTO accepted (task_id, attempt, task) VALUES (?, ?, ?)", rows
             )
+            self.written = True
+
+    def cancel(self, job_id: str, reason: str) -> None:
+        """Write that ``job_id`` was cancelled (a restarted LM still refuses its tasks);
+        only the newest ``CANCELS_KEPT`` are kept."""
+        with self._lock, self._db:
+            cursor = self._db.execute(
+                "INSERT OR IGNORE INTO cancelled (job_id, reason) VALUES (?, ?)", (job_id, reason)
+            )
+            if cursor.lastrowid and cursor.lastrowid % 1_000 == 0:
+                self._db.execute(
+                    "DELETE FROM cancelled WHERE seq <= ?", (cursor.lastrowid - CANCELS_KEPT,)
+                )
             self.written = True
 
     def append(self, events: list[common_pb2.TaskEvent]) -> None:

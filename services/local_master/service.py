@@ -47,6 +47,7 @@ from services.common.convert import (
     snapshot_from_proto,
     snapshot_to_proto,
 )
+from services.core.cancels import CancelledJobs
 from services.core.cluster_state import ClusterState, Decision
 from services.core.constraints import to_mask
 from services.core.fairness import FairShare, QueueShare, usage_by_queue
@@ -60,10 +61,12 @@ log = logging.getLogger("megha.lm")
 
 HEARTBEAT_EXCHANGE = "heartbeats"
 EVENT_EXCHANGE = "events"
+CANCEL_EXCHANGE = "cancels"  # JobCancel, from the GM that took a CancelJob
 TERMINAL = {
     common_pb2.TASK_STATE_SUCCEEDED,
     common_pb2.TASK_STATE_FAILED,
     common_pb2.TASK_STATE_PREEMPTED,
+    common_pb2.TASK_STATE_CANCELLED,
 }
 # Events that end an attempt (LOST and PREEMPTED re-queue the task as the next one).
 ENDED = TERMINAL | {common_pb2.TASK_STATE_LOST}
@@ -73,6 +76,8 @@ LIST_BATCH = 5_000  # task events per ListTasks message, far below gRPC's 4 MiB
 # registered again is taken for gone with what it ran (the GM's rule for tasks the LM
 # lost, the LM's for the tasks its journal holds and no worker named: ``orphans``).
 RESTART_GRACE_S = 5.0
+# A refusal that says nothing about the GM's view: no fresh state goes with it.
+CANCELLED = PlacementStatus.REJECTED_CANCELLED
 
 
 def _expired(request, now: int) -> bool:
@@ -140,6 +145,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         )
         self.sessions: dict[int, WorkerSession] = {}
         self.tasks: dict[str, common_pb2.Task] = {}  # running attempt's wire task, by id
+        self.cancelled = CancelledJobs()  # jobs whose tasks must not run here
         # Each task's final event, newest last, serialized: a quarter of the memory of
         # the message (0.27 against 0.99 KB with its key), and read only by LookupTasks
         # and ListTasks, which parse what they send.
@@ -181,6 +187,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         for event in recalled.events:
             self.endings[event.task_id] = event.SerializeToString()
         self.orphans = {task.task_id: task for task in recalled.accepted}
+        for job_id, reason in recalled.cancelled:
+            self.cancelled.add(job_id, reason)
         # Ended and journalled, but the LM died before the broker had them: published
         # again (a GM learns them anyway, with LookupTasks; the event stream would not).
         self._events.extend(recalled.unpublished)
@@ -191,6 +199,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 "tasks": len(recalled.attempts),
                 "unfinished": len(self.orphans),
                 "unpublished": len(recalled.unpublished),
+                "cancelled_jobs": len(recalled.cancelled),
                 "journal": str(journal.path),
                 "seconds": round(time.monotonic() - began, 3),
             },
@@ -203,6 +212,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 HEARTBEAT_EXCHANGE, self._on_peer_heartbeat, ttl_s=self.config.heartbeat_interval_s
             )
         )
+        cancels = await self.bus.subscribe_fanout(CANCEL_EXCHANGE, self._on_cancel)
+        self._subscriptions.append(cancels)
         if self._events:
             self._events_ready.set()  # the endings an earlier life did not publish
         self._loops = [
@@ -278,11 +289,13 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             if isinstance(spec, Decision):  # malformed: the books are not involved
                 results.append(self._result(placement.task.task_id, spec, kind))
                 continue
-            decision = place(request.gm_id, spec, placement.node_index)
+            decision = self._refuse_cancelled(placement.task) or place(
+                request.gm_id, spec, placement.node_index
+            )
             results.append(self._result(spec.task_id, decision, kind))
             if decision.status.name == "ACCEPTED":
                 accepted.append(self._start(placement.task, decision.allocation, received))
-            rejected |= not decision.ok
+            rejected |= not decision.ok and decision.status is not CANCELLED
         reply: dict = {"results": results}
         if rejected:
             reply["state"] = self._state_proto(request.known_version or None)
@@ -300,7 +313,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             return local_master_pb2.PreemptResponse(results=[result])
         spec = await self._spec(request.task, context)
         usage, total = self.global_usage()
-        decision = self.state.preempt(
+        decision = self._refuse_cancelled(request.task) or self.state.preempt(
             request.gm_id,
             spec,
             request.node_index,
@@ -317,7 +330,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             metrics.PREEMPTIONS.labels(self.lm_id).inc(len(decision.preempted))
             reply.preempted_task_ids.extend(v.task_id for v in decision.preempted)
             await self._journal_accepted([self._start(request.task, decision.allocation, received)])
-        if not decision.ok:
+        if not decision.ok and decision.status is not CANCELLED:  # the GM's view was wrong
             reply.state.CopyFrom(self._state_proto(request.known_version or None))
         return reply
 
@@ -340,6 +353,47 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             self.peers.apply(
                 snapshot_from_proto(msg, self.config.num_constraints), time.monotonic()
             )
+
+    async def _on_cancel(self, body: bytes) -> None:
+        msg = common_pb2.JobCancel.FromString(body)
+        reason = msg.reason or "cancelled"
+        if not self.cancelled.add(msg.job_id, reason):
+            return
+        if self.journal is not None:  # a restart must still refuse the job's tasks
+            try:
+                self.journal.cancel(msg.job_id, reason)
+            except Exception as err:
+                self._journal_failed(err)
+        self._cancel_booked({msg.job_id})
+
+    def _cancel_booked(self, job_ids: set[str]) -> None:
+        """End the booked tasks of cancelled ``job_ids`` CANCELLED and kill them on their
+        workers. Their ends are journalled like any other, so a restart does not queue
+        them again; the worker's report of the kill finds nothing booked."""
+        doomed = [t for t in self.tasks.values() if t.job_id in job_ids]
+        for task in doomed:
+            allocation = self.state.allocations.get(task.task_id)
+            if allocation is None:
+                continue
+            reason = self.cancelled.reason(task.job_id) or "cancelled"
+            self.state.release(task.task_id)
+            del self.tasks[task.task_id]
+            self._event(task, common_pb2.TASK_STATE_CANCELLED, allocation.node, reason)
+            self._send(allocation.node, kill=(task.task_id, f"cancelled: {reason}"))
+            metrics.TASKS_FINISHED.labels(self.lm_id, "cancelled").inc()
+        if doomed:
+            log.info(
+                "killed the tasks of a cancelled job",
+                extra={"jobs": ",".join(sorted(job_ids)), "tasks": len(doomed)},
+            )
+
+    def _refuse_cancelled(self, task: common_pb2.Task) -> Decision | None:
+        reason = self.cancelled.reason(task.job_id)
+        if reason is None:
+            return None
+        return Decision(
+            PlacementStatus.REJECTED_CANCELLED, f"job {task.job_id} was cancelled: {reason}"
+        )
 
     async def GetState(self, request, context):
         since = request.since_version or None
@@ -366,6 +420,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             session = self.sessions[node] = WorkerSession(node, request.node_id, time.monotonic())
         session.last_seen = time.monotonic()
         stale, lost = self._take_back(node, request, session)
+        held = {t.job_id for t in request.running_tasks if t.job_id in self.cancelled}
+        if held:  # cancelled after this LM restarted, before the worker came back
+            self._cancel_booked(held)
         for task_id in stale:
             self._send(node, kill=(task_id, "this attempt ended on the LM's books"))
         for allocation in lost:

@@ -153,3 +153,21 @@ def test_a_journal_from_before_the_mark_takes_what_it_holds_for_published(tmp_pa
     with sqlite3.connect(path) as db:
         db.execute("DROP TABLE published")
     assert TaskJournal(path, keep=10, keep_events=10).load().unpublished == []
+
+
+def test_cancelled_jobs_survive_a_reopen_once_each_newest_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(journal_module, "CANCELS_KEPT", 1_500)
+    path = tmp_path / "lm-1.journal"
+    journal = TaskJournal(path, keep=10, keep_events=10)
+    journal.cancel("j1", "wrong input")
+    journal.cancel("j1", "again")  # the first reason stays
+    journal.cancel("j2", "cancelled")
+    journal.close()
+    again = TaskJournal(path, keep=10, keep_events=10)
+    assert again.load().cancelled == [("j1", "wrong input"), ("j2", "cancelled")]
+    for i in range(3_000):
+        again.cancel(f"k{i}", "r")
+    recalled = again.load().cancelled
+    assert len(recalled) == 1_500 and recalled[-1] == ("k2999", "r")
+    rows = again._db.execute("SELECT COUNT(*) FROM cancelled").fetchone()[0]
+    assert rows <= 1_500 + 1_000  # trimmed as it goes: the file does not grow for ever

@@ -44,6 +44,10 @@ class _TaskStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TaskState.V
     """No node in the federation can ever hold it (e.g. an unknown constraint
     or more resources than any node has); it will not be retried.
     """
+    TASK_STATE_CANCELLED: _TaskState.ValueType  # 9
+    """Its job was cancelled (GlobalMaster.CancelJob) before it ended: it was
+    dropped from its queue, or killed where it ran; it will not run again.
+    """
 
 class TaskState(_TaskState, metaclass=_TaskStateEnumTypeWrapper):
     """Where a task is in its life. Terminal states: SUCCEEDED, FAILED, REJECTED.
@@ -66,6 +70,10 @@ TASK_STATE_LOST: TaskState.ValueType  # 7
 TASK_STATE_REJECTED: TaskState.ValueType  # 8
 """No node in the federation can ever hold it (e.g. an unknown constraint
 or more resources than any node has); it will not be retried.
+"""
+TASK_STATE_CANCELLED: TaskState.ValueType  # 9
+"""Its job was cancelled (GlobalMaster.CancelJob) before it ended: it was
+dropped from its queue, or killed where it ran; it will not run again.
 """
 Global___TaskState: _TypeAlias = TaskState  # noqa: Y015
 
@@ -883,3 +891,36 @@ class TaskEventBatch(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TaskEventBatch: _TypeAlias = TaskEventBatch  # noqa: Y015
+
+@_typing.final
+class JobCancel(_message.Message):
+    """A job cancelled: published by the GM that took the CancelJob on the cancels
+    fanout exchange, to every GM (which drops the job's queued tasks) and LM
+    (which kills its running ones and refuses its launches).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    GM_ID_FIELD_NUMBER: _builtins.int
+    CANCELLED_UNIX_NANOS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    reason: _builtins.str
+    gm_id: _builtins.str
+    cancelled_unix_nanos: _builtins.int
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        gm_id: _builtins.str = ...,
+        cancelled_unix_nanos: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancelled_unix_nanos", b"cancelled_unix_nanos", "gm_id", b"gm_id", "job_id", b"job_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobCancel: _TypeAlias = JobCancel  # noqa: Y015

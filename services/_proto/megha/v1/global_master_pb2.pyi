@@ -162,6 +162,55 @@ class GetJobRequest(_message.Message):
 Global___GetJobRequest: _TypeAlias = GetJobRequest  # noqa: Y015
 
 @_typing.final
+class CancelJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    reason: _builtins.str
+    """Shown in the tasks' CANCELLED events; "cancelled" if empty."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelJobRequest: _TypeAlias = CancelJobRequest  # noqa: Y015
+
+@_typing.final
+class CancelJobResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KNOWN_FIELD_NUMBER: _builtins.int
+    UNFINISHED_FIELD_NUMBER: _builtins.int
+    known: _builtins.bool
+    """Whether this GM knew the job (it may have been submitted through a GM that
+    alone remembers it: the cancel reaches every GM and LM all the same).
+    """
+    unfinished: _builtins.int
+    """The job's tasks this GM knew had not ended yet when the cancel was sent."""
+    def __init__(
+        self,
+        *,
+        known: _builtins.bool = ...,
+        unfinished: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["known", b"known", "unfinished", b"unfinished"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelJobResponse: _TypeAlias = CancelJobResponse  # noqa: Y015
+
+@_typing.final
 class GetJobResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -55,6 +55,11 @@ class GlobalMasterStub:
                 request_serializer=megha_dot_v1_dot_global__master__pb2.WatchJobRequest.SerializeToString,
                 response_deserializer=megha_dot_v1_dot_global__master__pb2.WatchJobResponse.FromString,
                 _registered_method=True)
+        self.CancelJob = channel.unary_unary(
+                '/megha.v1.GlobalMaster/CancelJob',
+                request_serializer=megha_dot_v1_dot_global__master__pb2.CancelJobRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_global__master__pb2.CancelJobResponse.FromString,
+                _registered_method=True)
         self.GetClusterView = channel.unary_unary(
                 '/megha.v1.GlobalMaster/GetClusterView',
                 request_serializer=megha_dot_v1_dot_global__master__pb2.GetClusterViewRequest.SerializeToString,
@@ -97,6 +102,16 @@ class GlobalMasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelJob(self, request, context):
+        """Cancels a job, through any GM: its tasks that have not ended end CANCELLED
+        (dropped from the queue, or killed where they run) and none starts again.
+        Answers once the cancel is published to every GM and LM; WatchJob shows the
+        tasks end. Tasks that already ended keep their state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetClusterView(self, request, context):
         """The GM's current view, for operators and debugging staleness.
         """
@@ -126,6 +141,11 @@ def add_GlobalMasterServicer_to_server(servicer, server):
                     servicer.WatchJob,
                     request_deserializer=megha_dot_v1_dot_global__master__pb2.WatchJobRequest.FromString,
                     response_serializer=megha_dot_v1_dot_global__master__pb2.WatchJobResponse.SerializeToString,
+            ),
+            'CancelJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelJob,
+                    request_deserializer=megha_dot_v1_dot_global__master__pb2.CancelJobRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_global__master__pb2.CancelJobResponse.SerializeToString,
             ),
             'GetClusterView': grpc.unary_unary_rpc_method_handler(
                     servicer.GetClusterView,
@@ -242,6 +262,33 @@ class GlobalMaster:
             '/megha.v1.GlobalMaster/WatchJob',
             megha_dot_v1_dot_global__master__pb2.WatchJobRequest.SerializeToString,
             megha_dot_v1_dot_global__master__pb2.WatchJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/megha.v1.GlobalMaster/CancelJob',
+            megha_dot_v1_dot_global__master__pb2.CancelJobRequest.SerializeToString,
+            megha_dot_v1_dot_global__master__pb2.CancelJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -48,6 +48,12 @@ class GlobalMasterStub:
     GetJob: _grpc.UnaryUnaryMultiCallable[_global_master_pb2.GetJobRequest, _global_master_pb2.GetJobResponse]
     WatchJob: _grpc.UnaryStreamMultiCallable[_global_master_pb2.WatchJobRequest, _global_master_pb2.WatchJobResponse]
     """Streams the job's task events until every task reaches a terminal state."""
+    CancelJob: _grpc.UnaryUnaryMultiCallable[_global_master_pb2.CancelJobRequest, _global_master_pb2.CancelJobResponse]
+    """Cancels a job, through any GM: its tasks that have not ended end CANCELLED
+    (dropped from the queue, or killed where they run) and none starts again.
+    Answers once the cancel is published to every GM and LM; WatchJob shows the
+    tasks end. Tasks that already ended keep their state.
+    """
     GetClusterView: _grpc.UnaryUnaryMultiCallable[_global_master_pb2.GetClusterViewRequest, _global_master_pb2.GetClusterViewResponse]
     """The GM's current view, for operators and debugging staleness."""
 
@@ -69,6 +75,12 @@ class GlobalMasterAsyncStub(GlobalMasterStub):
     GetJob: _aio.UnaryUnaryMultiCallable[_global_master_pb2.GetJobRequest, _global_master_pb2.GetJobResponse]  # type: ignore[assignment]
     WatchJob: _aio.UnaryStreamMultiCallable[_global_master_pb2.WatchJobRequest, _global_master_pb2.WatchJobResponse]  # type: ignore[assignment]
     """Streams the job's task events until every task reaches a terminal state."""
+    CancelJob: _aio.UnaryUnaryMultiCallable[_global_master_pb2.CancelJobRequest, _global_master_pb2.CancelJobResponse]  # type: ignore[assignment]
+    """Cancels a job, through any GM: its tasks that have not ended end CANCELLED
+    (dropped from the queue, or killed where they run) and none starts again.
+    Answers once the cancel is published to every GM and LM; WatchJob shows the
+    tasks end. Tasks that already ended keep their state.
+    """
     GetClusterView: _aio.UnaryUnaryMultiCallable[_global_master_pb2.GetClusterViewRequest, _global_master_pb2.GetClusterViewResponse]  # type: ignore[assignment]
     """The GM's current view, for operators and debugging staleness."""
 
@@ -111,6 +123,18 @@ class GlobalMasterServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_global_master_pb2.WatchJobResponse], _abc.AsyncIterator[_global_master_pb2.WatchJobResponse]]:
         """Streams the job's task events until every task reaches a terminal state."""
+
+    @_abc_1.abstractmethod
+    def CancelJob(
+        self,
+        request: _global_master_pb2.CancelJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_global_master_pb2.CancelJobResponse, _abc.Awaitable[_global_master_pb2.CancelJobResponse]]:
+        """Cancels a job, through any GM: its tasks that have not ended end CANCELLED
+        (dropped from the queue, or killed where they run) and none starts again.
+        Answers once the cancel is published to every GM and LM; WatchJob shows the
+        tasks end. Tasks that already ended keep their state.
+        """
 
     @_abc_1.abstractmethod
     def GetClusterView(

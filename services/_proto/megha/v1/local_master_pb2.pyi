@@ -53,6 +53,8 @@ class _PlacementStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Place
     """The LM read the request after its expires_unix_nanos: the GM has given up on it
     (and may have placed its tasks elsewhere), so nothing was done.
     """
+    PLACEMENT_STATUS_REJECTED_CANCELLED: _PlacementStatus.ValueType  # 12
+    """The task's job was cancelled (CancelJob): it must not run."""
 
 class PlacementStatus(_PlacementStatus, metaclass=_PlacementStatusEnumTypeWrapper):
     """Why the LM accepted or refused one placement; lets the GM decide whether
@@ -84,6 +86,8 @@ PLACEMENT_STATUS_REJECTED_EXPIRED: PlacementStatus.ValueType  # 11
 """The LM read the request after its expires_unix_nanos: the GM has given up on it
 (and may have placed its tasks elsewhere), so nothing was done.
 """
+PLACEMENT_STATUS_REJECTED_CANCELLED: PlacementStatus.ValueType  # 12
+"""The task's job was cancelled (CancelJob): it must not run."""
 Global___PlacementStatus: _TypeAlias = PlacementStatus  # noqa: Y015
 
 @_typing.final
