@@ -57,6 +57,12 @@ EVENTS_RECOVERED = Counter(
     "Task ends a GM never heard of on the broker and learnt from the LM instead.",
     ["gm"],
 )
+TASKS_CANCELLED = Counter(
+    "megha_tasks_cancelled_total",
+    "Queued tasks of cancelled jobs a GM dropped (LMs count the running ones they killed "
+    "as megha_tasks_finished_total{state=cancelled}).",
+    ["gm"],
+)
 TASKS_ADOPTED = Counter(
     "megha_tasks_adopted_total",
     "Tasks an LM booked again from its workers' word after it restarted.",

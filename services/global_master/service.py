@@ -581,6 +581,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 if task.task_id not in launched
             ]
             if ends:
+                metrics.TASKS_CANCELLED.labels(self.gm_id).inc(len(ends))
                 self._publish_ends(ends)
             await delivery.ack()
             return
@@ -684,6 +685,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             item.batch.remaining -= 1  # as _launched does
             if item.batch.remaining == 0 and item.batch.delivery is not None:
                 done.append(item.batch.delivery)
+        metrics.TASKS_CANCELLED.labels(self.gm_id).inc(len(events))
         self._publish_ends(events)
         for delivery in done:
             self._spawn(delivery.ack())

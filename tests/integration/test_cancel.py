@@ -29,7 +29,7 @@ async def _until(check, timeout_s: float, what: str) -> float:
 async def test_a_cancelled_job_ends_at_once_queued_and_running_tasks_alike(tmp_path):
     # 16 cores: 8 of the 24 two-core tasks run, 16 wait in gm-1's queue. The cancel goes
     # through gm-2 (not the queue's GM) with the CLI.
-    async with Federation(tmp_path, gms=2, lms=2, workers_per_lm=2) as fed:
+    async with Federation(tmp_path, gms=2, lms=2, workers_per_lm=2, metrics=True) as fed:
         reply = await fed.gm("gm-1").submit(sim_tasks(24, 60.0, cpu_milli=2000))
         ids = set(reply.task_ids)
         await _until(lambda: len(fed.events.nodes_of(RUNNING)) == 8, 15, "8 never ran")
@@ -73,6 +73,9 @@ async def test_a_cancelled_job_ends_at_once_queued_and_running_tasks_alike(tmp_p
         assert not late
         reasons = {e.reason for e in fed.events.events if e.state == CANCELLED}
         assert reasons == {"wrong input"}
+        # gm-1 dropped the 16 queued ones; the LMs killed the 8 running ones.
+        assert await fed.metric("gm-1", "megha_tasks_cancelled_total") == 16
+        assert await fed.metric("gm-2", "megha_tasks_cancelled_total") == 0
         # Both GMs say so, and the job's room is free again for the next job at once.
         for gm_id in ("gm-1", "gm-2"):
             job = await fed.gm(gm_id).job(reply.job_id)
