@@ -57,7 +57,13 @@ from services.common.runner import wait_all_healthy
 from services.common.stalls import STALL_S, StallTally, settle
 from services.common.stalls import watch as watch_stalls
 from services.core.resources import parse_resources, resources
-from services.local_master.service import EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, user_queue
+from services.local_master.service import (
+    CANCEL_EXCHANGE,
+    EVENT_EXCHANGE,
+    HEARTBEAT_EXCHANGE,
+    cancel_queue,
+    user_queue,
+)
 from services.operator import (
     ChildDied,
     Children,
@@ -240,16 +246,19 @@ async def running_federation(
 
 
 async def delete_broker_objects(config: FederationConfig, timeout_s: float = 10.0) -> None:
-    """Delete the durable user queues and the exchanges of the config's prefix."""
+    """Delete the durable queues (user queues, the GMs' and LMs' kept cancel queues) and
+    the exchanges of the config's prefix."""
     async with asyncio.timeout(timeout_s):
         bus = RabbitBus(config.rabbitmq_url, prefix=config.exchange_prefix)
         async with bus:
             for queue in config.effective_queues():
                 await bus.delete_queue(user_queue(queue.name))
+            for process in (*config.gms, *config.lms):
+                await bus.delete_queue(cancel_queue(process.id))
         connection = await aio_pika.connect(config.rabbitmq_url)
         async with connection:
             channel = await connection.channel()
-            for exchange in (EVENT_EXCHANGE, HEARTBEAT_EXCHANGE):
+            for exchange in (EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, CANCEL_EXCHANGE):
                 await channel.exchange_delete(bus.exchange_name(exchange))
 
 

@@ -74,6 +74,9 @@ TopicHandler = Callable[[str, bytes], Awaitable[None]]
 # Unacked messages a fan-out/topic subscription without TTL may hold client-side. Bounded,
 # so a slow subscriber's backlog stays in the broker rather than in our memory.
 _STREAM_PREFETCH = 256
+# A kept fan-out queue (``subscribe_fanout(keep_as=...)``) nobody subscribed to for this
+# long is deleted by the broker, with what it held.
+KEPT_QUEUE_IDLE_S = 7 * 24 * 3600.0
 # Such a subscription acks what it handled at most this often, with one multiple-ack, not
 # one ack per message (each is a frame to write and for the broker to process).
 _STREAM_ACK_EVERY_S = 0.05
@@ -144,9 +147,18 @@ class Bus(abc.ABC):
 
     @abc.abstractmethod
     async def subscribe_fanout(
-        self, exchange: str, handler: FanoutHandler, ttl_s: float | None = None
+        self,
+        exchange: str,
+        handler: FanoutHandler,
+        ttl_s: float | None = None,
+        keep_as: str | None = None,
     ) -> Subscription:
-        """Receive every message published from now on that is not older than ``ttl_s``."""
+        """Receive every message published from now on that is not older than ``ttl_s``.
+
+        With ``keep_as`` (a name unique to the subscriber, e.g. ``cancels.lm-1``) the
+        subscription's queue is durable and outlives the subscriber: what is published
+        while it is away waits for its next subscription under that name (for
+        ``KEPT_QUEUE_IDLE_S``), and what it had not acked is delivered again."""
 
     @abc.abstractmethod
     async def publish_topic(self, exchange: str, routing_key: str, body: bytes) -> None: ...
@@ -287,13 +299,18 @@ class RabbitBus(Bus):
         await target.publish(aio_pika.Message(body), routing_key, mandatory=False)
 
     async def subscribe_fanout(
-        self, exchange: str, handler: FanoutHandler, ttl_s: float | None = None
+        self,
+        exchange: str,
+        handler: FanoutHandler,
+        ttl_s: float | None = None,
+        keep_as: str | None = None,
     ) -> Subscription:
         async def call(_key: str, body: bytes) -> None:
             await handler(body)
 
+        kept = None if keep_as is None else self.queue_name(keep_as)
         return await self._subscribe_stream(
-            self.exchange_name(exchange), aio_pika.ExchangeType.FANOUT, "", ttl_s, call
+            self.exchange_name(exchange), aio_pika.ExchangeType.FANOUT, "", ttl_s, call, kept
         )
 
     async def subscribe_topic(
@@ -310,16 +327,23 @@ class RabbitBus(Bus):
         binding_key: str,
         ttl_s: float | None,
         call: TopicHandler,
+        kept: str | None = None,
     ) -> Subscription:
         channel = await self._require().channel(publisher_confirms=False)
         try:
             # With a TTL, one message at a time: the rest wait in the broker, where they expire.
             await channel.set_qos(prefetch_count=1 if ttl_s is not None else _STREAM_PREFETCH)
             exchange = await channel.declare_exchange(exchange_name, kind, durable=False)
-            arguments = None if ttl_s is None else {"x-message-ttl": max(0, round(ttl_s * 1000))}
-            queue = await channel.declare_queue(
-                exclusive=True, auto_delete=True, arguments=arguments
-            )
+            arguments: dict[str, Any] = {}
+            if ttl_s is not None:
+                arguments["x-message-ttl"] = max(0, round(ttl_s * 1000))
+            if kept is None:
+                queue = await channel.declare_queue(
+                    exclusive=True, auto_delete=True, arguments=arguments or None
+                )
+            else:  # outlives the subscriber; the broker drops it once long unused
+                arguments["x-expires"] = round(KEPT_QUEUE_IDLE_S * 1000)
+                queue = await channel.declare_queue(kept, durable=True, arguments=arguments)
             await queue.bind(exchange, routing_key=binding_key)
             subscription = _RabbitStream(self, channel, queue, call, exchange_name, ttl_s)
             await subscription.start()
@@ -691,8 +715,15 @@ class InMemoryBus(Bus):
                 stream.push(routing_key, body, now, None)
 
     async def subscribe_fanout(
-        self, exchange: str, handler: FanoutHandler, ttl_s: float | None = None
+        self,
+        exchange: str,
+        handler: FanoutHandler,
+        ttl_s: float | None = None,
+        keep_as: str | None = None,
     ) -> Subscription:
+        """``keep_as`` is accepted and changes nothing: the broker lives and dies with the
+        one process all its subscribers run in."""
+
         async def call(_key: str, body: bytes) -> None:
             await handler(body)
 

@@ -60,6 +60,7 @@ from services.local_master.service import (
     HEARTBEAT_EXCHANGE,
     LIST_BATCH,
     RESTART_GRACE_S,
+    cancel_queue,
     enqueue_next_attempt,
     user_queue,
 )
@@ -201,7 +202,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             await self.bus.subscribe_topic(EVENT_EXCHANGE, "task.#", self._on_events)
         )
         self._subscriptions.append(
-            await self.bus.subscribe_fanout(CANCEL_EXCHANGE, self._on_cancel_message)
+            await self.bus.subscribe_fanout(
+                CANCEL_EXCHANGE, self._on_cancel_message, keep_as=cancel_queue(self.gm_id)
+            )
         )
         for queue in self.my_queues:
             self._subscriptions.append(

@@ -85,6 +85,11 @@ def _expired(request, now: int) -> bool:
     return 0 < request.expires_unix_nanos < now
 
 
+def cancel_queue(process_id: str) -> str:
+    """The kept queue through which GM or LM ``process_id`` hears of cancelled jobs."""
+    return f"cancels.{process_id}"
+
+
 def user_queue(queue: str) -> str:
     """The durable work queue that holds a user queue's pending tasks."""
     return f"user.{queue}"
@@ -212,7 +217,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 HEARTBEAT_EXCHANGE, self._on_peer_heartbeat, ttl_s=self.config.heartbeat_interval_s
             )
         )
-        cancels = await self.bus.subscribe_fanout(CANCEL_EXCHANGE, self._on_cancel)
+        # Kept while this LM is away: a cancel made meanwhile reaches it when it is back.
+        keep = cancel_queue(self.lm_id)
+        cancels = await self.bus.subscribe_fanout(CANCEL_EXCHANGE, self._on_cancel, keep_as=keep)
         self._subscriptions.append(cancels)
         if self._events:
             self._events_ready.set()  # the endings an earlier life did not publish

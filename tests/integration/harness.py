@@ -23,6 +23,7 @@ from services.common.bus import InMemoryBroker, RabbitBus, make_bus
 from services.common.config import FederationConfig, parse_config
 from services.common.runner import running_gm, running_lm, running_workers, wait_all_healthy
 from services.common.server import channel
+from services.local_master.service import cancel_queue, user_queue
 from services.operator import Children, start_federation, wait_until_ready
 
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -156,7 +157,9 @@ class Federation:
         self.children.stop()
         with contextlib.suppress(Exception):
             for q in self.config.effective_queues():
-                await self.bus.delete_queue(f"user.{q.name}")
+                await self.bus.delete_queue(user_queue(q.name))
+            for process in (*self.config.gms, *self.config.lms):
+                await self.bus.delete_queue(cancel_queue(process.id))
         await self.bus.close()
 
     def gm(self, gm_id: str = "gm-1") -> GlobalMasterClient:

@@ -33,6 +33,7 @@ QUIET_S = 0.3  # how long "nothing more arrives" is watched
 HEARTBEATS = "heartbeats"
 EVENTS = "events"
 QUEUE = "user-a"
+KEPT = "cancels.lm-1"
 
 BusFactory = Callable[[], Awaitable[Bus]]
 
@@ -203,6 +204,39 @@ async def test_cancelled_fanout_subscription_receives_nothing(new_bus: BusFactor
     await bus.publish_fanout(HEARTBEATS, b"after-cancel")
     await wait_until(lambda: kept == [b"after-cancel"])
     assert gone == []
+
+
+@pytest.mark.integration
+async def test_a_kept_fanout_queue_holds_what_is_published_while_its_subscriber_is_away() -> None:
+    # RabbitMQ only: the in-memory broker lives and dies with its one process.
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    publisher, subscriber = make_bus(RABBIT_URL, prefix=prefix), make_bus(RABBIT_URL, prefix=prefix)
+    got: list[bytes] = []
+
+    async def handler(body: bytes) -> None:
+        got.append(body)
+
+    try:
+        await publisher.connect()
+        await subscriber.connect()
+        first = await subscriber.subscribe_fanout(HEARTBEATS, handler, keep_as=KEPT)
+        await publisher.publish_fanout(HEARTBEATS, b"while-there")
+        await wait_until(lambda: got == [b"while-there"])
+        await asyncio.sleep(0.2)  # its ack goes out (gathered every 50 ms)
+        await first.cancel()
+        await publisher.publish_fanout(HEARTBEATS, b"while-away")
+        await subscriber.subscribe_fanout(HEARTBEATS, handler, keep_as=KEPT)
+        await wait_until(lambda: got == [b"while-there", b"while-away"])
+        await asyncio.sleep(QUIET_S)
+        assert got == [b"while-there", b"while-away"]  # the acked one is not sent again
+    finally:
+        for bus in (publisher, subscriber):
+            await bus.close()
+        connection = await aio_pika.connect(RABBIT_URL)
+        async with connection:
+            channel = await connection.channel()
+            await channel.queue_delete(f"{prefix}.queue.{KEPT}")
+            await channel.exchange_delete(f"{prefix}.{HEARTBEATS}")
 
 
 # --------------------------------------------------------------------------- topic

@@ -158,3 +158,29 @@ async def test_a_cancelled_process_task_is_killed_on_its_worker(tmp_path):
         while (await fed.gm().job(reply.job_id)).tasks[0].state != CANCELLED:
             assert time.monotonic() < deadline, "the GM never heard the task was cancelled"
             await asyncio.sleep(0.05)
+
+
+async def test_an_lm_down_when_a_job_is_cancelled_hears_of_it_once_back(tmp_path):
+    # No journal: what it learns comes from its kept queue on the broker.
+    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=1, journal=False) as fed:
+        fed.children.kill("lm-lm-1")
+        await fed.gm().cancel("cancelled-while-away", "test")
+        fed.children.restart("lm-lm-1")
+        (task,) = sim_tasks(1, 0.1)
+        task.task_id, task.job_id = "cancelled-while-away.0", "cancelled-while-away"
+        task.queue = fed.config.effective_queues()[0].name
+        request = local_master_pb2.LaunchRequest(
+            gm_id="gm-1", placements=[local_master_pb2.Placement(task=task, node_index=0)]
+        )
+        async with channel(fed.config.lm("lm-1").target) as ch:
+            stub = local_master_pb2_grpc.LocalMasterStub(ch)
+            deadline = time.monotonic() + 30
+            status = None
+            while status != local_master_pb2.PLACEMENT_STATUS_REJECTED_CANCELLED:
+                assert time.monotonic() < deadline, f"the LM never heard (last: {status})"
+                try:
+                    reply = await stub.Launch(request, timeout=5)
+                    status = reply.results[0].status
+                except grpc.aio.AioRpcError:
+                    pass  # not back yet
+                await asyncio.sleep(0.1)
