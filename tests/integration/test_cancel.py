@@ -26,6 +26,15 @@ async def _until(check, timeout_s: float, what: str) -> float:
     return time.monotonic() - began
 
 
+def _launch(fed: Federation, job_id: str) -> local_master_pb2.LaunchRequest:
+    """gm-1's launch of task 0 of ``job_id`` on node 0 of lm-1, as if it had queued it."""
+    (task,) = sim_tasks(1, 0.1)
+    task.task_id, task.job_id = f"{job_id}.0", job_id
+    task.queue = fed.config.effective_queues()[0].name
+    placement = local_master_pb2.Placement(task=task, node_index=0)
+    return local_master_pb2.LaunchRequest(gm_id="gm-1", placements=[placement])
+
+
 async def test_a_cancelled_job_ends_at_once_queued_and_running_tasks_alike(tmp_path):
     # 16 cores: 8 of the 24 two-core tasks run, 16 wait in gm-1's queue. The cancel goes
     # through gm-2 (not the queue's GM) with the CLI.
@@ -102,12 +111,7 @@ async def test_an_lm_refuses_to_launch_a_task_of_a_cancelled_job_even_after_a_re
     async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=1) as fed:
         answer = await fed.gm().cancel("never-submitted", "test")
         assert not answer.known and answer.unfinished == 0
-        (task,) = sim_tasks(1, 0.1)
-        task.task_id, task.job_id = "never-submitted.0", "never-submitted"
-        task.queue = fed.config.effective_queues()[0].name
-        request = local_master_pb2.LaunchRequest(
-            gm_id="gm-1", placements=[local_master_pb2.Placement(task=task, node_index=0)]
-        )
+        request = _launch(fed, "never-submitted")
         async with channel(fed.config.lm("lm-1").target) as ch:
             stub = local_master_pb2_grpc.LocalMasterStub(ch)
             deadline = time.monotonic() + 5
@@ -166,12 +170,7 @@ async def test_an_lm_down_when_a_job_is_cancelled_hears_of_it_once_back(tmp_path
         fed.children.kill("lm-lm-1")
         await fed.gm().cancel("cancelled-while-away", "test")
         fed.children.restart("lm-lm-1")
-        (task,) = sim_tasks(1, 0.1)
-        task.task_id, task.job_id = "cancelled-while-away.0", "cancelled-while-away"
-        task.queue = fed.config.effective_queues()[0].name
-        request = local_master_pb2.LaunchRequest(
-            gm_id="gm-1", placements=[local_master_pb2.Placement(task=task, node_index=0)]
-        )
+        request = _launch(fed, "cancelled-while-away")
         async with channel(fed.config.lm("lm-1").target) as ch:
             stub = local_master_pb2_grpc.LocalMasterStub(ch)
             deadline = time.monotonic() + 30

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -211,59 +212,21 @@ async def test_docker_runs_a_container_and_removes_it() -> None:
     assert left == []
 
 
-@needs_docker
-async def test_a_container_of_a_killed_host_is_removed_by_its_next_start(tmp_path: Path) -> None:
-    # A container is the engine's child: a worker host killed -9 leaves it running while
-    # the LM queues its task again elsewhere. The host's next start removes it.
+@contextlib.asynccontextmanager
+async def _killed_docker_host(tmp_path: Path, task_id: str, life: str = ""):
+    """A worker host (a process: its ledger, with a janitor of life ``life`` if given)
+    that runs one 300 s container and is then killed -9. Yields (engine client, the
+    container's filter, the container as it ran); removes it at the end whatever happened."""
     import docker
 
-    task_id = f"d-left-{os.getpid()}"
-    script = f"""
-import asyncio
-from services._proto.megha.v1 import common_pb2
-from services.worker.executors import DockerExecutor
-from services.worker.leftovers import GroupLedger
-ledger = GroupLedger({str(tmp_path / "host.groups")!r})
-ledger.sweep()
-image = common_pb2.DockerExecutor(image={local_image()!r}, args=["sleep", "300"])
-task = common_pb2.Task(task_id={task_id!r}, docker=image)
-asyncio.run(DockerExecutor(ledger=ledger).run(task))
-"""
-    client = docker.from_env()
-    labelled = {"label": f"megha.task_id={task_id}"}
-    host = subprocess.Popen([sys.executable, "-c", script])
-    try:
-        deadline = time.monotonic() + 60
-        while not (running := client.containers.list(filters=labelled)):
-            assert host.poll() is None and time.monotonic() < deadline, "never started"
-            await asyncio.sleep(0.1)
-        host.kill()
-        host.wait(10)
-        await asyncio.sleep(0.5)
-        assert [c.id for c in client.containers.list(filters=labelled)] == [running[0].id]
-        assert running[0].labels["megha.host"] == "host"
-        assert GroupLedger(tmp_path / "host.groups").sweep() == 1
-        assert client.containers.list(all=True, filters=labelled) == []
-    finally:
-        host.kill()
-        for container in client.containers.list(all=True, filters=labelled):
-            container.remove(force=True)
-        client.close()
-
-
-@needs_docker
-async def test_a_container_of_a_killed_host_is_removed_by_its_janitor(tmp_path: Path) -> None:
-    # With a janitor, the container goes as soon as the host dies, not at its next start.
-    import docker
-
-    task_id = f"d-janitor-{os.getpid()}"
+    janitor = f", Janitor({life!r})" if life else ""
     script = f"""
 import asyncio
 from services._proto.megha.v1 import common_pb2
 from services.worker.executors import DockerExecutor
 from services.worker.janitor import Janitor
 from services.worker.leftovers import GroupLedger
-ledger = GroupLedger({str(tmp_path / "host.groups")!r}, Janitor("life-{os.getpid()}"))
+ledger = GroupLedger({str(tmp_path / "host.groups")!r}{janitor})
 ledger.sweep()
 image = common_pb2.DockerExecutor(image={local_image()!r}, args=["sleep", "300"])
 task = common_pb2.Task(task_id={task_id!r}, docker=image)
@@ -277,19 +240,40 @@ asyncio.run(DockerExecutor(ledger=ledger).run(task))
         while not (running := client.containers.list(filters=labelled)):
             assert host.poll() is None and time.monotonic() < deadline, "never started"
             await asyncio.sleep(0.1)
-        assert running[0].labels["megha.life"] == f"life-{os.getpid()}"
         host.kill()
         host.wait(10)
-        killed = time.monotonic()
-        while client.containers.list(all=True, filters=labelled):
-            assert time.monotonic() - killed < 15, "the janitor did not remove the container"
-            await asyncio.sleep(0.05)
-        assert GroupLedger(tmp_path / "host.groups").sweep() == 0  # nothing left for it
+        yield client, labelled, running[0]
     finally:
         host.kill()
         for container in client.containers.list(all=True, filters=labelled):
             container.remove(force=True)
         client.close()
+
+
+@needs_docker
+async def test_a_container_of_a_killed_host_is_removed_by_its_next_start(tmp_path: Path) -> None:
+    # A container is the engine's child: a worker host killed -9 leaves it running while
+    # the LM queues its task again elsewhere. The host's next start removes it.
+    async with _killed_docker_host(tmp_path, f"d-left-{os.getpid()}") as (client, labelled, ran):
+        await asyncio.sleep(0.5)
+        assert [c.id for c in client.containers.list(filters=labelled)] == [ran.id]
+        assert ran.labels["megha.host"] == "host"
+        assert GroupLedger(tmp_path / "host.groups").sweep() == 1
+        assert client.containers.list(all=True, filters=labelled) == []
+
+
+@needs_docker
+async def test_a_container_of_a_killed_host_is_removed_by_its_janitor(tmp_path: Path) -> None:
+    # With a janitor, the container goes as soon as the host dies, not at its next start.
+    life = f"life-{os.getpid()}"
+    task_id = f"d-janitor-{os.getpid()}"
+    async with _killed_docker_host(tmp_path, task_id, life) as (client, labelled, ran):
+        killed = time.monotonic()
+        assert ran.labels["megha.life"] == life
+        while client.containers.list(all=True, filters=labelled):
+            assert time.monotonic() - killed < 15, "the janitor did not remove the container"
+            await asyncio.sleep(0.05)
+        assert GroupLedger(tmp_path / "host.groups").sweep() == 0  # nothing left for it
 
 
 # ---------------------------------------------------------------------- choosing
