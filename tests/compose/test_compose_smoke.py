@@ -296,6 +296,26 @@ def test_an_lm_that_crashes_is_restarted_and_keeps_its_tasks(stack: Stack):
     _wait_for("every node free again", lambda: stack.free_cpu() == TOTAL_CPU_MILLI, 60, stack)
 
 
+def test_a_job_cancelled_through_the_other_gm_ends_and_frees_its_nodes(stack: Stack):
+    # More tasks than cores: some run, the rest wait in gm-1's queue.
+    count = TOTAL_CPU_MILLI // 1000 + 16
+    reply = stack.submit("gm-1", count=count, duration=300, wait=False).stdout
+    job = re.match(rf"job (\S+): {count} tasks queued", reply)
+    assert job, reply
+    _wait_for("the job filling the nodes", lambda: stack.free_cpu() == 0, 60, stack)
+    argv = ["megha", "cancel", "--gm", GM["gm-2"][0], job.group(1), "--reason", "smoke"]
+    out = stack.exec("workers-1", *argv, timeout=60).stdout
+    assert f"job {job.group(1)}: cancelled" in out, out
+
+    def all_cancelled():  # as the GM serving the job's queue tells it
+        argv = ["megha", "job", "--gm", GM["gm-1"][0], job.group(1)]
+        out = stack.exec("workers-1", *argv, timeout=60).stdout
+        return f"{count} tasks: {count} cancelled" in out and out
+
+    _wait_for("every task of the job cancelled", all_cancelled, 30, stack)
+    _wait_for("every node free again", lambda: stack.free_cpu() == TOTAL_CPU_MILLI, 30, stack)
+
+
 def test_loadgen_replays_the_sample_trace(stack: Stack):
     if not TRACE.exists():
         pytest.skip(f"sample trace {TRACE} is missing")
