@@ -310,7 +310,7 @@ async def client_command(args: argparse.Namespace, config: FederationConfig) -> 
             if args.command == "job":
                 return await _job(client, args)
             if args.command == "cancel":
-                return await _cancel(client, args)
+                return await _cancel(client, args, config)
             if args.command == "status":
                 return await _status(client)
     except grpc.aio.AioRpcError as err:
@@ -419,15 +419,34 @@ async def _job(client: GlobalMasterClient, args) -> int:
     return 0
 
 
-async def _cancel(client: GlobalMasterClient, args) -> int:
+async def _cancel(client: GlobalMasterClient, args, config: FederationConfig) -> int:
     reply = await client.cancel(args.job_id, args.reason)
     if reply.known:
         print(f"job {args.job_id}: cancelled ({reply.unfinished} tasks had not ended)")
     else:
         print(f"job {args.job_id}: cancel sent to every GM and LM (this GM does not know the job)")
-    if args.wait:
+    if not args.wait:
+        return 0
+    # Followed through the GM serving the job's queue: another GM knows only the tasks
+    # that reached an LM, and could end the watch before the queued ones are dropped.
+    serving = await _serving_gm(client, args.job_id, config)
+    if serving is None or serving == client.target:
         await _follow(client, args.job_id)
+        return 0
+    async with GlobalMasterClient(serving) as owner:
+        await _follow(owner, args.job_id)
     return 0
+
+
+async def _serving_gm(
+    client: GlobalMasterClient, job_id: str, config: FederationConfig
+) -> str | None:
+    """The target of the GM serving ``job_id``'s queue, if the job and queue are known."""
+    try:
+        queue = config.queue((await client.job(job_id)).queue)
+    except grpc.aio.AioRpcError:
+        return None
+    return None if queue is None else config.gm(queue.gm).target
 
 
 async def _status(client: GlobalMasterClient) -> int:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import time
 
 import grpc
 
+from services import operator
 from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
 from services.common.server import channel
 from tests.integration.harness import Federation, sim_tasks
@@ -58,6 +60,7 @@ async def test_a_cancelled_job_ends_at_once_queued_and_running_tasks_alike(tmp_p
                 str(fed.config_path),
                 "--reason",
                 "wrong input",
+                "--wait",
             ],
             capture_output=True,
             text=True,
@@ -65,6 +68,12 @@ async def test_a_cancelled_job_ends_at_once_queued_and_running_tasks_alike(tmp_p
         )
         assert cli.returncode == 0, cli.stderr
         assert f"job {reply.job_id}: cancel" in cli.stdout
+        # --wait followed the job through gm-1, which knows the queued tasks too (gm-2 knew
+        # only those that ran, and could have ended its watch before the others).
+        serving = await operator._serving_gm(fed.gm("gm-2"), reply.job_id, fed.config)
+        assert serving == fed.config.gm("gm-1").target
+        shown = set(re.findall(r"^(\S+)\s+cancelled\b", cli.stdout, flags=re.M))
+        assert shown == ids, cli.stdout
         took = await _until(
             lambda: set(fed.events.states(CANCELLED)) == ids, 5, "not every task was cancelled"
         )
