@@ -24,6 +24,7 @@ ROLES = ("gm", "lm", "worker", "predictor")
 
 _sizes = number_list(bounded(int, "size", 1, high=10**9))
 _constraint_count = bounded(int, "constraint_count", 1, high=64)
+_job_limit = bounded(int, "limit", 1, high=1000)
 # 0 = back to back
 _rates = number_list(bounded(float, "rate", 0, high=100_000))
 
@@ -124,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="list every task (default: a job of over 50 lists 50, those not succeeded first)",
     )
+
+    jobs = commands.add_parser("jobs", help="the jobs a GM remembers, newest first")
+    _add_config(jobs)
+    _add_gm(jobs)
+    jobs.add_argument("--queue", default="", help="only this user queue's jobs")
+    jobs.add_argument("--limit", type=_job_limit, default=20, help="at most this many (1-1000)")
+    jobs.add_argument("--unfinished", action="store_true", help="only jobs not ended yet")
 
     cancel = commands.add_parser(
         "cancel", help="cancel a job: its queued tasks are dropped, its running ones killed"

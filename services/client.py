@@ -102,6 +102,14 @@ class GlobalMasterClient:
         reply = await self.stub.GetJob(global_master_pb2.GetJobRequest(job_id=job_id), timeout=10)
         return reply.job
 
+    async def jobs(
+        self, queue: str = "", limit: int = 0, unfinished_only: bool = False
+    ) -> list[global_master_pb2.JobSummary]:
+        request = global_master_pb2.ListJobsRequest(
+            queue=queue, limit=limit, unfinished_only=unfinished_only
+        )
+        return list((await self.stub.ListJobs(request, timeout=10)).jobs)
+
     async def cancel(self, job_id: str, reason: str = "") -> global_master_pb2.CancelJobResponse:
         request = global_master_pb2.CancelJobRequest(job_id=job_id, reason=reason)
         return await self.stub.CancelJob(request, timeout=10)

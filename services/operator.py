@@ -309,6 +309,8 @@ async def client_command(args: argparse.Namespace, config: FederationConfig) -> 
                 return await _submit(client, args, config)
             if args.command == "job":
                 return await _job(client, args)
+            if args.command == "jobs":
+                return await _jobs(client, args)
             if args.command == "cancel":
                 return await _cancel(client, args, config)
             if args.command == "status":
@@ -416,6 +418,20 @@ async def _job(client: GlobalMasterClient, args) -> int:
         print(f"  {task.task_id:<24} {state:<10} {where:<24} {task.pending_reason}")
     if len(rows) < len(job.tasks):
         print(f"  ... {len(job.tasks) - len(rows)} more (--all lists every task)")
+    return 0
+
+
+async def _jobs(client: GlobalMasterClient, args) -> int:
+    jobs = await client.jobs(args.queue, args.limit, args.unfinished)
+    if not jobs:
+        print("no job (a GM remembers the jobs submitted through it and those it heard run)")
+        return 0
+    print(f"{'job':<24} {'queue':<12} {'tasks':>7}  states")
+    for job in jobs:
+        counts: Counter[str] = Counter()
+        for count in job.states:
+            counts[STATE_NAMES.get(count.state, "?")] = count.tasks
+        print(f"{job.job_id:<24} {job.queue:<12} {job.tasks:>7}  {_by_state(counts)}")
     return 0
 
 

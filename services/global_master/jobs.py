@@ -54,6 +54,7 @@ class JobRecord:
     queue: str
     _statuses: dict[str, bytes] = field(default_factory=dict)
     _unfinished: int = 0  # tasks not in a TERMINAL state
+    _by_state: dict[int, int] = field(default_factory=dict)  # tasks in each state
     watchers: list[asyncio.Queue] = field(default_factory=list)
 
     @property
@@ -80,7 +81,24 @@ class JobRecord:
             self._unfinished += status.state not in TERMINAL
         elif status.state in TERMINAL:
             self._unfinished -= 1
+        if before != status.state:
+            if before is not None:
+                left = self._by_state[before] - 1
+                if left:
+                    self._by_state[before] = left
+                else:
+                    del self._by_state[before]
+            self._by_state[status.state] = self._by_state.get(status.state, 0) + 1
         self._statuses[status.task_id] = status.SerializeToString()
+
+    def counts(self) -> dict[int, int]:
+        """How many of its tasks are in each state (states with none left out)."""
+        return dict(self._by_state)
+
+    @property
+    def unfinished(self) -> int:
+        """How many of its tasks have not ended."""
+        return self._unfinished
 
     @property
     def done(self) -> bool:
@@ -88,6 +106,15 @@ class JobRecord:
 
     def to_proto(self) -> global_master_pb2.Job:
         return global_master_pb2.Job(job_id=self.job_id, queue=self.queue, tasks=self.statuses())
+
+    def summary(self) -> global_master_pb2.JobSummary:
+        states = [
+            global_master_pb2.StateCount(state=state, tasks=tasks)
+            for state, tasks in sorted(self._by_state.items())
+        ]
+        return global_master_pb2.JobSummary(
+            job_id=self.job_id, queue=self.queue, tasks=self.size, states=states
+        )
 
 
 class JobBook:
@@ -102,6 +129,18 @@ class JobBook:
 
     def get(self, job_id: str) -> JobRecord | None:
         return self.jobs.get(job_id)
+
+    def newest(self, limit: int, queue: str = "", unfinished_only: bool = False) -> list[JobRecord]:
+        """Up to ``limit`` jobs, the most recently heard of first; scans only as far as
+        it must."""
+        found: list[JobRecord] = []
+        for job in reversed(self.jobs.values()):
+            if len(found) >= limit:
+                break
+            if (queue and job.queue != queue) or (unfinished_only and job.done):
+                continue
+            found.append(job)
+        return found
 
     def record(self, job_id: str, queue: str) -> JobRecord:
         job = self.jobs.get(job_id)

@@ -68,6 +68,8 @@ from services.local_master.service import (
 log = logging.getLogger("megha.gm")
 
 MAX_TASKS_PER_JOB = 100_000
+DEFAULT_LISTED_JOBS = 20  # ListJobs without a limit
+MAX_LISTED_JOBS = 1_000
 ROUND_PER_QUEUE = 512  # tasks taken from each queue per scheduling round
 # Jobs of up to this many tasks are scheduled while the broker confirms them, bigger ones
 # once it has (see SubmitJob).
@@ -488,6 +490,18 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 yield global_master_pb2.WatchJobResponse(event=event)
         finally:
             job.watchers.remove(updates)
+
+    async def ListJobs(self, request, context):
+        if not 0 <= request.limit <= MAX_LISTED_JOBS:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"limit must be between 0 (the default, {DEFAULT_LISTED_JOBS}) and "
+                f"{MAX_LISTED_JOBS}, got {request.limit}",
+            )
+        jobs = self.jobs.newest(
+            request.limit or DEFAULT_LISTED_JOBS, request.queue, request.unfinished_only
+        )
+        return global_master_pb2.ListJobsResponse(jobs=[job.summary() for job in jobs])
 
     async def CancelJob(self, request, context):
         if not request.job_id:

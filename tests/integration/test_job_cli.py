@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+import grpc
 import pytest
 
 from services._proto.megha.v1 import common_pb2
-from services.operator import JOB_ROWS, _follow, _job
+from services.operator import JOB_ROWS, _follow, _job, _jobs
 from tests.integration.harness import embedded_federation, sim_tasks
 
 pytestmark = pytest.mark.integration
@@ -56,3 +57,31 @@ async def test_following_a_big_job_prints_what_went_wrong_and_its_counts(capsys)
         small = await client.submit(sim_tasks(2, 0.01), job_id="small")
         assert await _follow(client, "small", small.task_ids) == 0
         assert capsys.readouterr().out.count(" succeeded ") == 2
+
+
+async def test_jobs_lists_the_newest_first_with_their_counts_and_filters(capsys):
+    async with embedded_federation("jobs-cli") as (_config, _gm, _bus, client):
+        done = await client.submit(sim_tasks(3, 0.01), job_id="quick")
+        await _follow(client, done.job_id, done.task_ids)  # all three succeeded
+        await client.submit(sim_tasks(2, 60.0), job_id="long")
+        args = argparse.Namespace(queue="", limit=20, unfinished=False)
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            capsys.readouterr()
+            assert await _jobs(client, args) == 0
+            lines = capsys.readouterr().out.splitlines()
+            if lines[1:] and lines[1].split()[3:] == ["2", "running"]:
+                break
+            assert asyncio.get_running_loop().time() < deadline, lines
+            await asyncio.sleep(0.1)
+        assert lines[0].split() == ["job", "queue", "tasks", "states"]
+        assert lines[1].split()[:3] == ["long", "default", "2"]
+        assert lines[2].split() == ["quick", "default", "3", "3", "succeeded"]
+        args.unfinished = True
+        await _jobs(client, args)
+        assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == ["long"]
+        args.unfinished, args.queue = False, "no-such-queue"
+        await _jobs(client, args)
+        assert capsys.readouterr().out.startswith("no job")
+        with pytest.raises(grpc.aio.AioRpcError, match="limit must be between 0"):
+            await client.jobs(limit=1001)

@@ -153,3 +153,46 @@ def test_what_the_book_keeps_of_its_tasks_is_not_scanned_by_the_garbage_collecto
     gc.collect()
     assert book.task_count == 2000
     assert len(gc.get_objects()) - before < 200  # per job, not per task
+
+
+def _counts(book: JobBook, job_id: str = "j") -> dict[int, int]:
+    job = book.get(job_id)
+    assert job is not None
+    return job.counts()
+
+
+def test_a_job_counts_its_tasks_by_state_through_every_change():
+    book = JobBook()
+    for t in ("j.0", "j.1", "j.2"):
+        book.queued(task(t))
+    assert _counts(book) == {S.TASK_STATE_QUEUED: 3}
+    book.apply(event("j.0", S.TASK_STATE_RUNNING))
+    book.apply(event("j.1", S.TASK_STATE_RUNNING))
+    book.set_reason("j", "j.2", "waiting for resources")  # no change of state
+    assert _counts(book) == {S.TASK_STATE_QUEUED: 1, S.TASK_STATE_RUNNING: 2}
+    book.apply(event("j.0", S.TASK_STATE_SUCCEEDED))
+    book.apply(event("j.0", S.TASK_STATE_RUNNING))  # late and older: ignored
+    book.apply(event("j.1", S.TASK_STATE_LOST))
+    book.queued(task("j.1", attempt=1))  # its next attempt
+    book.apply(event("j.2", S.TASK_STATE_CANCELLED))
+    assert _counts(book) == {
+        S.TASK_STATE_SUCCEEDED: 1,
+        S.TASK_STATE_QUEUED: 1,
+        S.TASK_STATE_CANCELLED: 1,
+    }
+    summary = book.get("j").summary()
+    assert (summary.job_id, summary.queue, summary.tasks) == ("j", "q", 3)
+    assert sum(c.tasks for c in summary.states) == 3
+    assert book.get("j").unfinished == 1
+
+
+def test_the_newest_jobs_come_first_filtered_and_bounded():
+    book = JobBook()
+    for job_id, queue in (("a", "q1"), ("b", "q2"), ("c", "q1"), ("d", "q1")):
+        book.queued(common_pb2.Task(task_id=f"{job_id}.0", job_id=job_id, queue=queue))
+    done = common_pb2.TaskEvent(task_id="c.0", job_id="c", queue="q1", state=S.TASK_STATE_SUCCEEDED)
+    book.apply(done)  # c is heard of last now
+    assert [j.job_id for j in book.newest(10)] == ["c", "d", "b", "a"]
+    assert [j.job_id for j in book.newest(2)] == ["c", "d"]
+    assert [j.job_id for j in book.newest(10, queue="q1")] == ["c", "d", "a"]
+    assert [j.job_id for j in book.newest(10, unfinished_only=True)] == ["d", "b", "a"]

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from services._proto.megha.v1 import common_pb2 as megha_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmegha/v1/global_master.proto\x12\x08megha.v1\x1a\x15megha/v1/common.proto\"P\n\x10SubmitJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x1d\n\x05tasks\x18\x03 \x03(\x0b\x32\x0e.megha.v1.Task\"5\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08task_ids\x18\x02 \x03(\t\"U\n\x13SubmitStreamRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12*\n\x06submit\x18\x02 \x01(\x0b\x32\x1a.megha.v1.SubmitJobRequest\"\x82\x01\n\x14SubmitStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12+\n\x06submit\x18\x02 \x01(\x0b\x32\x1b.megha.v1.SubmitJobResponse\x12\x12\n\nerror_code\x18\x03 \x01(\x05\x12\x15\n\rerror_message\x18\x04 \x01(\t\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"2\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"6\n\x11\x43\x61ncelJobResponse\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x12\n\nunfinished\x18\x02 \x01(\x05\",\n\x0eGetJobResponse\x12\x1a\n\x03job\x18\x01 \x01(\x0b\x32\r.megha.v1.Job\"I\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12#\n\x05tasks\x18\x03 \x03(\x0b\x32\x14.megha.v1.TaskStatus\"\xd6\x01\n\nTaskStatus\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.megha.v1.TaskState\x12\r\n\x05lm_id\x18\x03 \x01(\t\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x16\n\x0epending_reason\x18\x05 \x01(\t\x12,\n\ntimestamps\x18\x06 \x01(\x0b\x32\x18.megha.v1.TaskTimestamps\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\r\x12\x1c\n\x14predicted_lifetime_s\x18\x08 \x01(\x01\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x10WatchJobResponse\x12\"\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x13.megha.v1.TaskEvent\"\x17\n\x15GetClusterViewRequest\"\xa9\x01\n\x16GetClusterViewResponse\x12&\n\x03lms\x18\x01 \x03(\x0b\x32\x19.megha.v1.LocalMasterView\x12%\n\x06queues\x18\x02 \x03(\x0b\x32\x15.megha.v1.QueueStatus\x12@\n\x17recent_allocation_times\x18\x03 \x01(\x0b\x32\x1f.megha.v1.AllocationTimeSummary\"n\n\x0fLocalMasterView\x12\r\n\x05lm_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\r\n\x05\x61ge_s\x18\x03 \x01(\x01\x12,\n\npartitions\x18\x04 \x03(\x0b\x32\x18.megha.v1.PartitionState\"S\n\x15\x41llocationTimeSummary\x12\r\n\x05p50_s\x18\x01 \x01(\x01\x12\r\n\x05p90_s\x18\x02 \x01(\x01\x12\r\n\x05p99_s\x18\x03 \x01(\x01\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\x32\xc4\x03\n\x0cGlobalMaster\x12\x44\n\tSubmitJob\x12\x1a.megha.v1.SubmitJobRequest\x1a\x1b.megha.v1.SubmitJobResponse\x12Q\n\x0cSubmitStream\x12\x1d.megha.v1.SubmitStreamRequest\x1a\x1e.megha.v1.SubmitStreamResponse(\x01\x30\x01\x12;\n\x06GetJob\x12\x17.megha.v1.GetJobRequest\x1a\x18.megha.v1.GetJobResponse\x12\x43\n\x08WatchJob\x12\x19.megha.v1.WatchJobRequest\x1a\x1a.megha.v1.WatchJobResponse0\x01\x12\x44\n\tCancelJob\x12\x1a.megha.v1.CancelJobRequest\x1a\x1b.megha.v1.CancelJobResponse\x12S\n\x0eGetClusterView\x12\x1f.megha.v1.GetClusterViewRequest\x1a .megha.v1.GetClusterViewResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cmegha/v1/global_master.proto\x12\x08megha.v1\x1a\x15megha/v1/common.proto\"P\n\x10SubmitJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\x1d\n\x05tasks\x18\x03 \x03(\x0b\x32\x0e.megha.v1.Task\"5\n\x11SubmitJobResponse\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08task_ids\x18\x02 \x03(\t\"U\n\x13SubmitStreamRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12*\n\x06submit\x18\x02 \x01(\x0b\x32\x1a.megha.v1.SubmitJobRequest\"\x82\x01\n\x14SubmitStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12+\n\x06submit\x18\x02 \x01(\x0b\x32\x1b.megha.v1.SubmitJobResponse\x12\x12\n\nerror_code\x18\x03 \x01(\x05\x12\x15\n\rerror_message\x18\x04 \x01(\t\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"H\n\x0fListJobsRequest\x12\r\n\x05queue\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\x12\x17\n\x0funfinished_only\x18\x03 \x01(\x08\"6\n\x10ListJobsResponse\x12\"\n\x04jobs\x18\x01 \x03(\x0b\x32\x14.megha.v1.JobSummary\"`\n\nJobSummary\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12\r\n\x05tasks\x18\x03 \x01(\x05\x12$\n\x06states\x18\x04 \x03(\x0b\x32\x14.megha.v1.StateCount\"?\n\nStateCount\x12\"\n\x05state\x18\x01 \x01(\x0e\x32\x13.megha.v1.TaskState\x12\r\n\x05tasks\x18\x02 \x01(\x05\"2\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"6\n\x11\x43\x61ncelJobResponse\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x12\n\nunfinished\x18\x02 \x01(\x05\",\n\x0eGetJobResponse\x12\x1a\n\x03job\x18\x01 \x01(\x0b\x32\r.megha.v1.Job\"I\n\x03Job\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05queue\x18\x02 \x01(\t\x12#\n\x05tasks\x18\x03 \x03(\x0b\x32\x14.megha.v1.TaskStatus\"\xd6\x01\n\nTaskStatus\x12\x0f\n\x07task_id\x18\x01 \x01(\t\x12\"\n\x05state\x18\x02 \x01(\x0e\x32\x13.megha.v1.TaskState\x12\r\n\x05lm_id\x18\x03 \x01(\t\x12\x0f\n\x07node_id\x18\x04 \x01(\t\x12\x16\n\x0epending_reason\x18\x05 \x01(\t\x12,\n\ntimestamps\x18\x06 \x01(\x0b\x32\x18.megha.v1.TaskTimestamps\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\r\x12\x1c\n\x14predicted_lifetime_s\x18\x08 \x01(\x01\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"6\n\x10WatchJobResponse\x12\"\n\x05\x65vent\x18\x01 \x01(\x0b\x32\x13.megha.v1.TaskEvent\"\x17\n\x15GetClusterViewRequest\"\xa9\x01\n\x16GetClusterViewResponse\x12&\n\x03lms\x18\x01 \x03(\x0b\x32\x19.megha.v1.LocalMasterView\x12%\n\x06queues\x18\x02 \x03(\x0b\x32\x15.megha.v1.QueueStatus\x12@\n\x17recent_allocation_times\x18\x03 \x01(\x0b\x32\x1f.megha.v1.AllocationTimeSummary\"n\n\x0fLocalMasterView\x12\r\n\x05lm_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\r\n\x05\x61ge_s\x18\x03 \x01(\x01\x12,\n\npartitions\x18\x04 \x03(\x0b\x32\x18.megha.v1.PartitionState\"S\n\x15\x41llocationTimeSummary\x12\r\n\x05p50_s\x18\x01 \x01(\x01\x12\r\n\x05p90_s\x18\x02 \x01(\x01\x12\r\n\x05p99_s\x18\x03 \x01(\x01\x12\r\n\x05\x63ount\x18\x04 \x01(\x04\x32\x87\x04\n\x0cGlobalMaster\x12\x44\n\tSubmitJob\x12\x1a.megha.v1.SubmitJobRequest\x1a\x1b.megha.v1.SubmitJobResponse\x12Q\n\x0cSubmitStream\x12\x1d.megha.v1.SubmitStreamRequest\x1a\x1e.megha.v1.SubmitStreamResponse(\x01\x30\x01\x12;\n\x06GetJob\x12\x17.megha.v1.GetJobRequest\x1a\x18.megha.v1.GetJobResponse\x12\x41\n\x08ListJobs\x12\x19.megha.v1.ListJobsRequest\x1a\x1a.megha.v1.ListJobsResponse\x12\x43\n\x08WatchJob\x12\x19.megha.v1.WatchJobRequest\x1a\x1a.megha.v1.WatchJobResponse0\x01\x12\x44\n\tCancelJob\x12\x1a.megha.v1.CancelJobRequest\x1a\x1b.megha.v1.CancelJobResponse\x12S\n\x0eGetClusterView\x12\x1f.megha.v1.GetClusterViewRequest\x1a .megha.v1.GetClusterViewResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,28 +42,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SUBMITSTREAMRESPONSE']._serialized_end=420
   _globals['_GETJOBREQUEST']._serialized_start=422
   _globals['_GETJOBREQUEST']._serialized_end=453
-  _globals['_CANCELJOBREQUEST']._serialized_start=455
-  _globals['_CANCELJOBREQUEST']._serialized_end=505
-  _globals['_CANCELJOBRESPONSE']._serialized_start=507
-  _globals['_CANCELJOBRESPONSE']._serialized_end=561
-  _globals['_GETJOBRESPONSE']._serialized_start=563
-  _globals['_GETJOBRESPONSE']._serialized_end=607
-  _globals['_JOB']._serialized_start=609
-  _globals['_JOB']._serialized_end=682
-  _globals['_TASKSTATUS']._serialized_start=685
-  _globals['_TASKSTATUS']._serialized_end=899
-  _globals['_WATCHJOBREQUEST']._serialized_start=901
-  _globals['_WATCHJOBREQUEST']._serialized_end=934
-  _globals['_WATCHJOBRESPONSE']._serialized_start=936
-  _globals['_WATCHJOBRESPONSE']._serialized_end=990
-  _globals['_GETCLUSTERVIEWREQUEST']._serialized_start=992
-  _globals['_GETCLUSTERVIEWREQUEST']._serialized_end=1015
-  _globals['_GETCLUSTERVIEWRESPONSE']._serialized_start=1018
-  _globals['_GETCLUSTERVIEWRESPONSE']._serialized_end=1187
-  _globals['_LOCALMASTERVIEW']._serialized_start=1189
-  _globals['_LOCALMASTERVIEW']._serialized_end=1299
-  _globals['_ALLOCATIONTIMESUMMARY']._serialized_start=1301
-  _globals['_ALLOCATIONTIMESUMMARY']._serialized_end=1384
-  _globals['_GLOBALMASTER']._serialized_start=1387
-  _globals['_GLOBALMASTER']._serialized_end=1839
+  _globals['_LISTJOBSREQUEST']._serialized_start=455
+  _globals['_LISTJOBSREQUEST']._serialized_end=527
+  _globals['_LISTJOBSRESPONSE']._serialized_start=529
+  _globals['_LISTJOBSRESPONSE']._serialized_end=583
+  _globals['_JOBSUMMARY']._serialized_start=585
+  _globals['_JOBSUMMARY']._serialized_end=681
+  _globals['_STATECOUNT']._serialized_start=683
+  _globals['_STATECOUNT']._serialized_end=746
+  _globals['_CANCELJOBREQUEST']._serialized_start=748
+  _globals['_CANCELJOBREQUEST']._serialized_end=798
+  _globals['_CANCELJOBRESPONSE']._serialized_start=800
+  _globals['_CANCELJOBRESPONSE']._serialized_end=854
+  _globals['_GETJOBRESPONSE']._serialized_start=856
+  _globals['_GETJOBRESPONSE']._serialized_end=900
+  _globals['_JOB']._serialized_start=902
+  _globals['_JOB']._serialized_end=975
+  _globals['_TASKSTATUS']._serialized_start=978
+  _globals['_TASKSTATUS']._serialized_end=1192
+  _globals['_WATCHJOBREQUEST']._serialized_start=1194
+  _globals['_WATCHJOBREQUEST']._serialized_end=1227
+  _globals['_WATCHJOBRESPONSE']._serialized_start=1229
+  _globals['_WATCHJOBRESPONSE']._serialized_end=1283
+  _globals['_GETCLUSTERVIEWREQUEST']._serialized_start=1285
+  _globals['_GETCLUSTERVIEWREQUEST']._serialized_end=1308
+  _globals['_GETCLUSTERVIEWRESPONSE']._serialized_start=1311
+  _globals['_GETCLUSTERVIEWRESPONSE']._serialized_end=1480
+  _globals['_LOCALMASTERVIEW']._serialized_start=1482
+  _globals['_LOCALMASTERVIEW']._serialized_end=1592
+  _globals['_ALLOCATIONTIMESUMMARY']._serialized_start=1594
+  _globals['_ALLOCATIONTIMESUMMARY']._serialized_end=1677
+  _globals['_GLOBALMASTER']._serialized_start=1680
+  _globals['_GLOBALMASTER']._serialized_end=2199
 # @@protoc_insertion_point(module_scope)

@@ -162,6 +162,107 @@ class GetJobRequest(_message.Message):
 Global___GetJobRequest: _TypeAlias = GetJobRequest  # noqa: Y015
 
 @_typing.final
+class ListJobsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    UNFINISHED_ONLY_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
+    """Only this user queue's jobs (empty: every queue)."""
+    limit: _builtins.int
+    """At most this many (0: 20). At most 1,000."""
+    unfinished_only: _builtins.bool
+    """Only jobs with a task that has not ended."""
+    def __init__(
+        self,
+        *,
+        queue: _builtins.str = ...,
+        limit: _builtins.int = ...,
+        unfinished_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "queue", b"queue", "unfinished_only", b"unfinished_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListJobsRequest: _TypeAlias = ListJobsRequest  # noqa: Y015
+
+@_typing.final
+class ListJobsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOBS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobSummary]: ...
+    def __init__(
+        self,
+        *,
+        jobs: _abc.Iterable[Global___JobSummary] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListJobsResponse: _TypeAlias = ListJobsResponse  # noqa: Y015
+
+@_typing.final
+class JobSummary(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    TASKS_FIELD_NUMBER: _builtins.int
+    STATES_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    queue: _builtins.str
+    tasks: _builtins.int
+    @_builtins.property
+    def states(self) -> _containers.RepeatedCompositeFieldContainer[Global___StateCount]:
+        """How many of its tasks are in each state; states no task is in are left out."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        tasks: _builtins.int = ...,
+        states: _abc.Iterable[Global___StateCount] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "queue", b"queue", "states", b"states", "tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobSummary: _TypeAlias = JobSummary  # noqa: Y015
+
+@_typing.final
+class StateCount(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATE_FIELD_NUMBER: _builtins.int
+    TASKS_FIELD_NUMBER: _builtins.int
+    state: _common_pb2.TaskState.ValueType
+    tasks: _builtins.int
+    def __init__(
+        self,
+        *,
+        state: _common_pb2.TaskState.ValueType = ...,
+        tasks: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["state", b"state", "tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StateCount: _TypeAlias = StateCount  # noqa: Y015
+
+@_typing.final
 class CancelJobRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

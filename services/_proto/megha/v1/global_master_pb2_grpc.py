@@ -50,6 +50,11 @@ class GlobalMasterStub:
                 request_serializer=megha_dot_v1_dot_global__master__pb2.GetJobRequest.SerializeToString,
                 response_deserializer=megha_dot_v1_dot_global__master__pb2.GetJobResponse.FromString,
                 _registered_method=True)
+        self.ListJobs = channel.unary_unary(
+                '/megha.v1.GlobalMaster/ListJobs',
+                request_serializer=megha_dot_v1_dot_global__master__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_global__master__pb2.ListJobsResponse.FromString,
+                _registered_method=True)
         self.WatchJob = channel.unary_stream(
                 '/megha.v1.GlobalMaster/WatchJob',
                 request_serializer=megha_dot_v1_dot_global__master__pb2.WatchJobRequest.SerializeToString,
@@ -95,6 +100,14 @@ class GlobalMasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListJobs(self, request, context):
+        """The jobs this GM remembers (GetJob's memory: those submitted through it and
+        those whose tasks reached an LM), the most recently heard of first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WatchJob(self, request, context):
         """Streams the job's task events until every task reaches a terminal state.
         """
@@ -136,6 +149,11 @@ def add_GlobalMasterServicer_to_server(servicer, server):
                     servicer.GetJob,
                     request_deserializer=megha_dot_v1_dot_global__master__pb2.GetJobRequest.FromString,
                     response_serializer=megha_dot_v1_dot_global__master__pb2.GetJobResponse.SerializeToString,
+            ),
+            'ListJobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobs,
+                    request_deserializer=megha_dot_v1_dot_global__master__pb2.ListJobsRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_global__master__pb2.ListJobsResponse.SerializeToString,
             ),
             'WatchJob': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchJob,
@@ -235,6 +253,33 @@ class GlobalMaster:
             '/megha.v1.GlobalMaster/GetJob',
             megha_dot_v1_dot_global__master__pb2.GetJobRequest.SerializeToString,
             megha_dot_v1_dot_global__master__pb2.GetJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/megha.v1.GlobalMaster/ListJobs',
+            megha_dot_v1_dot_global__master__pb2.ListJobsRequest.SerializeToString,
+            megha_dot_v1_dot_global__master__pb2.ListJobsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -46,6 +46,10 @@ class GlobalMasterStub:
     either the SubmitJobResponse or the error SubmitJob would have returned.
     """
     GetJob: _grpc.UnaryUnaryMultiCallable[_global_master_pb2.GetJobRequest, _global_master_pb2.GetJobResponse]
+    ListJobs: _grpc.UnaryUnaryMultiCallable[_global_master_pb2.ListJobsRequest, _global_master_pb2.ListJobsResponse]
+    """The jobs this GM remembers (GetJob's memory: those submitted through it and
+    those whose tasks reached an LM), the most recently heard of first.
+    """
     WatchJob: _grpc.UnaryStreamMultiCallable[_global_master_pb2.WatchJobRequest, _global_master_pb2.WatchJobResponse]
     """Streams the job's task events until every task reaches a terminal state."""
     CancelJob: _grpc.UnaryUnaryMultiCallable[_global_master_pb2.CancelJobRequest, _global_master_pb2.CancelJobResponse]
@@ -73,6 +77,10 @@ class GlobalMasterAsyncStub(GlobalMasterStub):
     either the SubmitJobResponse or the error SubmitJob would have returned.
     """
     GetJob: _aio.UnaryUnaryMultiCallable[_global_master_pb2.GetJobRequest, _global_master_pb2.GetJobResponse]  # type: ignore[assignment]
+    ListJobs: _aio.UnaryUnaryMultiCallable[_global_master_pb2.ListJobsRequest, _global_master_pb2.ListJobsResponse]  # type: ignore[assignment]
+    """The jobs this GM remembers (GetJob's memory: those submitted through it and
+    those whose tasks reached an LM), the most recently heard of first.
+    """
     WatchJob: _aio.UnaryStreamMultiCallable[_global_master_pb2.WatchJobRequest, _global_master_pb2.WatchJobResponse]  # type: ignore[assignment]
     """Streams the job's task events until every task reaches a terminal state."""
     CancelJob: _aio.UnaryUnaryMultiCallable[_global_master_pb2.CancelJobRequest, _global_master_pb2.CancelJobResponse]  # type: ignore[assignment]
@@ -115,6 +123,16 @@ class GlobalMasterServicer(metaclass=_abc_1.ABCMeta):
         request: _global_master_pb2.GetJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_global_master_pb2.GetJobResponse, _abc.Awaitable[_global_master_pb2.GetJobResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListJobs(
+        self,
+        request: _global_master_pb2.ListJobsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_global_master_pb2.ListJobsResponse, _abc.Awaitable[_global_master_pb2.ListJobsResponse]]:
+        """The jobs this GM remembers (GetJob's memory: those submitted through it and
+        those whose tasks reached an LM), the most recently heard of first.
+        """
 
     @_abc_1.abstractmethod
     def WatchJob(
