@@ -6,7 +6,8 @@ MEGHA_CONFIG, with the MEGHA_GMS / MEGHA_LMS / MEGHA_PREDICTOR overrides). The f
 here with plain YAML/TOML rather than services.common.config: that import costs about a
 second of CPU (scipy, through the placement policies), too much for a check every few
 seconds in every container. Roles without a gRPC server (worker, one-shot commands) are
-healthy while they run. MEGHA_HEALTH_TARGET=HOST:PORT skips the lookup.
+healthy while they run. MEGHA_HEALTH_TARGET=HOST:PORT skips the lookup. With the file's
+``tls`` (or MEGHA_TLS) the check speaks mutual TLS with the same files.
 
 Exit 0: SERVING; 1: anything else (Docker's contract).
 """
@@ -51,13 +52,26 @@ def option(argv: list[str], name: str) -> str | None:
     return None
 
 
+def _read(path: str) -> dict:
+    text = Path(path).read_text()
+    return (tomllib.loads(text) if path.endswith(".toml") else yaml.safe_load(text)) or {}
+
+
+def tls_of(argv: list[str] | None) -> dict | None:
+    """The federation's ``tls`` (MEGHA_TLS, else the file's), or None: plaintext."""
+    override = os.environ.get("MEGHA_TLS")
+    if override:
+        return yaml.safe_load(override) or None
+    path = (option(argv, "--config") if argv else None) or os.environ.get("MEGHA_CONFIG")
+    return _read(path).get("tls") if path else None
+
+
 def target_of(argv: list[str]) -> str:
     role = argv[0]
     path = option(argv, "--config") or os.environ.get("MEGHA_CONFIG")
     if not path:
         raise SystemExit("healthcheck: no federation file (--config or MEGHA_CONFIG)")
-    text = Path(path).read_text()
-    config = tomllib.loads(text) if path.endswith(".toml") else yaml.safe_load(text)
+    config = _read(path)
     key = {"gm": "gms", "lm": "lms", "predictor": "predictor"}[role]
     override = os.environ.get("MEGHA_" + key.upper())
     entry = yaml.safe_load(override) if override else config.get(key)
@@ -72,11 +86,23 @@ def target_of(argv: list[str]) -> str:
     return f"{address}:{entry['port']}"
 
 
-def check(target: str, timeout_s: float = 3.0) -> bool:
+def _channel(target: str, tls: dict | None):
+    import grpc
+
+    options: list[tuple[str, object]] = [("grpc.enable_http_proxy", 0)]
+    if not tls:
+        return grpc.insecure_channel(target, options=options)
+    ca, cert, key = (Path(tls[name]).read_bytes() for name in ("ca", "cert", "key"))
+    if tls.get("server_name"):
+        options.append(("grpc.ssl_target_name_override", tls["server_name"]))
+    return grpc.secure_channel(target, grpc.ssl_channel_credentials(ca, key, cert), options)
+
+
+def check(target: str, tls: dict | None = None, timeout_s: float = 3.0) -> bool:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(target, options=[("grpc.enable_http_proxy", 0)]) as channel:
+    with _channel(target, tls) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=timeout_s
@@ -90,13 +116,14 @@ def check(target: str, timeout_s: float = 3.0) -> bool:
 
 def main() -> int:
     target = os.environ.get("MEGHA_HEALTH_TARGET")
+    argv = None
     if not target:
         argv = server_argv()
         if argv is None:
             print("no Megha server in this container: healthy while it runs")
             return 0
         target = target_of(argv)
-    return 0 if check(target) else 1
+    return 0 if check(target, tls_of(argv)) else 1
 
 
 if __name__ == "__main__":

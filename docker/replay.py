@@ -17,6 +17,7 @@ import grpc
 
 from services.client import GlobalMasterClient
 from services.common.config import ConfigError, FederationConfig, load_config
+from services.common.server import TlsError, use_tls
 
 READY_TIMEOUT_S = float(os.environ.get("MEGHA_READY_TIMEOUT_S", "120"))
 
@@ -46,12 +47,15 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         config = load_config(os.environ.get("MEGHA_CONFIG"))
-    except ConfigError as err:
+        use_tls(config.tls)
+    except (ConfigError, TlsError) as err:
         print(f"replay: {err}", file=sys.stderr)
         return 2
     asyncio.run(wait_for_workers(config, READY_TIMEOUT_S))
     if "--gm" not in argv:
         argv = [*argv, "--gm", ",".join(g.target for g in config.gms)]
+    if config.tls is not None and "--config" not in argv and os.environ.get("MEGHA_CONFIG"):
+        argv = [*argv, "--config", os.environ["MEGHA_CONFIG"]]
     sys.stdout.flush()
     os.execvp("megha-loadgen", ["megha-loadgen", "replay", *argv])
 

@@ -346,6 +346,12 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     parser.add_argument("--timeout", type=positive_float, help="give up after this many seconds")
     parser.add_argument("--out", type=Path, help="write summary.json, tasks.csv and a CDF here")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        help="the federation file, for its tls (a federation on mutual TLS); nothing else "
+        "of it is used",
+    )
     add_trace_arguments(parser)
     return parser
 
@@ -361,6 +367,15 @@ def main(args: argparse.Namespace) -> int:
         return 2
     for note in stats.notes:
         print(note, file=sys.stderr)
+    if args.config is not None:
+        from services.common.config import ConfigError, load_config
+        from services.common.server import TlsError, use_tls
+
+        try:
+            use_tls(load_config(args.config).tls)
+        except (ConfigError, TlsError) as err:
+            print(f"megha-loadgen replay: {err}", file=sys.stderr)
+            return 2
     gms = [g.strip() for g in args.gm.split(",") if g.strip()]
     try:
         result = asyncio.run(

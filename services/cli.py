@@ -212,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _predictor_train(args)
 
     from services.common.config import ConfigError, load_config
+    from services.common.server import TlsError, use_tls
     from services.local_master.journal import JournalError
 
     try:
@@ -220,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return operator.up(args)
         config = load_config(args.config)
+        use_tls(config.tls)
         if args.command in ROLES:
             from services.common.logs import setup_logging
             from services.common.runner import serve_role
@@ -233,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from services import operator
 
         return asyncio.run(operator.client_command(args, config))
-    except ConfigError as err:
+    except (ConfigError, TlsError) as err:
         print(f"megha: {err}", file=sys.stderr)
         return 2
     except JournalError as err:  # an LM's journal file is unusable: the operator's to mend

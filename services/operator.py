@@ -32,6 +32,7 @@ from services._proto.megha.v1 import common_pb2
 from services.client import STATE_NAMES, FollowStalled, GlobalMasterClient, TaskTemplate
 from services.common.config import FederationConfig, default_config, load_config, parse_config
 from services.common.runner import endpoints, wait_all_healthy
+from services.common.server import use_tls
 from services.core.constraints import ConstraintError, from_mask, parse_constraints
 from services.core.resources import ResourceError, format_resources, parse_resources
 
@@ -52,9 +53,14 @@ def broker_reachable(url: str, timeout_s: float = 1.0) -> bool:
 
 
 def _federation(args: argparse.Namespace) -> FederationConfig:
+    """The federation ``megha up`` starts; its TLS files, if any, serve this process too
+    (its clients, and every service with ``--embedded``)."""
     if args.config:
-        return load_config(args.config)
-    return parse_config(default_config(args.gms, args.lms, args.workers, args.base_port))
+        config = load_config(args.config)
+    else:
+        config = parse_config(default_config(args.gms, args.lms, args.workers, args.base_port))
+    use_tls(config.tls)
+    return config
 
 
 # --------------------------------------------------------------------------- up

@@ -92,6 +92,21 @@ class QueueConfig(_Model):
     gm: str = Field(..., description="The one GM that serves this queue.")
 
 
+class TlsConfig(_Model):
+    """Mutual TLS for every gRPC connection of the federation (servers, the channels
+    between them, workers, the CLI): each side shows a certificate signed by ``ca`` and
+    accepts only peers that do."""
+
+    ca: str = Field(..., min_length=1, description="PEM file of the CA that signs them all.")
+    cert: str = Field(..., min_length=1, description="PEM certificate this process shows.")
+    key: str = Field(..., min_length=1, description="PEM private key of ``cert``.")
+    server_name: str = Field(
+        "",
+        description="The name to check in a server's certificate instead of the host of its "
+        "target (e.g. one certificate for every process, issued for this name).",
+    )
+
+
 class FederationConfig(_Model):
     rabbitmq_url: str = Field("amqp://guest:guest@127.0.0.1:5672/", description="Broker URL.")
     heartbeat_interval_s: float = Field(1.0, gt=0, le=60, description="LM state broadcast.")
@@ -174,6 +189,7 @@ class FederationConfig(_Model):
     workers: list[WorkerGroup] = Field(default_factory=list)
     queues: list[QueueConfig] = Field(default_factory=list)
     predictor: Endpoint | None = None
+    tls: TlsConfig | None = Field(None, description="Mutual TLS; none (plaintext) by default.")
 
     @model_validator(mode="after")
     def _consistent(self) -> FederationConfig:
@@ -307,7 +323,7 @@ def parse_config(data: dict[str, Any], env: dict[str, str] | None = None) -> Fed
         if value is None:
             continue
         annotation = str(field.annotation)
-        if "list" in annotation or "Endpoint" in annotation:
+        if "list" in annotation or "Endpoint" in annotation or "TlsConfig" in annotation:
             try:
                 merged[name] = yaml.safe_load(value)
             except yaml.YAMLError as err:

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
+
+if TYPE_CHECKING:
+    from services.common.config import TlsConfig
 
 log = logging.getLogger("megha.server")
 
@@ -37,6 +42,52 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_permit_without_calls", 1),
 ]
 _metrics_ports: set[int] = set()
+
+
+@dataclass(frozen=True)
+class Tls:
+    """The federation's mutual TLS material, read from its files once per process."""
+
+    ca: bytes
+    cert: bytes
+    key: bytes
+    server_name: str = ""
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        return grpc.ssl_server_credentials(
+            [(self.key, self.cert)], root_certificates=self.ca, require_client_auth=True
+        )
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
+
+
+_tls: Tls | None = None  # set by use_tls: every server and channel of the process then
+
+
+class TlsError(ValueError):
+    """A TLS file of the federation file that cannot be read (named in the message)."""
+
+
+def use_tls(config: TlsConfig | None) -> None:
+    """Make every ``Service`` and ``channel`` of this process speak mutual TLS with the
+    files ``config`` names (None: plaintext, the default). Call it once at start-up,
+    before any server or channel is made."""
+    global _tls
+    if config is None:
+        _tls = None
+        return
+    files = {}
+    for name in ("ca", "cert", "key"):
+        path = getattr(config, name)
+        try:
+            files[name] = Path(path).read_bytes()
+        except OSError as err:
+            raise TlsError(f"tls.{name}: cannot read {path}: {err.strerror or err}") from None
+        if b"-----BEGIN " not in files[name]:
+            raise TlsError(f"tls.{name}: {path} is not a PEM file")
+    _tls = Tls(files["ca"], files["cert"], files["key"], config.server_name)
+
 
 Registrar = Callable[[Any, grpc.aio.Server], None]
 
@@ -74,7 +125,10 @@ class Service:
             names.append(full_name)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(names, server)
-        self.port = server.add_insecure_port(self.listen)
+        if _tls is None:
+            self.port = server.add_insecure_port(self.listen)
+        else:
+            self.port = server.add_secure_port(self.listen, _tls.server_credentials())
         if self.port == 0:
             raise OSError(f"cannot listen on {self.listen} (address in use?)")
         await server.start()
@@ -113,9 +167,15 @@ def start_metrics(port: int) -> None:
         _metrics_ports.add(port)
 
 
-def channel(target: str) -> grpc.aio.Channel:
-    """A client channel with the same message limits and keepalives as the servers."""
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+def channel(target: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
+    """A client channel with the same message limits and keepalives as the servers (and
+    ``options`` besides), over mutual TLS once ``use_tls`` was given the files."""
+    options = [*CHANNEL_OPTIONS, *options]
+    if _tls is None:
+        return grpc.aio.insecure_channel(target, options=options)
+    if _tls.server_name:
+        options.append(("grpc.ssl_target_name_override", _tls.server_name))
+    return grpc.aio.secure_channel(target, _tls.channel_credentials(), options=options)
 
 
 async def wait_healthy(target: str, timeout_s: float = 10.0, service: str = "") -> None:

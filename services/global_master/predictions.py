@@ -22,7 +22,7 @@ import grpc
 from prometheus_client import Counter
 
 from services._proto.megha.v1 import common_pb2, predictor_pb2, predictor_pb2_grpc
-from services.common.server import CHANNEL_OPTIONS
+from services.common.server import channel
 
 log = logging.getLogger("megha.gm")
 
@@ -30,8 +30,7 @@ TIMEOUT_S = 0.25  # the sidecar answers in ~1 ms on loopback; this is for a sick
 RETRY_AFTER_S = 5.0
 # Without a cap, gRPC backs off reconnecting for up to 2 minutes, so a sidecar that comes
 # back would stay unused that long.
-_CHANNEL_OPTIONS = [
-    *CHANNEL_OPTIONS,
+_CHANNEL_OPTIONS = [  # after the shared ones (server.channel)
     ("grpc.initial_reconnect_backoff_ms", 500),
     ("grpc.max_reconnect_backoff_ms", int(RETRY_AFTER_S * 1000)),
 ]
@@ -66,7 +65,7 @@ class LifetimePredictions:
         self.timeout_s = timeout_s
         self.retry_after_s = retry_after_s
         self.clock = clock
-        self._channel = grpc.aio.insecure_channel(target, _CHANNEL_OPTIONS) if target else None
+        self._channel = channel(target, _CHANNEL_OPTIONS) if target else None
         self._stub = predictor_pb2_grpc.PredictorStub(self._channel) if self._channel else None
         self._down_until: float | None = None  # set while the sidecar is considered down
 

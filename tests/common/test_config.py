@@ -104,3 +104,13 @@ def test_the_worker_janitor_is_on_by_default_and_an_environment_variable_turns_i
     assert off.worker_janitor is False
     with pytest.raises(ConfigError, match="worker_janitor"):
         parse_config(default_config(), env={"MEGHA_WORKER_JANITOR": "maybe"})
+
+
+def test_tls_is_off_by_default_and_an_environment_variable_can_set_it():
+    assert parse_config(default_config(), env={}).tls is None
+    env = {"MEGHA_TLS": "{ca: /c.pem, cert: /s.pem, key: /k.pem, server_name: megha}"}
+    tls = parse_config(default_config(), env=env).tls
+    assert tls is not None
+    assert (tls.ca, tls.cert, tls.key, tls.server_name) == ("/c.pem", "/s.pem", "/k.pem", "megha")
+    with pytest.raises(ConfigError, match="tls"):
+        parse_config(default_config(), env={"MEGHA_TLS": "{ca: /c.pem}"})
