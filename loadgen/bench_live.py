@@ -54,6 +54,7 @@ from services.common.bus import RabbitBus
 from services.common.config import ConfigError, FederationConfig, default_config, parse_config
 from services.common.convert import resources_to_proto
 from services.common.runner import wait_all_healthy
+from services.common.server import TlsError, use_tls
 from services.common.stalls import STALL_S, StallTally, settle
 from services.common.stalls import watch as watch_stalls
 from services.core.resources import parse_resources, resources
@@ -220,6 +221,10 @@ def bench_config(options: BenchOptions, base_port: int, prefix: str) -> Federati
         raise BenchError(
             "MEGHA_EXCHANGE_PREFIX is set; bench-live needs a prefix of its own: unset it"
         )
+    try:  # MEGHA_TLS: the children and this process's clients on mutual TLS
+        use_tls(config.tls)
+    except TlsError as err:
+        raise BenchError(str(err)) from None
     return config
 
 
