@@ -249,6 +249,7 @@ class LiveAttempts:
             common_pb2.TASK_STATE_PREEMPTED,
             common_pb2.TASK_STATE_LOST,
             common_pb2.TASK_STATE_CANCELLED,
+            common_pb2.TASK_STATE_RETRYING,
         ):
             row[2] = row[2] or stamps.started_unix_nanos
             row[3] = stamps.finished_unix_nanos or now_ns

@@ -25,6 +25,7 @@ ROLES = ("gm", "lm", "worker", "predictor")
 _sizes = number_list(bounded(int, "size", 1, high=10**9))
 _constraint_count = bounded(int, "constraint_count", 1, high=64)
 _job_limit = bounded(int, "limit", 1, high=1000)
+_retries = bounded(int, "retries", 0, high=100)
 # 0 = back to back
 _rates = number_list(bounded(float, "rate", 0, high=100_000))
 
@@ -112,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="name the job (default: the GM picks one); submitting again with the same id "
         "is safe: tasks already queued, running or ended are not queued again",
+    )
+    submit.add_argument(
+        "--retries",
+        type=_retries,
+        default=0,
+        help="queue a task that failed (its own failure) again, up to this many times (0-100)",
     )
     submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
 

@@ -42,12 +42,14 @@ class TaskTemplate:
     image: str = ""
     timeout_s: float = 0.0
     constraints: Sequence[int] = ()
+    retries: int = 0
 
     def build(self) -> common_pb2.Task:
         task = common_pb2.Task(
             resources=resources_to_proto(self.resources),
             constraints=list(self.constraints),
             expected_duration_s=self.duration_s,
+            max_retries=self.retries,
         )
         if self.image:
             task.docker.image = self.image

@@ -342,7 +342,7 @@ async def _submit(client: GlobalMasterClient, args, config: FederationConfig) ->
         print(f"megha: {err}", file=sys.stderr)
         return 2
     template = TaskTemplate(
-        request, args.duration, args.argv, args.image, args.timeout, constraints
+        request, args.duration, args.argv, args.image, args.timeout, constraints, args.retries
     )
     reply = await client.submit(
         [template.build() for _ in range(args.count)], queue=args.queue, job_id=args.job_id

@@ -98,6 +98,8 @@ def _check_task_fields(task: common_pb2.Task) -> None:
             )
     for name in _HINTS:
         _finite_non_negative(name, getattr(task, name))
+    if task.max_retries > MAX_RETRIES:
+        raise ValueError(f"max_retries is {task.max_retries}; at most {MAX_RETRIES}")
     # What a worker could not run at all is refused here, not failed on a worker later.
     executor = task.WhichOneof("executor")
     if executor == "process" and not task.process.args:
@@ -112,6 +114,9 @@ def _check_task_fields(task: common_pb2.Task) -> None:
 def _finite_non_negative(name: str, value: float) -> None:
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+
+
+MAX_RETRIES = 100  # Task.max_retries
 
 
 class InvalidTask(ValueError):

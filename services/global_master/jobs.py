@@ -32,6 +32,7 @@ _RANK = {
     common_pb2.TASK_STATE_PLACED: 2,
     common_pb2.TASK_STATE_RUNNING: 3,
     common_pb2.TASK_STATE_LOST: 4,
+    common_pb2.TASK_STATE_RETRYING: 4,
     common_pb2.TASK_STATE_PREEMPTED: 4,
     common_pb2.TASK_STATE_SUCCEEDED: 5,
     common_pb2.TASK_STATE_FAILED: 5,

@@ -68,8 +68,8 @@ TERMINAL = {
     common_pb2.TASK_STATE_PREEMPTED,
     common_pb2.TASK_STATE_CANCELLED,
 }
-# Events that end an attempt (LOST and PREEMPTED re-queue the task as the next one).
-ENDED = TERMINAL | {common_pb2.TASK_STATE_LOST}
+# Events that end an attempt (LOST, PREEMPTED and RETRYING re-queue the task as the next).
+ENDED = TERMINAL | {common_pb2.TASK_STATE_LOST, common_pb2.TASK_STATE_RETRYING}
 EVENT_RETRY_S = 0.5  # between tries to publish events while the broker is away
 LIST_BATCH = 5_000  # task events per ListTasks message, far below gRPC's 4 MiB
 # After an LM restarts, past ``worker_timeout_s`` plus this, a worker that has not
@@ -633,6 +633,13 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             # once the watchdog takes the node for dead.
             self.state.release(report.task_id)
             await self._requeue(allocation, report.state, report.message)
+            return True
+        if report.state == common_pb2.TASK_STATE_FAILED and task.failures < task.max_retries:
+            # Its own failure, with retries left: the next attempt is queued now.
+            self.state.release(report.task_id)
+            task.failures += 1
+            metrics.TASKS_FINISHED.labels(self.lm_id, "retrying").inc()
+            await self._requeue(allocation, common_pb2.TASK_STATE_RETRYING, report.message)
             return True
         if report.state in TERMINAL:
             self.state.release(report.task_id)

@@ -48,11 +48,16 @@ class _TaskStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_TaskState.V
     """Its job was cancelled (GlobalMaster.CancelJob) before it ended: it was
     dropped from its queue, or killed where it ran; it will not run again.
     """
+    TASK_STATE_RETRYING: _TaskState.ValueType  # 10
+    """The attempt failed and the task is queued again as its next attempt
+    (Task.max_retries); the event's reason says how it failed.
+    """
 
 class TaskState(_TaskState, metaclass=_TaskStateEnumTypeWrapper):
-    """Where a task is in its life. Terminal states: SUCCEEDED, FAILED, REJECTED.
-    PREEMPTED and LOST tasks are requeued as their next attempt and come back as
-    QUEUED (in GetJob; WatchJob streams the LMs' events, so next PLACED).
+    """Where a task is in its life. Terminal states: SUCCEEDED, FAILED, REJECTED,
+    CANCELLED. PREEMPTED, LOST and RETRYING tasks are requeued as their next
+    attempt and come back as QUEUED (in GetJob; WatchJob streams the LMs'
+    events, so next PLACED).
     """
 
 TASK_STATE_UNSPECIFIED: TaskState.ValueType  # 0
@@ -74,6 +79,10 @@ or more resources than any node has); it will not be retried.
 TASK_STATE_CANCELLED: TaskState.ValueType  # 9
 """Its job was cancelled (GlobalMaster.CancelJob) before it ended: it was
 dropped from its queue, or killed where it ran; it will not run again.
+"""
+TASK_STATE_RETRYING: TaskState.ValueType  # 10
+"""The attempt failed and the task is queued again as its next attempt
+(Task.max_retries); the event's reason says how it failed.
 """
 Global___TaskState: _TypeAlias = TaskState  # noqa: Y015
 
@@ -355,6 +364,8 @@ class Task(_message.Message):
     PROCESS_FIELD_NUMBER: _builtins.int
     DOCKER_FIELD_NUMBER: _builtins.int
     PREDICTED_LIFETIME_S_FIELD_NUMBER: _builtins.int
+    MAX_RETRIES_FIELD_NUMBER: _builtins.int
+    FAILURES_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Unique across the federation; placements are idempotent by this id. At
     most 256 characters.
@@ -383,6 +394,13 @@ class Task(_message.Message):
     did not answer in time: scheduling never waits for it). Set by the GM;
     a client's value is overwritten.
     """
+    max_retries: _builtins.int
+    """How many times an attempt that FAILED (the task's own failure: not a lost
+    node, a preemption or a cancel) is queued again as the next attempt; 0:
+    never. At most 100.
+    """
+    failures: _builtins.int
+    """How many of its attempts failed and were retried so far; set by the LM."""
     @_builtins.property
     def resources(self) -> Global___Resources: ...
     @_builtins.property
@@ -420,10 +438,12 @@ class Task(_message.Message):
         process: Global___ProcessExecutor | None = ...,
         docker: Global___DockerExecutor | None = ...,
         predicted_lifetime_s: _builtins.float = ...,
+        max_retries: _builtins.int = ...,
+        failures: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["docker", b"docker", "executor", b"executor", "process", b"process", "resources", b"resources", "sim", b"sim", "timestamps", b"timestamps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "constraints", b"constraints", "cpu_usage_mean_milli", b"cpu_usage_mean_milli", "cpu_usage_std_milli", b"cpu_usage_std_milli", "docker", b"docker", "executor", b"executor", "expected_duration_s", b"expected_duration_s", "job_id", b"job_id", "lifetime_features", b"lifetime_features", "predicted_lifetime_s", b"predicted_lifetime_s", "priority", b"priority", "process", b"process", "queue", b"queue", "resources", b"resources", "sim", b"sim", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "constraints", b"constraints", "cpu_usage_mean_milli", b"cpu_usage_mean_milli", "cpu_usage_std_milli", b"cpu_usage_std_milli", "docker", b"docker", "executor", b"executor", "expected_duration_s", b"expected_duration_s", "failures", b"failures", "job_id", b"job_id", "lifetime_features", b"lifetime_features", "max_retries", b"max_retries", "predicted_lifetime_s", b"predicted_lifetime_s", "priority", b"priority", "process", b"process", "queue", b"queue", "resources", b"resources", "sim", b"sim", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_executor: _TypeAlias = _typing.Literal["sim", "process", "docker"]  # noqa: Y015
     _WhichOneofArgType_executor: _TypeAlias = _typing.Literal["executor", b"executor"]  # noqa: Y015

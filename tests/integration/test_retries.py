@@ -1,0 +1,102 @@
+"""Task.max_retries on a real federation: a failed attempt is queued again, up to a
+bound; lost, preempted and cancelled attempts are not failures."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+from services._proto.megha.v1 import common_pb2
+from tests.integration.harness import Federation
+
+FAILED = common_pb2.TASK_STATE_FAILED
+RETRYING = common_pb2.TASK_STATE_RETRYING
+SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
+
+
+def _process(script: str, retries: int) -> common_pb2.Task:
+    task = common_pb2.Task(
+        process=common_pb2.ProcessExecutor(args=["sh", "-c", script]), max_retries=retries
+    )
+    task.resources.cpu_milli, task.resources.memory_mb = 500, 128
+    return task
+
+
+async def test_failed_attempts_are_retried_up_to_the_bound_and_only_they(tmp_path):
+    marker = tmp_path / "tried-once"
+    tasks = [
+        _process("echo broken >&2; exit 3", retries=2),  # fails every time
+        _process(f"test -f {marker} && exit 0; touch {marker}; exit 1", retries=1),
+        _process("exit 4", retries=0),  # no retry: fails at once, as before
+    ]
+    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2) as fed:
+        reply = await fed.gm().submit(tasks)
+        always, once, never = reply.task_ids
+        job_id = reply.job_id
+        deadline = time.monotonic() + 30
+        while True:
+            job = await fed.gm().job(job_id)
+            final = {t.task_id: t for t in job.tasks}
+            if {final[always].state, final[once].state, final[never].state} <= {FAILED, SUCCEEDED}:
+                break
+            assert time.monotonic() < deadline, job
+            await asyncio.sleep(0.1)
+
+        def events(task_id: str) -> list[tuple[int, int]]:
+            ends = (RETRYING, FAILED, SUCCEEDED)
+            return [
+                (e.state, e.attempt)
+                for e in fed.events.events
+                if e.task_id == task_id and e.state in ends
+            ]
+
+        await asyncio.sleep(0.5)  # the last events reach the test's subscription too
+        assert events(always) == [(RETRYING, 0), (RETRYING, 1), (FAILED, 2)]
+        assert (final[always].state, final[always].attempt) == (FAILED, 2)
+        retried = [e for e in fed.events.events if e.task_id == always and e.state == RETRYING]
+        assert all("exit code 3: broken" in e.reason for e in retried)
+        assert events(once) == [(RETRYING, 0), (SUCCEEDED, 1)]
+        assert events(never) == [(FAILED, 0)]
+
+        # The CLI's --retries sets the bound.
+        cli = await asyncio.to_thread(
+            subprocess.run,
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "submit",
+                "--config",
+                str(fed.config_path),
+                "--retries",
+                "1",
+                "--wait",
+                "--command",
+                "sh",
+                "-c",
+                "exit 5",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert cli.returncode == 1, cli.stderr  # it failed in the end
+        job_id = cli.stdout.split()[1].rstrip(":")
+        await asyncio.sleep(0.5)
+        (task_id,) = {e.task_id for e in fed.events.events if e.job_id == job_id}
+        assert events(task_id) == [(RETRYING, 0), (FAILED, 1)]
+
+
+def test_a_bound_over_100_is_refused():
+    from services.common.convert import InvalidTask, parse_task
+
+    task = _process("true", retries=101)
+    task.task_id = "t"
+    try:
+        parse_task(task, 8)
+    except InvalidTask as err:
+        assert "max_retries is 101; at most 100" in str(err)
+    else:
+        raise AssertionError("accepted")
