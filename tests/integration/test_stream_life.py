@@ -35,7 +35,8 @@ async def test_streams_replaced_under_load_lose_no_task_and_run_none_twice():
         await asyncio.sleep(0.5)  # late duplicates, if any, would show by now
         assert took > 1.0, "over before any stream was replaced: the test proves nothing"
         for agent, first in zip(host.agents, opened, strict=True):
-            assert agent.streams - first >= 3, "the stream was not replaced"
+            # At least twice: ~1 s of 0.3 s lives gave one agent only 2 on a busy machine.
+            assert agent.streams - first >= 2, "the stream was not replaced"
             assert agent.registrations == 1, "a replacement registered again"
         assert max(events.succeeded().values()) == 1
         assert max(events.runs().values()) == 1
