@@ -57,21 +57,20 @@ def _read(path: str) -> dict:
     return (tomllib.loads(text) if path.endswith(".toml") else yaml.safe_load(text)) or {}
 
 
-def tls_of(argv: list[str] | None) -> dict | None:
+def tls_of(config: dict) -> dict | None:
     """The federation's ``tls`` (MEGHA_TLS, else the file's), or None: plaintext."""
     override = os.environ.get("MEGHA_TLS")
     if override:
         return yaml.safe_load(override) or None
-    path = (option(argv, "--config") if argv else None) or os.environ.get("MEGHA_CONFIG")
-    return _read(path).get("tls") if path else None
+    return config.get("tls")
 
 
-def target_of(argv: list[str]) -> str:
+def target_of(argv: list[str], path: str | None, config: dict) -> str:
+    """The server's address: the role's entry of the federation file ``config``, read
+    from ``path``."""
     role = argv[0]
-    path = option(argv, "--config") or os.environ.get("MEGHA_CONFIG")
     if not path:
         raise SystemExit("healthcheck: no federation file (--config or MEGHA_CONFIG)")
-    config = _read(path)
     key = {"gm": "gms", "lm": "lms", "predictor": "predictor"}[role]
     override = os.environ.get("MEGHA_" + key.upper())
     entry = yaml.safe_load(override) if override else config.get(key)
@@ -122,8 +121,12 @@ def main() -> int:
         if argv is None:
             print("no Megha server in this container: healthy while it runs")
             return 0
-        target = target_of(argv)
-    return 0 if check(target, tls_of(argv)) else 1
+    path = (option(argv, "--config") if argv else None) or os.environ.get("MEGHA_CONFIG")
+    config = _read(path) if path else {}  # read once: the target and the TLS files
+    if not target:
+        assert argv is not None
+        target = target_of(argv, path, config)
+    return 0 if check(target, tls_of(config)) else 1
 
 
 if __name__ == "__main__":

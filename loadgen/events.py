@@ -17,16 +17,13 @@ from typing import Any, NamedTuple
 from loadgen import report
 from services._proto.megha.v1 import common_pb2
 from services.core.recent import GrowingMap
+from services.global_master.jobs import TERMINAL
 
 RUNNING = common_pb2.TASK_STATE_RUNNING
 SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
-# Ends a task for good; LOST and PREEMPTED tasks come back as a new attempt.
-ENDED = {
-    SUCCEEDED,
-    common_pb2.TASK_STATE_FAILED,
-    common_pb2.TASK_STATE_REJECTED,
-    common_pb2.TASK_STATE_CANCELLED,
-}
+# Ends a task for good (as the GMs' job books say); LOST, PREEMPTED and RETRYING tasks
+# come back as a new attempt.
+ENDED = TERMINAL
 # What a report needs of one event, packed: state, attempt and every stamp of
 # ``report.STAMPS``, then "lm_id\0node_id". A run keeps one record per task and event kind.
 _HEAD = struct.Struct(f"<ii{len(report.STAMPS)}q")

@@ -35,6 +35,7 @@ from services.common.runner import endpoints, wait_all_healthy
 from services.common.server import use_tls
 from services.core.constraints import ConstraintError, from_mask, parse_constraints
 from services.core.resources import ResourceError, format_resources, parse_resources
+from services.global_master.jobs import TERMINAL
 
 
 def broker_reachable(url: str, timeout_s: float = 1.0) -> bool:
@@ -358,6 +359,7 @@ async def _submit(client: GlobalMasterClient, args, config: FederationConfig) ->
 # Events of a big job that ``--wait`` / ``--watch`` print one by one; the rest show only
 # in the progress line and the closing counts.
 _ROUTINE = {"queued", "placed", "running", "succeeded"}
+_ENDED = {STATE_NAMES[state] for state in TERMINAL}  # succeeded, failed, rejected, cancelled
 
 
 def _by_state(counts: Counter[str]) -> str:
@@ -380,7 +382,7 @@ async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
 
     def line() -> str:
         counts = Counter(latest.values())  # only when the line is drawn
-        ended = sum(counts[s] for s in ("succeeded", "failed", "rejected", "cancelled"))
+        ended = sum(counts[s] for s in _ENDED)
         progressed = f"{bar(ended / len(task_ids))} {ended}/{len(task_ids)}"
         return f"job {job_id} {progressed} ended: {_by_state(counts)}"
 
@@ -388,7 +390,7 @@ async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
     try:
         async for event in client.follow(job_id, task_ids):
             state = STATE_NAMES.get(event.state, "?")
-            failed |= state in ("failed", "rejected", "cancelled")
+            failed |= state in _ENDED and state != "succeeded"
             latest[event.task_id] = state
             if big and state in _ROUTINE:
                 progress.show(line)

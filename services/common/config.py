@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -314,6 +314,12 @@ def default_config(
     }
 
 
+def _structured(annotation: Any) -> bool:
+    """Whether a setting's value is more than one scalar (a list, a nested section), so
+    that its ``MEGHA_*`` override is read as YAML."""
+    return annotation not in (str, int, float, bool) and get_origin(annotation) is not Literal
+
+
 def parse_config(data: dict[str, Any], env: dict[str, str] | None = None) -> FederationConfig:
     """Validate ``data`` after applying ``MEGHA_*`` overrides from ``env``."""
     env = dict(os.environ) if env is None else env
@@ -322,8 +328,7 @@ def parse_config(data: dict[str, Any], env: dict[str, str] | None = None) -> Fed
         value = env.get(ENV_PREFIX + name.upper())
         if value is None:
             continue
-        annotation = str(field.annotation)
-        if "list" in annotation or "Endpoint" in annotation or "TlsConfig" in annotation:
+        if _structured(field.annotation):
             try:
                 merged[name] = yaml.safe_load(value)
             except yaml.YAMLError as err:

@@ -54,7 +54,6 @@ class JobRecord:
     job_id: str
     queue: str
     _statuses: dict[str, bytes] = field(default_factory=dict)
-    _unfinished: int = 0  # tasks not in a TERMINAL state
     _by_state: dict[int, int] = field(default_factory=dict)  # tasks in each state
     watchers: list[asyncio.Queue] = field(default_factory=list)
 
@@ -78,10 +77,6 @@ class JobRecord:
     def store(self, status: global_master_pb2.TaskStatus, before: int | None) -> None:
         """Keep ``status`` as its task's latest; ``before`` is the state it replaces (None
         for a task new to the job)."""
-        if before is None or before in TERMINAL:
-            self._unfinished += status.state not in TERMINAL
-        elif status.state in TERMINAL:
-            self._unfinished -= 1
         if before != status.state:
             if before is not None:
                 left = self._by_state[before] - 1
@@ -99,11 +94,11 @@ class JobRecord:
     @property
     def unfinished(self) -> int:
         """How many of its tasks have not ended."""
-        return self._unfinished
+        return sum(n for state, n in self._by_state.items() if state not in TERMINAL)
 
     @property
     def done(self) -> bool:
-        return bool(self._statuses) and self._unfinished == 0
+        return bool(self._statuses) and self.unfinished == 0
 
     def to_proto(self) -> global_master_pb2.Job:
         return global_master_pb2.Job(job_id=self.job_id, queue=self.queue, tasks=self.statuses())

@@ -51,7 +51,7 @@ from services.core.global_view import ApplyResult, GlobalView, Placement, Preemp
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
-from services.global_master.jobs import TERMINAL, JobBook
+from services.global_master.jobs import JobBook
 from services.global_master.predictions import LifetimePredictions
 from services.local_master.service import (
     CANCEL_EXCHANGE,
@@ -116,6 +116,13 @@ class Batch:
         while self.out:
             self._landed = asyncio.Event()
             await self._landed.wait()
+
+
+def _one_done(batch: Batch) -> Delivery | None:
+    """One more of the message's tasks is accounted for (launched or dropped); its
+    delivery, to ack, once that was the last."""
+    batch.remaining -= 1
+    return batch.delivery if batch.remaining == 0 else None
 
 
 def _message_key(batch: common_pb2.TaskBatch) -> tuple:
@@ -520,7 +527,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 f"could not publish the cancel ({err!r}); nothing was cancelled: try again",
             )
         job = self.jobs.get(request.job_id)
-        unfinished = 0 if job is None else sum(s.state not in TERMINAL for s in job.statuses())
+        unfinished = 0 if job is None else job.unfinished
         self._cancel(msg.job_id, msg.reason)  # at once here; the broadcast finds it done
         log.info(
             "job cancelled",
@@ -699,9 +706,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         for item in items:
             reason = self.cancelled.reason(item.task.job_id) or "cancelled"
             events.append(self._event(item.task, common_pb2.TASK_STATE_CANCELLED, reason))
-            item.batch.remaining -= 1  # as _launched does
-            if item.batch.remaining == 0 and item.batch.delivery is not None:
-                done.append(item.batch.delivery)
+            delivery = _one_done(item.batch)
+            if delivery is not None:
+                done.append(delivery)
         metrics.TASKS_CANCELLED.labels(self.gm_id).inc(len(events))
         self._publish_ends(events)
         for delivery in done:
@@ -1136,9 +1143,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         return True
 
     async def _launched(self, batch: Batch) -> None:
-        batch.remaining -= 1
-        if batch.remaining == 0 and batch.delivery is not None:
-            await batch.delivery.ack()
+        delivery = _one_done(batch)
+        if delivery is not None:
+            await delivery.ack()
 
     def _event(self, task: common_pb2.Task, state: int, reason: str) -> common_pb2.TaskEvent:
         event = common_pb2.TaskEvent(
