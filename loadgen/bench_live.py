@@ -54,7 +54,7 @@ from services.common.bus import RabbitBus
 from services.common.config import ConfigError, FederationConfig, default_config, parse_config
 from services.common.convert import resources_to_proto
 from services.common.runner import wait_all_healthy
-from services.common.server import TlsError, use_tls
+from services.common.server import TlsError, broker_ssl_context, use_tls
 from services.common.stalls import STALL_S, StallTally, settle
 from services.common.stalls import watch as watch_stalls
 from services.core.resources import parse_resources, resources
@@ -68,6 +68,7 @@ from services.local_master.service import (
 from services.operator import (
     ChildDied,
     Children,
+    amqp_port,
     broker_reachable,
     start_federation,
     wait_until_ready,
@@ -260,7 +261,9 @@ async def delete_broker_objects(config: FederationConfig, timeout_s: float = 10.
                 await bus.delete_queue(user_queue(queue.name))
             for process in (*config.gms, *config.lms):
                 await bus.delete_queue(cancel_queue(process.id))
-        connection = await aio_pika.connect(config.rabbitmq_url)
+        connection = await aio_pika.connect(
+            config.rabbitmq_url, ssl_context=broker_ssl_context(config.rabbitmq_url)
+        )
         async with connection:
             channel = await connection.channel()
             for exchange in (EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, CANCEL_EXCHANGE):
@@ -508,9 +511,9 @@ class ProcessMeter:
     their bounds).
     """
 
-    def __init__(self, pids: dict[str, int]) -> None:
+    def __init__(self, pids: dict[str, int], broker_url: str = "") -> None:
         self.pids = dict(pids)
-        broker = _local_pid_of(b"beam.smp")
+        broker = _broker_pid(broker_url)
         if broker is not None:
             self.pids["rabbitmq"] = broker
         self._ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -596,14 +599,37 @@ async def _keep_sampling(meter: ProcessMeter, every_s: float) -> None:
         meter.sample()
 
 
-def _local_pid_of(program: bytes) -> int | None:
+def _broker_pid(url: str) -> int | None:
+    """The local RabbitMQ node serving ``url``: the ``beam.smp`` that listens on its
+    port (another node may run beside it), else the first ``beam.smp``; None if none."""
+    port = amqp_port(url) if url else 0
+    listening = _listening_inodes(port) if port else set()
+    first = None
     with contextlib.suppress(OSError):
         for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                with contextlib.suppress(OSError):
-                    if program in (entry / "cmdline").read_bytes().split(b"\0")[0]:
-                        return int(entry.name)
-    return None
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if b"beam.smp" not in (entry / "cmdline").read_bytes().split(b"\0")[0]:
+                    continue
+                first = first or int(entry.name)
+                sockets = {os.readlink(fd) for fd in (entry / "fd").iterdir()}
+                if any(f"socket:[{inode}]" in sockets for inode in listening):
+                    return int(entry.name)
+    return first
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """Inodes of the TCP sockets listening on ``port`` (/proc/net/tcp and tcp6)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                fields = row.split()
+                # local address "ADDR:PORT" in hex, state 0A is LISTEN, inode is field 9
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
+                    inodes.add(fields[9])
+    return inodes
 
 
 async def _measure(
@@ -655,7 +681,7 @@ async def _measure(
         await bus.subscribe_topic(EVENT_EXCHANGE, "task.#", on_batch)
         reporter = asyncio.create_task(_keep_showing(progress, line))
         pids = {"loadgen": os.getpid()} | {n: p.pid for n, p in children.procs.items()}
-        meter = ProcessMeter(pids)
+        meter = ProcessMeter(pids, config.rabbitmq_url)
         meter.start()
         every_s = max(0.2, min(MEMORY_SAMPLE_S, options.seconds / 10))  # 10 or more samples
         sampler = asyncio.create_task(_keep_sampling(meter, every_s))

@@ -218,6 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "predictor" and args.action == "train":
         return _predictor_train(args)
 
+    from services.common.bus import BrokerUnreachable
     from services.common.config import ConfigError, load_config
     from services.common.server import TlsError, use_tls
     from services.local_master.journal import JournalError
@@ -245,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, TlsError) as err:
         print(f"megha: {err}", file=sys.stderr)
         return 2
-    except JournalError as err:  # an LM's journal file is unusable: the operator's to mend
+    except (JournalError, BrokerUnreachable) as err:  # the operator's to mend (or to wait for)
         print(f"megha: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

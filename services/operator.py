@@ -38,6 +38,12 @@ from services.core.resources import ResourceError, format_resources, parse_resou
 from services.global_master.jobs import TERMINAL
 
 
+def amqp_port(url: str) -> int:
+    """The port of a broker URL, or AMQP's default for its scheme (5671 for amqps)."""
+    parsed = urlparse(url)
+    return parsed.port or (5671 if parsed.scheme == "amqps" else 5672)
+
+
 def broker_reachable(url: str, timeout_s: float = 1.0) -> bool:
     if url.startswith("memory://"):
         return True
@@ -46,7 +52,7 @@ def broker_reachable(url: str, timeout_s: float = 1.0) -> bool:
 
     try:
         with socket.create_connection(
-            (parsed.hostname or "127.0.0.1", parsed.port or 5672), timeout_s
+            (parsed.hostname or "127.0.0.1", parsed.port or amqp_port(url)), timeout_s
         ):
             return True
     except OSError:

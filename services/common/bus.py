@@ -34,6 +34,8 @@ How handlers are called:
 wait for confirms), and a channel per subscription. Work queues are durable and their
 messages persistent; fan-out/topic exchanges are not durable (they carry only live state,
 and every publisher or subscriber declares them again, also after a reconnect).
+An ``amqps://`` URL connects over TLS, with the federation's CA and certificate when
+``tls`` is set (``services.common.server.broker_ssl_context``).
 
 ``InMemoryBus`` gives the same semantics inside one process for ``megha up --embedded``:
 several buses sharing one ``InMemoryBroker`` behave like clients of one RabbitMQ.
@@ -52,6 +54,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, Self
+from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
 from aio_pika.abc import (
@@ -61,7 +64,14 @@ from aio_pika.abc import (
     AbstractQueue,
     AbstractRobustConnection,
 )
-from aio_pika.exceptions import AMQPError, ChannelInvalidStateError, PublishError
+from aio_pika.exceptions import (
+    AMQPConnectionError,
+    AMQPError,
+    ChannelInvalidStateError,
+    PublishError,
+)
+
+from services.common.server import broker_ssl_context, warn_if_broker_plaintext
 
 log = logging.getLogger("megha.bus")
 
@@ -222,6 +232,20 @@ def _check_prefetch(prefetch: int) -> None:
 # --------------------------------------------------------------------------- RabbitMQ
 
 
+class BrokerUnreachable(AMQPConnectionError):
+    """The first connection to RabbitMQ failed (refused, TLS, credentials); the message
+    names the URL, its password hidden, and the reason. Later losses are reconnected."""
+
+
+def safe_url(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 class RabbitBus(Bus):
     """The bus on RabbitMQ through aio-pika, with a robust (reconnecting) connection."""
 
@@ -239,7 +263,14 @@ class RabbitBus(Bus):
     async def connect(self) -> None:
         if self._connection is not None:
             return
-        connection = await aio_pika.connect_robust(self.url)
+        warn_if_broker_plaintext(self.url)
+        try:
+            connection = await aio_pika.connect_robust(
+                self.url, ssl_context=broker_ssl_context(self.url)
+            )
+        except (AMQPConnectionError, OSError) as err:
+            where = safe_url(self.url)
+            raise BrokerUnreachable(f"cannot reach RabbitMQ at {where}: {err}") from err
         try:
             # on_return_raises: an enqueue to a queue deleted behind our back must fail, not
             # be confirmed and silently dropped.

@@ -95,7 +95,8 @@ class QueueConfig(_Model):
 class TlsConfig(_Model):
     """Mutual TLS for every gRPC connection of the federation (servers, the channels
     between them, workers, the CLI): each side shows a certificate signed by ``ca`` and
-    accepts only peers that do."""
+    accepts only peers that do. An ``amqps://`` ``rabbitmq_url`` uses them for the
+    broker too (unless its query names aiormq's own ``cafile``, ``certfile``, ...)."""
 
     ca: str = Field(..., min_length=1, description="PEM file of the CA that signs them all.")
     cert: str = Field(..., min_length=1, description="PEM certificate this process shows.")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -52,6 +55,8 @@ class Tls:
     cert: bytes
     key: bytes
     server_name: str = ""
+    cert_path: str = ""
+    key_path: str = ""
 
     def server_credentials(self) -> grpc.ServerCredentials:
         return grpc.ssl_server_credentials(
@@ -60,6 +65,34 @@ class Tls:
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
+
+    @functools.cached_property
+    def broker_context(self) -> ssl.SSLContext:
+        """The client side of a TLS connection to RabbitMQ with the same CA and certificate
+        (``ssl`` loads a certificate chain only from files, so they are read once more)."""
+        context = _NamedContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.server_name = self.server_name
+        context.load_verify_locations(cadata=self.ca.decode())
+        context.load_cert_chain(self.cert_path, self.key_path)
+        return context
+
+
+class _NamedContext(ssl.SSLContext):
+    """Checks ``server_name`` in the server's certificate instead of the host connected
+    to, when set: aio-pika passes no ``server_hostname`` of its own."""
+
+    server_name = ""
+
+    def wrap_bio(
+        self,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+        server_side: bool = False,
+        server_hostname: str | bytes | None = None,
+        session: ssl.SSLSession | None = None,
+    ) -> ssl.SSLObject:
+        name = self.server_name or server_hostname
+        return super().wrap_bio(incoming, outgoing, server_side, name, session)
 
 
 _tls: Tls | None = None  # set by use_tls: every server and channel of the process then
@@ -86,7 +119,34 @@ def use_tls(config: TlsConfig | None) -> None:
             raise TlsError(f"tls.{name}: cannot read {path}: {err.strerror or err}") from None
         if b"-----BEGIN " not in files[name]:
             raise TlsError(f"tls.{name}: {path} is not a PEM file")
-    _tls = Tls(files["ca"], files["cert"], files["key"], config.server_name)
+    _tls = Tls(
+        files["ca"], files["cert"], files["key"], config.server_name, config.cert, config.key
+    )
+
+
+# aiormq's own TLS settings in a broker URL's query; a URL with any of them keeps them.
+_URL_TLS_KEYS = frozenset({"cafile", "capath", "cadata", "certfile", "keyfile", "no_verify_ssl"})
+
+
+def broker_ssl_context(url: str) -> ssl.SSLContext | None:
+    """The TLS context for the RabbitMQ connection to ``url``. An ``amqps://`` URL uses
+    the federation's CA and certificate once ``use_tls`` was given them, unless its query
+    names its own (aiormq's ``cafile``, ``certfile``, ``keyfile``, ...); None leaves it to
+    aiormq (a plain ``amqp://`` URL, or no federation TLS: the system's CAs)."""
+    parts = urlsplit(url)
+    if _tls is None or parts.scheme != "amqps" or _URL_TLS_KEYS & parse_qs(parts.query).keys():
+        return None
+    return _tls.broker_context
+
+
+def warn_if_broker_plaintext(url: str) -> None:
+    """Say so when gRPC is on TLS but the broker URL is plain AMQP (only the gRPC
+    connections are then encrypted)."""
+    if _tls is not None and urlsplit(url).scheme == "amqp":
+        log.warning(
+            "tls is set but rabbitmq_url is amqp://: heartbeats, events and queued jobs "
+            "cross the network in plaintext (use amqps://)"
+        )
 
 
 Registrar = Callable[[Any, grpc.aio.Server], None]

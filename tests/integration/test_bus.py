@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -16,14 +18,17 @@ import pytest
 
 from services.common.bus import (
     MEMORY_URL,
+    BrokerUnreachable,
     Bus,
     Delivery,
     InMemoryBroker,
     InMemoryBus,
     RabbitBus,
     make_bus,
+    safe_url,
     topic_matches,
 )
+from tests.integration.harness import free_ports
 
 RABBIT_URL = os.environ.get("MEGHA_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
 WAIT_S = 3.0  # upper bound for anything we expect to arrive
@@ -456,3 +461,38 @@ async def test_delete_queue_drops_its_messages_and_tolerates_missing(
     assert await bus.queue_depth(QUEUE) == 0
     await bus.enqueue(QUEUE, b"c")  # a deleted queue is declared again on use
     assert await bus.queue_depth(QUEUE) == 1
+
+
+# ------------------------------------------------------------- a broker out of reach
+
+
+def test_safe_url_hides_only_the_password():
+    assert safe_url("amqp://guest:s3cr%40t@rabbit:5672/v") == "amqp://guest:***@rabbit:5672/v"
+    assert safe_url("amqps://rabbit/") == "amqps://rabbit/"
+    assert safe_url("amqp://user@rabbit/") == "amqp://user@rabbit/"
+
+
+async def test_a_broker_out_of_reach_is_named_without_its_password():
+    (port,) = free_ports(1)
+    with pytest.raises(BrokerUnreachable) as unreachable:
+        await RabbitBus(f"amqp://guest:hunter2@127.0.0.1:{port}/").connect()
+    message = str(unreachable.value)
+    assert f"cannot reach RabbitMQ at amqp://guest:***@127.0.0.1:{port}/: " in message
+    assert "hunter2" not in message
+
+
+def test_a_gm_whose_broker_is_out_of_reach_says_so_in_one_line(tmp_path):
+    (port,) = free_ports(1)
+    env = {**os.environ, "MEGHA_RABBITMQ_URL": f"amqp://guest:hunter2@127.0.0.1:{port}/"}
+    gm = subprocess.run(
+        [sys.executable, "-m", "services.cli", "gm", "--id", "gm-1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert gm.returncode == 1
+    last = gm.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"megha: cannot reach RabbitMQ at amqp://guest:***@127.0.0.1:{port}/")
+    assert "Traceback" not in gm.stderr and "hunter2" not in gm.stderr
