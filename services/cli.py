@@ -133,6 +133,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="list every task (default: a job of over 50 lists 50, those not succeeded first)",
     )
 
+    logs = commands.add_parser(
+        "logs", help="what a task wrote to stdout (or --stderr), read from its worker host"
+    )
+    _add_config(logs)
+    _add_gm(logs)
+    logs.add_argument("job_id")
+    logs.add_argument("task_id", nargs="?", default="", help="needed for a job of many tasks")
+    logs.add_argument("--attempt", type=non_negative_int, default=None, help="default: the latest")
+    logs.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
+    logs.add_argument(
+        "--tail", type=positive_int, default=None, metavar="BYTES", help="only the last BYTES"
+    )
+
     jobs = commands.add_parser("jobs", help="the jobs a GM remembers, newest first")
     _add_config(jobs)
     _add_gm(jobs)

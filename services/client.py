@@ -112,6 +112,28 @@ class GlobalMasterClient:
         )
         return list((await self.stub.ListJobs(request, timeout=10)).jobs)
 
+    async def output(
+        self,
+        job_id: str,
+        task_id: str,
+        attempt: int | None = None,
+        stderr: bool = False,
+        offset: int = 0,
+        limit: int = 0,
+    ) -> common_pb2.TaskOutputResponse:
+        """Part of what a task attempt (None: its latest) wrote to stdout or stderr, read
+        from its worker host; ``offset`` < 0 counts from the end."""
+        request = common_pb2.TaskOutputRequest(
+            job_id=job_id,
+            task_id=task_id,
+            attempt=attempt or 0,
+            latest_attempt=attempt is None,
+            stderr=stderr,
+            offset=offset,
+            limit=limit,
+        )
+        return await self.stub.GetTaskOutput(request, timeout=15)
+
     async def cancel(self, job_id: str, reason: str = "") -> global_master_pb2.CancelJobResponse:
         request = global_master_pb2.CancelJobRequest(job_id=job_id, reason=reason)
         return await self.stub.CancelJob(request, timeout=10)

@@ -153,10 +153,13 @@ async def _up_processes(config: FederationConfig, args: argparse.Namespace) -> i
 
 
 def write_federation(config: FederationConfig, log_dir: Path) -> tuple[FederationConfig, Path]:
-    """``config`` as ``megha up`` runs it (each LM's journal in ``log_dir``), written to
-    ``log_dir/federation.yaml`` for the children; the config and its path."""
+    """``config`` as ``megha up`` runs it (each LM's journal in ``log_dir``, and the
+    tasks' output under it), written to ``log_dir/federation.yaml`` for the children;
+    the config and its path."""
     log_dir.mkdir(parents=True, exist_ok=True)
     config = config.with_journals(log_dir)
+    if not config.worker_output_dir:
+        config = config.model_copy(update={"worker_output_dir": str(log_dir / "output")})
     config_path = log_dir / "federation.yaml"
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     return config, config_path
@@ -324,6 +327,8 @@ async def client_command(args: argparse.Namespace, config: FederationConfig) -> 
                 return await _job(client, args)
             if args.command == "jobs":
                 return await _jobs(client, args)
+            if args.command == "logs":
+                return await _logs(client, args)
             if args.command == "cancel":
                 return await _cancel(client, args, config)
             if args.command == "status":
@@ -413,6 +418,37 @@ async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
     if big:
         print(f"job {job_id}: {len(task_ids)} tasks: {_by_state(Counter(latest.values()))}")
     return 1 if failed else 0
+
+
+async def _logs(client: GlobalMasterClient, args) -> int:
+    """Copy a task attempt's output from its worker host to stdout, a chunk at a time."""
+    task_id = args.task_id
+    if not task_id:
+        tasks = (await client.job(args.job_id)).tasks
+        if len(tasks) != 1:
+            print(f"megha: job {args.job_id} has {len(tasks)} tasks: name one", file=sys.stderr)
+            return 2
+        task_id = tasks[0].task_id
+    stream = "stderr" if args.stderr else "stdout"
+    offset = -args.tail if args.tail else 0
+    out = sys.stdout.buffer
+    while True:
+        part = await client.output(args.job_id, task_id, args.attempt, args.stderr, offset)
+        if not part.found:
+            print(
+                f"megha: no {stream} of task {task_id} attempt {part.attempt} on "
+                f"{part.lm_id}/{part.node_id}: a simulated task writes none, an attempt "
+                "that ran on another node is not there, and a host keeps only its newest "
+                "attempts (worker_output_keep)",
+                file=sys.stderr,
+            )
+            return 1
+        out.write(part.data)
+        offset = part.offset + len(part.data)
+        if not part.data or offset >= part.size:
+            out.flush()
+            return 0
+        args.attempt = part.attempt  # the same attempt, even if a newer one starts
 
 
 async def _job(client: GlobalMasterClient, args) -> int:

@@ -143,6 +143,18 @@ class FederationConfig(_Model):
         "start (or for ever, if it never starts again) while the LM runs those tasks "
         "elsewhere.",
     )
+    worker_output_dir: str = Field(
+        "",
+        description="Where worker hosts keep what their tasks write to stdout and stderr, "
+        "a directory per host (megha logs reads it back). Empty: megha-<uid>/output under "
+        "the temp dir; megha up uses its log directory.",
+    )
+    worker_output_keep: int = Field(
+        10_000,
+        ge=1,
+        description="How many task attempts' output each worker host keeps; the oldest "
+        "are deleted as new attempts start.",
+    )
     event_batch_s: float = Field(
         0.05,
         ge=0,

@@ -87,6 +87,7 @@ MAX_REJECTIONS = 20  # an LM rejecting a task this often parks it until the view
 # cover the answer's way back and clocks that differ by up to about a second.
 LM_CALL_TIMEOUT_S = 10.0
 LM_ACCEPT_S = 8.0
+OUTPUT_TIMEOUT_S = 8.0  # GetTaskOutput through an LM (which waits 5 s for its worker)
 
 
 @dataclass(eq=False)
@@ -464,6 +465,33 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r} known here")
         return global_master_pb2.GetJobResponse(job=job.to_proto())
+
+    async def GetTaskOutput(self, request, context):
+        """A task attempt's output, from the worker host of the task's latest node."""
+        job = self.jobs.get(request.job_id)
+        status = job.status(request.task_id) if job is not None else None
+        if status is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"no task {request.task_id!r} of job {request.job_id!r} known here",
+            )
+        if not status.lm_id or not status.node_id or status.lm_id not in self._stubs:
+            state = common_pb2.TaskState.Name(status.state).removeprefix("TASK_STATE_")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"task {request.task_id!r} has not run on a worker yet ({state.lower()})",
+            )
+        ask = common_pb2.TaskOutputRequest()
+        ask.CopyFrom(request)
+        ask.node_id = status.node_id
+        if request.latest_attempt:
+            ask.attempt = status.attempt
+        try:
+            reply = await self._stubs[status.lm_id].GetTaskOutput(ask, timeout=OUTPUT_TIMEOUT_S)
+        except grpc.aio.AioRpcError as err:
+            await context.abort(err.code(), f"{status.lm_id}: {err.details()}")
+        reply.attempt = ask.attempt
+        return reply
 
     async def WatchJob(self, request, context):
         job = self.jobs.get(request.job_id)

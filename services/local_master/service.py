@@ -117,6 +117,7 @@ class WorkerSession:
 
 
 MAX_STARTS_PER_MESSAGE = 64
+OUTPUT_TIMEOUT_S = 5.0  # for a worker to answer a GetTaskOutput
 # A worker that fences itself (worker_fence_s) asks for acks; it gets at most one per this
 # long, so a busy worker's many heartbeats do not double the messages sent to it.
 ACK_EVERY_S = 0.5
@@ -149,6 +150,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             [QueueShare(q.name, q.share, q.gm) for q in config.effective_queues()]
         )
         self.sessions: dict[int, WorkerSession] = {}
+        # GetTaskOutput calls waiting for their worker's SendTaskOutput, by request id.
+        self._output_waiters: dict[int, asyncio.Future] = {}
+        self._output_ids = itertools.count(1)
         self.tasks: dict[str, common_pb2.Task] = {}  # running attempt's wire task, by id
         self.cancelled = CancelledJobs()  # jobs whose tasks must not run here
         # Each task's final event, newest last, serialized: a quarter of the memory of
@@ -569,6 +573,40 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         for report in request.reports:
             accepted += await self._on_report(node, report)
         return local_master_pb2.ReportTaskResponse(accepted=accepted)
+
+    async def GetTaskOutput(self, request, context):
+        """Ask the worker of ``request.node_id`` for a task attempt's output."""
+        node = self.state.table.index_of(request.node_id)
+        session = self.sessions.get(node) if node is not None else None
+        if session is None or not self.state.table.is_alive(node):
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"worker {request.node_id} is not connected to {self.lm_id}: its output "
+                "stays on its host until it is back",
+            )
+        request_id = next(self._output_ids)
+        answer = self._output_waiters[request_id] = asyncio.get_running_loop().create_future()
+        order = local_master_pb2.OutputRequest(request_id=request_id, request=request)
+        session.commands.append(local_master_pb2.WorkerCommand(output=order))
+        session.ready.set()
+        try:
+            async with asyncio.timeout(OUTPUT_TIMEOUT_S):
+                reply = await answer
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"worker {request.node_id} did not send the output within {OUTPUT_TIMEOUT_S:g} s",
+            )
+        finally:
+            self._output_waiters.pop(request_id, None)
+        reply.lm_id, reply.node_id = self.lm_id, request.node_id
+        return reply
+
+    async def SendTaskOutput(self, request, context):
+        answer = self._output_waiters.get(request.request_id)
+        if answer is not None and not answer.done():
+            answer.set_result(request.output)
+        return local_master_pb2.SendTaskOutputResponse()
 
     async def LookupTasks(self, request, context):
         reply = local_master_pb2.LookupTasksResponse()

@@ -62,6 +62,7 @@ from services.worker.executors import (
     Executor,
     executor_for,
 )
+from services.worker.outputs import READ_LIMIT, TaskOutputs
 
 log = logging.getLogger("megha.worker")
 
@@ -90,6 +91,7 @@ STREAM_HANDOVER_S = 10.0
 # Heartbeats sent and not yet acked that a fencing agent remembers (an LM that never acks
 # would otherwise grow it): far more than are sent between two acks.
 MAX_UNACKED = 1000
+OUTPUT_SEND_TIMEOUT_S = 5.0  # for a SendTaskOutput (the LM waits as long)
 
 
 class RegistrationRefused(RuntimeError):
@@ -162,6 +164,7 @@ class WorkerAgent:
         rng: random.Random | None = None,
         stream_life_s: float = WORKER_STREAM_LIFE_S,
         fence_s: float = 0.0,
+        outputs: TaskOutputs | None = None,
     ) -> None:
         if default_executor not in EXECUTOR_NAMES:
             raise ValueError(
@@ -185,6 +188,8 @@ class WorkerAgent:
         self.channel = channel
         self._stub = local_master_pb2_grpc.LocalMasterStub(channel)
         self._executors = executors
+        self._outputs = outputs  # what the host's tasks wrote (megha logs)
+        self._answers: set[asyncio.Task[None]] = set()  # SendTaskOutput calls under way
         self._registration_slots = registration_slots
         self._rng = rng or random.Random()
         self._running: dict[str, _Running] = {}
@@ -488,8 +493,37 @@ class WorkerAgent:
                 self._on_kill(command.kill.task_id, command.kill.reason)
             elif kind == "ack":
                 self._acked(command.ack.heartbeat_sent_unix_nanos)
+            elif kind == "output":
+                answer = asyncio.create_task(self._send_output(command.output))
+                self._answers.add(answer)
+                answer.add_done_callback(self._answers.discard)
             else:
                 log.warning("ignored an empty command", extra={"node_id": self.node_id})
+
+    async def _send_output(self, order: local_master_pb2.OutputRequest) -> None:
+        """Read what the LM asked for from the host's output files and send it back."""
+        want = order.request
+        reply = common_pb2.TaskOutputResponse(attempt=want.attempt, node_id=self.node_id)
+        if self._outputs is not None:
+            chunk = await asyncio.to_thread(
+                self._outputs.read,
+                want.task_id,
+                want.attempt,
+                "err" if want.stderr else "out",
+                want.offset,
+                want.limit or READ_LIMIT,
+            )
+            if chunk is not None:
+                reply.found, reply.data = True, chunk.data
+                reply.offset, reply.size = chunk.offset, chunk.size
+        answer = local_master_pb2.SendTaskOutputRequest(request_id=order.request_id, output=reply)
+        try:
+            await self._stub.SendTaskOutput(answer, timeout=OUTPUT_SEND_TIMEOUT_S)
+        except grpc.aio.AioRpcError as err:  # the LM gives up on its own after a while
+            log.info(
+                "task output not sent",
+                extra={"node_id": self.node_id, "task_id": want.task_id, "why": err.code().name},
+            )
 
     def _acked(self, sent_unix_nanos: int) -> None:
         """The LM read our heartbeat stamped ``sent_unix_nanos``, and every one before it.

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from services._proto.megha.v1 import common_pb2
 from services.worker.janitor import LIFE_LABEL
 from services.worker.leftovers import HOST_LABEL, GroupLedger, group_running
+from services.worker.outputs import TaskOutputs
 
 SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
 FAILED = common_pb2.TASK_STATE_FAILED
@@ -90,8 +91,9 @@ class ProcessExecutor:
     The group is the task: a timeout or a kill signals the whole group (SIGTERM, then
     SIGKILL after ``kill_grace_s``), and when the main process exits, whatever it left
     behind in the group is killed too, because the LM gives the task's resources to the
-    next task at that moment. stdout is discarded; the tail of stderr goes into the
-    failure message. If the worker host itself dies, the main process dies with it
+    next task at that moment. With ``outputs``, stdout goes into the attempt's file and
+    stderr into another (``outputs.py``), else stdout is discarded; the tail of stderr goes
+    into the failure message. If the worker host itself dies, the main process dies with it
     (``setpriv --pdeathsig``) and the next start of the host kills the rest of the group
     (``leftovers.py``).
     """
@@ -99,11 +101,15 @@ class ProcessExecutor:
     name = "process"
 
     def __init__(
-        self, kill_grace_s: float = DEFAULT_KILL_GRACE_S, ledger: GroupLedger | None = None
+        self,
+        kill_grace_s: float = DEFAULT_KILL_GRACE_S,
+        ledger: GroupLedger | None = None,
+        outputs: TaskOutputs | None = None,
     ) -> None:
         self.kill_grace_s = kill_grace_s
         # Where the host notes each task's group, for its next life to kill after a crash.
         self.ledger = ledger
+        self.outputs = outputs
         # Found out here, at start-up, not by a blocking call in the first task's spawn.
         self._prefix = _die_with_worker()
 
@@ -112,32 +118,51 @@ class ProcessExecutor:
         args = list(spec.args)
         if not args:
             return ExecutionResult.failed(EXIT_NOT_FOUND, "process task has no args to run")
+        stdout = err_file = None
+        if self.outputs is not None:
+            stdout = self.outputs.open(task.task_id, task.attempt, "out")
+            err_file = self.outputs.open(task.task_id, task.attempt, "err")
         try:
-            proc = await _spawn([*self._prefix, *args], {**os.environ, **spec.env})
+            try:
+                proc = await _spawn([*self._prefix, *args], {**os.environ, **spec.env}, stdout)
+            finally:
+                if stdout is not None:
+                    os.close(stdout)  # the child has its own copy
         except FileNotFoundError:
+            _close(err_file)
             return ExecutionResult.failed(EXIT_NOT_FOUND, f"cannot run {args[0]!r}: not found")
         except PermissionError:
+            _close(err_file)
             return ExecutionResult.failed(
                 EXIT_CANNOT_EXECUTE, f"cannot run {args[0]!r}: permission denied"
             )
         except OSError as err:
+            _close(err_file)
             return ExecutionResult.failed(
                 EXIT_CANNOT_EXECUTE, f"cannot run {args[0]!r}: {err.strerror or err}"
             )
+        except BaseException:
+            _close(err_file)
+            raise
 
         if self.ledger is not None:
             self.ledger.add(proc.pid)
         try:
-            return await self._supervise(proc, args, spec)
+            return await self._supervise(proc, args, spec, err_file)
         finally:
+            _close(err_file)
             if self.ledger is not None:
                 self.ledger.remove(proc.pid)
 
     async def _supervise(
-        self, proc: asyncio.subprocess.Process, args: list[str], spec: common_pb2.ProcessExecutor
+        self,
+        proc: asyncio.subprocess.Process,
+        args: list[str],
+        spec: common_pb2.ProcessExecutor,
+        err_file: int | None,
     ) -> ExecutionResult:
         assert proc.stderr is not None
-        tail = _Tail(TAIL_BYTES)
+        tail = _Tail(TAIL_BYTES, err_file)
         reader = asyncio.create_task(tail.drain(proc.stderr))
         timeout = spec.timeout_s if spec.timeout_s > 0 else None
         try:
@@ -196,12 +221,14 @@ def _die_with_worker() -> tuple[str, ...]:
     return ()
 
 
-async def _spawn(args: list[str], env: dict[str, str]) -> asyncio.subprocess.Process:
+async def _spawn(
+    args: list[str], env: dict[str, str], stdout: int | None = None
+) -> asyncio.subprocess.Process:
     spawning = asyncio.ensure_future(
         asyncio.create_subprocess_exec(
             *args,
             stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL if stdout is None else stdout,
             stderr=asyncio.subprocess.PIPE,
             env=env,
             start_new_session=True,
@@ -240,15 +267,28 @@ def _exit_code(returncode: int | None) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-class _Tail:
-    """The last ``limit`` bytes of a stream, read as it comes so the pipe never fills."""
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
-    def __init__(self, limit: int) -> None:
+
+class _Tail:
+    """The last ``limit`` bytes of a stream, read as it comes so the pipe never fills;
+    every byte is also written to the file ``sink`` when one is given."""
+
+    def __init__(self, limit: int, sink: int | None = None) -> None:
         self.limit = limit
+        self.sink = sink
         self.data = bytearray()
 
     async def drain(self, stream: asyncio.StreamReader) -> None:
         while chunk := await stream.read(65536):
+            if self.sink is not None:
+                try:
+                    os.write(self.sink, chunk)  # a local file: a short, bounded write
+                except OSError:
+                    self.sink = None  # disk full or gone: the tail is still kept
             self.data += chunk
             if len(self.data) > 2 * self.limit:
                 del self.data[: -self.limit]
@@ -293,9 +333,11 @@ class DockerExecutor:
         client_factory: Any = None,
         max_containers: int = 256,
         ledger: GroupLedger | None = None,
+        outputs: TaskOutputs | None = None,
     ) -> None:
         self.kill_grace_s = kill_grace_s
         self.ledger = ledger
+        self.outputs = outputs
         self._client_factory = client_factory
         self._client: Any = None
         self._cleanups: set[asyncio.Future[None]] = set()
@@ -371,6 +413,12 @@ class DockerExecutor:
         except engine_errors as err:
             return ExecutionResult.failed(-1, f"docker engine failed while running: {err}")
         finally:
+            if self.outputs is not None:
+                saving = asyncio.ensure_future(
+                    asyncio.to_thread(_save_logs, container, task, self.outputs)
+                )
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.shield(saving)
             removing = asyncio.ensure_future(asyncio.to_thread(_remove_container, container))
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.shield(removing)
@@ -421,6 +469,20 @@ def _remove_container(container: Any) -> None:
         container.remove(force=True)
 
 
+def _save_logs(container: Any, task: common_pb2.Task, outputs: TaskOutputs) -> None:
+    """Copy the container's stdout and stderr into the attempt's files, before removal."""
+    for stream in ("out", "err"):
+        fd = outputs.open(task.task_id, task.attempt, stream)
+        try:
+            chunks = container.logs(
+                stdout=stream == "out", stderr=stream == "err", stream=True, follow=False
+            )
+            for chunk in chunks:
+                os.write(fd, chunk)
+        finally:
+            os.close(fd)
+
+
 def _describe_failure(container: Any, exit_code: int) -> str:
     container.reload()
     state = container.attrs.get("State", {})
@@ -431,12 +493,14 @@ def _describe_failure(container: Any, exit_code: int) -> str:
 
 
 # ---------------------------------------------------------------------- choosing
-def default_executors(ledger: GroupLedger | None = None) -> dict[str, Executor]:
+def default_executors(
+    ledger: GroupLedger | None = None, outputs: TaskOutputs | None = None
+) -> dict[str, Executor]:
     """One instance of each executor kind, to be shared by the agents of one process."""
     return {
         "sim": SimExecutor(),
-        "process": ProcessExecutor(ledger=ledger),
-        "docker": DockerExecutor(ledger=ledger),
+        "process": ProcessExecutor(ledger=ledger, outputs=outputs),
+        "docker": DockerExecutor(ledger=ledger, outputs=outputs),
     }
 
 

@@ -24,6 +24,7 @@ from services.worker.agent import WorkerAgent
 from services.worker.executors import DockerExecutor, Executor, default_executors
 from services.worker.janitor import Janitor
 from services.worker.leftovers import GroupLedger
+from services.worker.outputs import TaskOutputs
 
 log = logging.getLogger("megha.worker")
 
@@ -59,6 +60,9 @@ class WorkerHost:
         ledgers = Path(tempfile.gettempdir()) / f"megha-{os.getuid()}"
         janitor = Janitor(uuid.uuid4().hex[:12]) if config.worker_janitor else None
         self._ledger = GroupLedger(ledgers / f"{name}.groups", janitor)
+        outputs = Path(config.worker_output_dir) if config.worker_output_dir else ledgers
+        self._outputs_dir = outputs / "output" / name
+        self._outputs: TaskOutputs | None = None
         self._shutdown_task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> WorkerHost:
@@ -106,7 +110,8 @@ class WorkerHost:
         # Before any agent registers: what a crashed former life of this host left
         # running must be gone before the LM re-queues those tasks elsewhere.
         self._ledger.sweep()
-        self._executors = default_executors(self._ledger)
+        self._outputs = TaskOutputs(self._outputs_dir, self.config.worker_output_keep)
+        self._executors = default_executors(self._ledger, self._outputs)
         interval = self.config.worker_heartbeat_interval_s
         # Concurrent, but not all at once: a gRPC server cancels calls beyond its pending
         # limit (grpc.server.max_pending_requests, 1000 by default), and a cancelled
@@ -124,6 +129,7 @@ class WorkerHost:
                 fence_s=self.config.worker_fence_s,
                 executors=self._executors,
                 registration_slots=slots,
+                outputs=self._outputs,
             )
             for node_id in self.node_ids
         ]

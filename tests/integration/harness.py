@@ -104,6 +104,7 @@ class Federation:
             "full_state_every": 4,
             "worker_heartbeat_interval_s": 0.25,
             "worker_timeout_s": 1.5,
+            "worker_output_dir": str(tmp_path / "output"),
             "gms": [
                 {
                     "id": f"gm-{i + 1}",

@@ -944,3 +944,92 @@ class JobCancel(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___JobCancel: _TypeAlias = JobCancel  # noqa: Y015
+
+@_typing.final
+class TaskOutputRequest(_message.Message):
+    """Which output of a task attempt to read (megha logs), and the part of it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    LATEST_ATTEMPT_FIELD_NUMBER: _builtins.int
+    STDERR_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    task_id: _builtins.str
+    attempt: _builtins.int
+    """The attempt; with latest_attempt set, the GM reads its newest instead."""
+    latest_attempt: _builtins.bool
+    stderr: _builtins.bool
+    """false: stdout; true: stderr."""
+    offset: _builtins.int
+    """From this byte on; negative: that many bytes from the end."""
+    limit: _builtins.int
+    """At most this many bytes (the worker caps it at 1 MiB)."""
+    node_id: _builtins.str
+    """Set by the GM for the LM: the node that ran the attempt."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        latest_attempt: _builtins.bool = ...,
+        stderr: _builtins.bool = ...,
+        offset: _builtins.int = ...,
+        limit: _builtins.int = ...,
+        node_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "job_id", b"job_id", "latest_attempt", b"latest_attempt", "limit", b"limit", "node_id", b"node_id", "offset", b"offset", "stderr", b"stderr", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskOutputRequest: _TypeAlias = TaskOutputRequest  # noqa: Y015
+
+@_typing.final
+class TaskOutputResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FOUND_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    LM_ID_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    found: _builtins.bool
+    """False when the worker host holds no such output (a simulated task writes none;
+    the host kept only its newest attempts).
+    """
+    data: _builtins.bytes
+    offset: _builtins.int
+    """Where data begins in the output, and the output's whole size so far."""
+    size: _builtins.int
+    attempt: _builtins.int
+    """Which attempt, LM and node it was (the GM fills them in)."""
+    lm_id: _builtins.str
+    node_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        found: _builtins.bool = ...,
+        data: _builtins.bytes = ...,
+        offset: _builtins.int = ...,
+        size: _builtins.int = ...,
+        attempt: _builtins.int = ...,
+        lm_id: _builtins.str = ...,
+        node_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "data", b"data", "found", b"found", "lm_id", b"lm_id", "node_id", b"node_id", "offset", b"offset", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskOutputResponse: _TypeAlias = TaskOutputResponse  # noqa: Y015

@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from services._proto.megha.v1 import common_pb2 as megha_dot_v1_dot_common__pb2
 from services._proto.megha.v1 import global_master_pb2 as megha_dot_v1_dot_global__master__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -50,6 +51,11 @@ class GlobalMasterStub:
                 request_serializer=megha_dot_v1_dot_global__master__pb2.GetJobRequest.SerializeToString,
                 response_deserializer=megha_dot_v1_dot_global__master__pb2.GetJobResponse.FromString,
                 _registered_method=True)
+        self.GetTaskOutput = channel.unary_unary(
+                '/megha.v1.GlobalMaster/GetTaskOutput',
+                request_serializer=megha_dot_v1_dot_common__pb2.TaskOutputRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_common__pb2.TaskOutputResponse.FromString,
+                _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/megha.v1.GlobalMaster/ListJobs',
                 request_serializer=megha_dot_v1_dot_global__master__pb2.ListJobsRequest.SerializeToString,
@@ -96,6 +102,14 @@ class GlobalMasterServicer:
 
     def GetJob(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTaskOutput(self, request, context):
+        """What a task attempt wrote to stdout or stderr, read from the worker host that
+        ran it (through its LM). NOT_FOUND for a task this GM does not know.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -149,6 +163,11 @@ def add_GlobalMasterServicer_to_server(servicer, server):
                     servicer.GetJob,
                     request_deserializer=megha_dot_v1_dot_global__master__pb2.GetJobRequest.FromString,
                     response_serializer=megha_dot_v1_dot_global__master__pb2.GetJobResponse.SerializeToString,
+            ),
+            'GetTaskOutput': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTaskOutput,
+                    request_deserializer=megha_dot_v1_dot_common__pb2.TaskOutputRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_common__pb2.TaskOutputResponse.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobs,
@@ -253,6 +272,33 @@ class GlobalMaster:
             '/megha.v1.GlobalMaster/GetJob',
             megha_dot_v1_dot_global__master__pb2.GetJobRequest.SerializeToString,
             megha_dot_v1_dot_global__master__pb2.GetJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTaskOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/megha.v1.GlobalMaster/GetTaskOutput',
+            megha_dot_v1_dot_common__pb2.TaskOutputRequest.SerializeToString,
+            megha_dot_v1_dot_common__pb2.TaskOutputResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,6 +7,7 @@ them against its eventually-consistent view of the federation.
 
 from collections import abc as _abc
 from grpc import aio as _aio
+from services._proto.megha.v1 import common_pb2 as _common_pb2
 from services._proto.megha.v1 import global_master_pb2 as _global_master_pb2
 import abc as _abc_1
 import grpc as _grpc
@@ -46,6 +47,10 @@ class GlobalMasterStub:
     either the SubmitJobResponse or the error SubmitJob would have returned.
     """
     GetJob: _grpc.UnaryUnaryMultiCallable[_global_master_pb2.GetJobRequest, _global_master_pb2.GetJobResponse]
+    GetTaskOutput: _grpc.UnaryUnaryMultiCallable[_common_pb2.TaskOutputRequest, _common_pb2.TaskOutputResponse]
+    """What a task attempt wrote to stdout or stderr, read from the worker host that
+    ran it (through its LM). NOT_FOUND for a task this GM does not know.
+    """
     ListJobs: _grpc.UnaryUnaryMultiCallable[_global_master_pb2.ListJobsRequest, _global_master_pb2.ListJobsResponse]
     """The jobs this GM remembers (GetJob's memory: those submitted through it and
     those whose tasks reached an LM), the most recently heard of first.
@@ -77,6 +82,10 @@ class GlobalMasterAsyncStub(GlobalMasterStub):
     either the SubmitJobResponse or the error SubmitJob would have returned.
     """
     GetJob: _aio.UnaryUnaryMultiCallable[_global_master_pb2.GetJobRequest, _global_master_pb2.GetJobResponse]  # type: ignore[assignment]
+    GetTaskOutput: _aio.UnaryUnaryMultiCallable[_common_pb2.TaskOutputRequest, _common_pb2.TaskOutputResponse]  # type: ignore[assignment]
+    """What a task attempt wrote to stdout or stderr, read from the worker host that
+    ran it (through its LM). NOT_FOUND for a task this GM does not know.
+    """
     ListJobs: _aio.UnaryUnaryMultiCallable[_global_master_pb2.ListJobsRequest, _global_master_pb2.ListJobsResponse]  # type: ignore[assignment]
     """The jobs this GM remembers (GetJob's memory: those submitted through it and
     those whose tasks reached an LM), the most recently heard of first.
@@ -123,6 +132,16 @@ class GlobalMasterServicer(metaclass=_abc_1.ABCMeta):
         request: _global_master_pb2.GetJobRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_global_master_pb2.GetJobResponse, _abc.Awaitable[_global_master_pb2.GetJobResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetTaskOutput(
+        self,
+        request: _common_pb2.TaskOutputRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.TaskOutputResponse, _abc.Awaitable[_common_pb2.TaskOutputResponse]]:
+        """What a task attempt wrote to stdout or stderr, read from the worker host that
+        ran it (through its LM). NOT_FOUND for a task this GM does not know.
+        """
 
     @_abc_1.abstractmethod
     def ListJobs(

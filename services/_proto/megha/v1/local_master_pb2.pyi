@@ -656,6 +656,7 @@ class WorkerCommand(_message.Message):
     KILL_FIELD_NUMBER: _builtins.int
     STARTS_FIELD_NUMBER: _builtins.int
     ACK_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def start(self) -> Global___StartTask: ...
     @_builtins.property
@@ -670,6 +671,10 @@ class WorkerCommand(_message.Message):
     def ack(self) -> Global___HeartbeatAck:
         """The LM has read the worker's heartbeats up to this one (see want_ack)."""
 
+    @_builtins.property
+    def output(self) -> Global___OutputRequest:
+        """Read a task attempt's output and answer with SendTaskOutput."""
+
     def __init__(
         self,
         *,
@@ -677,16 +682,78 @@ class WorkerCommand(_message.Message):
         kill: Global___KillTask | None = ...,
         starts: Global___StartTasks | None = ...,
         ack: Global___HeartbeatAck | None = ...,
+        output: Global___OutputRequest | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "command", b"command", "kill", b"kill", "start", b"start", "starts", b"starts"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "command", b"command", "kill", b"kill", "output", b"output", "start", b"start", "starts", b"starts"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "command", b"command", "kill", b"kill", "start", b"start", "starts", b"starts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "command", b"command", "kill", b"kill", "output", b"output", "start", b"start", "starts", b"starts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["start", "kill", "starts", "ack"]  # noqa: Y015
+    _WhichOneofReturnType_command: _TypeAlias = _typing.Literal["start", "kill", "starts", "ack", "output"]  # noqa: Y015
     _WhichOneofArgType_command: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_command) -> _WhichOneofReturnType_command | None: ...
 
 Global___WorkerCommand: _TypeAlias = WorkerCommand  # noqa: Y015
+
+@_typing.final
+class OutputRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    REQUEST_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
+    @_builtins.property
+    def request(self) -> _common_pb2.TaskOutputRequest: ...
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.int = ...,
+        request: _common_pb2.TaskOutputRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request", b"request", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutputRequest: _TypeAlias = OutputRequest  # noqa: Y015
+
+@_typing.final
+class SendTaskOutputRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    OUTPUT_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.int
+    @_builtins.property
+    def output(self) -> _common_pb2.TaskOutputResponse: ...
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.int = ...,
+        output: _common_pb2.TaskOutputResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["output", b"output"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["output", b"output", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendTaskOutputRequest: _TypeAlias = SendTaskOutputRequest  # noqa: Y015
+
+@_typing.final
+class SendTaskOutputResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendTaskOutputResponse: _TypeAlias = SendTaskOutputResponse  # noqa: Y015
 
 @_typing.final
 class HeartbeatAck(_message.Message):

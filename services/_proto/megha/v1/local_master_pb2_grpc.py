@@ -3,6 +3,7 @@
 import grpc
 import warnings
 
+from services._proto.megha.v1 import common_pb2 as megha_dot_v1_dot_common__pb2
 from services._proto.megha.v1 import local_master_pb2 as megha_dot_v1_dot_local__master__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -73,6 +74,16 @@ class LocalMasterStub:
                 '/megha.v1.LocalMaster/ReportTask',
                 request_serializer=megha_dot_v1_dot_local__master__pb2.ReportTaskRequest.SerializeToString,
                 response_deserializer=megha_dot_v1_dot_local__master__pb2.ReportTaskResponse.FromString,
+                _registered_method=True)
+        self.GetTaskOutput = channel.unary_unary(
+                '/megha.v1.LocalMaster/GetTaskOutput',
+                request_serializer=megha_dot_v1_dot_common__pb2.TaskOutputRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_common__pb2.TaskOutputResponse.FromString,
+                _registered_method=True)
+        self.SendTaskOutput = channel.unary_unary(
+                '/megha.v1.LocalMaster/SendTaskOutput',
+                request_serializer=megha_dot_v1_dot_local__master__pb2.SendTaskOutputRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_local__master__pb2.SendTaskOutputResponse.FromString,
                 _registered_method=True)
         self.LookupTasks = channel.unary_unary(
                 '/megha.v1.LocalMaster/LookupTasks',
@@ -150,6 +161,21 @@ class LocalMasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTaskOutput(self, request, context):
+        """A GM asks for a task attempt's output: the LM asks the worker of request.node_id
+        (WorkerCommand.output) and answers with what it sends back (SendTaskOutput).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SendTaskOutput(self, request, context):
+        """A worker's answer to WorkerCommand.output.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def LookupTasks(self, request, context):
         """Which of these tasks this LM has launched (running, or an attempt that ended). A GM
         that restarted gets its unacked queue messages back; tasks any LM already launched
@@ -211,6 +237,16 @@ def add_LocalMasterServicer_to_server(servicer, server):
                     servicer.ReportTask,
                     request_deserializer=megha_dot_v1_dot_local__master__pb2.ReportTaskRequest.FromString,
                     response_serializer=megha_dot_v1_dot_local__master__pb2.ReportTaskResponse.SerializeToString,
+            ),
+            'GetTaskOutput': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTaskOutput,
+                    request_deserializer=megha_dot_v1_dot_common__pb2.TaskOutputRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_common__pb2.TaskOutputResponse.SerializeToString,
+            ),
+            'SendTaskOutput': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendTaskOutput,
+                    request_deserializer=megha_dot_v1_dot_local__master__pb2.SendTaskOutputRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_local__master__pb2.SendTaskOutputResponse.SerializeToString,
             ),
             'LookupTasks': grpc.unary_unary_rpc_method_handler(
                     servicer.LookupTasks,
@@ -439,6 +475,60 @@ class LocalMaster:
             '/megha.v1.LocalMaster/ReportTask',
             megha_dot_v1_dot_local__master__pb2.ReportTaskRequest.SerializeToString,
             megha_dot_v1_dot_local__master__pb2.ReportTaskResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTaskOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/megha.v1.LocalMaster/GetTaskOutput',
+            megha_dot_v1_dot_common__pb2.TaskOutputRequest.SerializeToString,
+            megha_dot_v1_dot_common__pb2.TaskOutputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendTaskOutput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/megha.v1.LocalMaster/SendTaskOutput',
+            megha_dot_v1_dot_local__master__pb2.SendTaskOutputRequest.SerializeToString,
+            megha_dot_v1_dot_local__master__pb2.SendTaskOutputResponse.FromString,
             options,
             channel_credentials,
             insecure,

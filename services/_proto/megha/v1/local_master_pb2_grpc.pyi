@@ -7,6 +7,7 @@ GMs' placements against that state and drives its workers.
 
 from collections import abc as _abc
 from grpc import aio as _aio
+from services._proto.megha.v1 import common_pb2 as _common_pb2
 from services._proto.megha.v1 import local_master_pb2 as _local_master_pb2
 import abc as _abc_1
 import grpc as _grpc
@@ -58,6 +59,12 @@ class LocalMasterStub:
     """Called by a worker to report task changes at once instead of waiting
     for the next heartbeat.
     """
+    GetTaskOutput: _grpc.UnaryUnaryMultiCallable[_common_pb2.TaskOutputRequest, _common_pb2.TaskOutputResponse]
+    """A GM asks for a task attempt's output: the LM asks the worker of request.node_id
+    (WorkerCommand.output) and answers with what it sends back (SendTaskOutput).
+    """
+    SendTaskOutput: _grpc.UnaryUnaryMultiCallable[_local_master_pb2.SendTaskOutputRequest, _local_master_pb2.SendTaskOutputResponse]
+    """A worker's answer to WorkerCommand.output."""
     LookupTasks: _grpc.UnaryUnaryMultiCallable[_local_master_pb2.LookupTasksRequest, _local_master_pb2.LookupTasksResponse]
     """Which of these tasks this LM has launched (running, or an attempt that ended). A GM
     that restarted gets its unacked queue messages back; tasks any LM already launched
@@ -98,6 +105,12 @@ class LocalMasterAsyncStub(LocalMasterStub):
     """Called by a worker to report task changes at once instead of waiting
     for the next heartbeat.
     """
+    GetTaskOutput: _aio.UnaryUnaryMultiCallable[_common_pb2.TaskOutputRequest, _common_pb2.TaskOutputResponse]  # type: ignore[assignment]
+    """A GM asks for a task attempt's output: the LM asks the worker of request.node_id
+    (WorkerCommand.output) and answers with what it sends back (SendTaskOutput).
+    """
+    SendTaskOutput: _aio.UnaryUnaryMultiCallable[_local_master_pb2.SendTaskOutputRequest, _local_master_pb2.SendTaskOutputResponse]  # type: ignore[assignment]
+    """A worker's answer to WorkerCommand.output."""
     LookupTasks: _aio.UnaryUnaryMultiCallable[_local_master_pb2.LookupTasksRequest, _local_master_pb2.LookupTasksResponse]  # type: ignore[assignment]
     """Which of these tasks this LM has launched (running, or an attempt that ended). A GM
     that restarted gets its unacked queue messages back; tasks any LM already launched
@@ -183,6 +196,24 @@ class LocalMasterServicer(metaclass=_abc_1.ABCMeta):
         """Called by a worker to report task changes at once instead of waiting
         for the next heartbeat.
         """
+
+    @_abc_1.abstractmethod
+    def GetTaskOutput(
+        self,
+        request: _common_pb2.TaskOutputRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_common_pb2.TaskOutputResponse, _abc.Awaitable[_common_pb2.TaskOutputResponse]]:
+        """A GM asks for a task attempt's output: the LM asks the worker of request.node_id
+        (WorkerCommand.output) and answers with what it sends back (SendTaskOutput).
+        """
+
+    @_abc_1.abstractmethod
+    def SendTaskOutput(
+        self,
+        request: _local_master_pb2.SendTaskOutputRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_local_master_pb2.SendTaskOutputResponse, _abc.Awaitable[_local_master_pb2.SendTaskOutputResponse]]:
+        """A worker's answer to WorkerCommand.output."""
 
     @_abc_1.abstractmethod
     def LookupTasks(

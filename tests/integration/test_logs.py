@@ -1,0 +1,81 @@
+"""``megha logs``: a task attempt's output, read from its worker host through GM and LM."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+
+from services._proto.megha.v1 import common_pb2
+from tests.integration.harness import Federation, sim_tasks
+
+ENDED = {common_pb2.TASK_STATE_SUCCEEDED, common_pb2.TASK_STATE_FAILED}
+
+
+def _process(script: str, retries: int = 0) -> common_pb2.Task:
+    task = common_pb2.Task(
+        process=common_pb2.ProcessExecutor(args=["sh", "-c", script]), max_retries=retries
+    )
+    task.resources.cpu_milli, task.resources.memory_mb = 500, 128
+    return task
+
+
+async def _ended(fed: Federation, job_id: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        job = await fed.gm().job(job_id)
+        if all(t.state in ENDED for t in job.tasks):
+            return
+        assert time.monotonic() < deadline, job
+        await asyncio.sleep(0.1)
+
+
+async def test_megha_logs_reads_each_attempts_stdout_and_stderr(tmp_path):
+    marker = tmp_path / "ran-once"
+    first_then_second = (
+        f"if [ -f {marker} ]; then echo second; exit 0; fi; "
+        f"touch {marker}; echo first; echo why >&2; exit 1"
+    )
+    big = "yes 0123456789abcdef | head -c 3000000"  # three reads of at most 1 MiB
+    async with Federation(tmp_path, gms=2, lms=1, workers_per_lm=2) as fed:
+        retried = await fed.gm().submit([_process(first_then_second, retries=1)])
+        chunked = await fed.gm().submit([_process(big)])
+        several = await fed.gm().submit([_process("echo a"), _process("echo b")])
+        simulated = await fed.gm().submit(sim_tasks(1, 0.05))
+        for reply in (retried, chunked, several, simulated):
+            await _ended(fed, reply.job_id)
+
+        async def logs(*args: str) -> subprocess.CompletedProcess:
+            # Through gm-2: another GM than the one the jobs were submitted to.
+            command = [sys.executable, "-m", "services.cli", "logs", "--config"]
+            command += [str(fed.config_path), "--gm", fed.config.gm("gm-2").target, *args]
+            return await asyncio.to_thread(subprocess.run, command, capture_output=True, timeout=60)
+
+        job = retried.job_id
+        latest = await logs(job)  # a job of one task: no task id needed
+        assert (latest.returncode, latest.stdout) == (0, b"second\n"), latest.stderr
+        first = await logs(job, retried.task_ids[0], "--attempt", "0")
+        assert (first.returncode, first.stdout) == (0, b"first\n"), first.stderr
+        why = await logs(job, "--attempt", "0", "--stderr")
+        assert why.stdout == b"why\n"
+        assert (await logs(job, "--tail", "3")).stdout == b"nd\n"
+
+        whole = await logs(chunked.job_id)
+        assert whole.returncode == 0, whole.stderr
+        assert len(whole.stdout) == 3_000_000
+        assert whole.stdout == (b"0123456789abcdef\n" * 176_471)[:3_000_000]
+
+        many = await logs(several.job_id)
+        assert many.returncode == 2
+        assert f"job {several.job_id} has 2 tasks: name one" in many.stderr.decode()
+        named = await logs(several.job_id, several.task_ids[1])
+        assert named.stdout == b"b\n"
+
+        none = await logs(simulated.job_id)
+        assert none.returncode == 1
+        assert b"no stdout of task" in none.stderr
+        assert b"a simulated task writes none" in none.stderr
+        unknown = await logs(job, "no-such-task")
+        assert unknown.returncode == 1
+        assert b"NOT_FOUND" in unknown.stderr
