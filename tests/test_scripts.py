@@ -32,6 +32,15 @@ def test_jobbook_bench_reports_a_full_book():
     assert out["kb_per_task"] >= 0 and out["full_collection_ms"] >= 0
 
 
+def test_output_bench_times_both_ways():
+    out = _run(
+        "output_bench.py", "--attempts", "50", "--keep", "20", "--rounds", "1", "--tasks", "3"
+    )
+    assert (out["attempts"], out["keep"]) == (50, 20)
+    assert out["us_per_attempt_open"] > 0 and out["ms_start_over_files"] >= 0
+    assert len(out["ms_per_task_kept"]) == len(out["ms_per_task_discarded"]) == 1
+
+
 def test_slow_tasks_groups_the_slow_ones_into_episodes(tmp_path):
     header = (
         "task_id,job_id,gm,lm_id,node_id,submitted_unix_nanos,dequeued_unix_nanos,"
