@@ -316,6 +316,19 @@ def test_a_job_cancelled_through_the_other_gm_ends_and_frees_its_nodes(stack: St
     _wait_for("every node free again", lambda: stack.free_cpu() == TOTAL_CPU_MILLI, 30, stack)
 
 
+def test_a_process_tasks_output_is_read_back_with_megha_logs(stack: Stack):
+    target, queue = GM["gm-1"]
+    argv = ["megha", "submit", "--gm", target, "--queue", queue, "--resources", "cpu=1,mem=256Mi"]
+    argv += ["--wait", "--command", "sh", "-c", "echo hello from a container; echo oops >&2"]
+    out = stack.exec("workers-1", *argv, timeout=120).stdout
+    job = re.match(r"job (\S+): 1 tasks queued", out)
+    assert job and _succeeded(out) == 1, out
+    # Through the other GM, the task's LM and the worker container that ran it.
+    logs = ["megha", "logs", "--gm", GM["gm-2"][0], job.group(1)]
+    assert stack.exec("workers-1", *logs, timeout=60).stdout == "hello from a container\n"
+    assert stack.exec("workers-1", *logs, "--stderr", timeout=60).stdout == "oops\n"
+
+
 def test_loadgen_replays_the_sample_trace(stack: Stack):
     if not TRACE.exists():
         pytest.skip(f"sample trace {TRACE} is missing")
