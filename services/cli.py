@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from services.common.argtypes import (
     bounded,
+    env_pair,
     non_negative_float,
     non_negative_int,
     number_list,
@@ -105,6 +106,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--command", dest="argv", nargs=argparse.REMAINDER, default=[], help="run a process"
     )
     submit.add_argument("--image", default="", help="run a docker image")
+    submit.add_argument(
+        "--env",
+        type=env_pair,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable of the process or container (repeat it; before "
+        "--command); each task also gets MEGHA_JOB_ID, MEGHA_TASK_ID, MEGHA_TASK_INDEX, "
+        "MEGHA_ATTEMPT, MEGHA_CPU_MILLI and MEGHA_MEMORY_MB",
+    )
     submit.add_argument("--timeout", type=non_negative_float, default=0.0)
     submit.add_argument("--constraints", default="", help="e.g. 1,4,7")
     submit.add_argument("--queue", default="", help="user queue (default: the first)")
@@ -142,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("task_id", nargs="?", default="", help="needed for a job of many tasks")
     logs.add_argument("--attempt", type=non_negative_int, default=None, help="default: the latest")
     logs.add_argument("--stderr", action="store_true", help="stderr instead of stdout")
+    logs.add_argument(
+        "-f", "--follow", action="store_true", help="go on until the attempt ends (like tail -f)"
+    )
     logs.add_argument(
         "--tail", type=positive_int, default=None, metavar="BYTES", help="only the last BYTES"
     )

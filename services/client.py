@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -43,6 +43,7 @@ class TaskTemplate:
     timeout_s: float = 0.0
     constraints: Sequence[int] = ()
     retries: int = 0
+    env: Mapping[str, str] = field(default_factory=dict)  # a process's or container's
 
     def build(self) -> common_pb2.Task:
         task = common_pb2.Task(
@@ -55,9 +56,11 @@ class TaskTemplate:
             task.docker.image = self.image
             task.docker.args.extend(self.command)
             task.docker.timeout_s = self.timeout_s
+            task.docker.env.update(self.env)
         elif self.command:
             task.process.args.extend(self.command)
             task.process.timeout_s = self.timeout_s
+            task.process.env.update(self.env)
         else:
             task.sim.duration_s = self.duration_s
         return task
@@ -120,10 +123,10 @@ class GlobalMasterClient:
         stderr: bool = False,
         offset: int = 0,
         limit: int = 0,
-    ) -> common_pb2.TaskOutputResponse:
+    ) -> common_pb2.GetTaskOutputResponse:
         """Part of what a task attempt (None: its latest) wrote to stdout or stderr, read
         from its worker host; ``offset`` < 0 counts from the end."""
-        request = common_pb2.TaskOutputRequest(
+        request = common_pb2.GetTaskOutputRequest(
             job_id=job_id,
             task_id=task_id,
             attempt=attempt or 0,
@@ -164,15 +167,17 @@ class GlobalMasterClient:
         """
         expected = set(task_ids)
         clients = [self, *fallbacks]
-        last: dict[str, tuple] = {}  # task -> what was last yielded of it
+        seen: dict[str, set[tuple]] = {}  # task -> what was yielded of it
         ended: set[str] = set()
         pause, since, turn = FOLLOW_PAUSE_S, time.monotonic(), 0
         while True:
             try:
                 async for event in clients[turn % len(clients)].watch(job_id):
-                    key = (event.attempt, event.state, event.node_id, event.timestamps)
-                    if last.get(event.task_id) != key:
-                        last[event.task_id] = key
+                    stamps = event.timestamps.SerializeToString(deterministic=True)
+                    key = (event.attempt, event.state, event.node_id, stamps)
+                    yielded = seen.setdefault(event.task_id, set())
+                    if key not in yielded:
+                        yielded.add(key)
                         pause, since = FOLLOW_PAUSE_S, time.monotonic()
                         if event.state in TERMINAL:
                             ended.add(event.task_id)
@@ -189,7 +194,7 @@ class GlobalMasterClient:
                     )
                 turn += 1  # another GM may know more
             except grpc.aio.AioRpcError as err:
-                known = bool(expected or last)  # a job id never heard of fails at once
+                known = bool(expected or seen)  # a job id never heard of fails at once
                 again = err.code() in FOLLOW_AGAIN or (
                     known and err.code() == grpc.StatusCode.NOT_FOUND
                 )

@@ -28,7 +28,7 @@ from urllib.parse import urlparse
 import grpc
 import yaml
 
-from services._proto.megha.v1 import common_pb2
+from services._proto.megha.v1 import common_pb2, global_master_pb2
 from services.client import STATE_NAMES, FollowStalled, GlobalMasterClient, TaskTemplate
 from services.common.config import FederationConfig, default_config, load_config, parse_config
 from services.common.runner import endpoints, wait_all_healthy
@@ -192,6 +192,7 @@ class ChildDied(RuntimeError):
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
 JOB_ROWS = 50  # tasks ``megha job`` lists without --all
+FOLLOW_POLL_S = 0.5  # megha logs --follow: how often it asks for more
 
 
 class Children:
@@ -353,8 +354,18 @@ async def _submit(client: GlobalMasterClient, args, config: FederationConfig) ->
     except (ResourceError, ConstraintError) as err:
         print(f"megha: {err}", file=sys.stderr)
         return 2
+    if args.env and not (args.argv or args.image):
+        print("megha: --env is for a process (--command) or a container (--image)", file=sys.stderr)
+        return 2
     template = TaskTemplate(
-        request, args.duration, args.argv, args.image, args.timeout, constraints, args.retries
+        request,
+        args.duration,
+        args.argv,
+        args.image,
+        args.timeout,
+        constraints,
+        args.retries,
+        dict(args.env),
     )
     reply = await client.submit(
         [template.build() for _ in range(args.count)], queue=args.queue, job_id=args.job_id
@@ -421,7 +432,8 @@ async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
 
 
 async def _logs(client: GlobalMasterClient, args) -> int:
-    """Copy a task attempt's output from its worker host to stdout, a chunk at a time."""
+    """Copy a task attempt's output from its worker host to stdout, a chunk at a time;
+    with ``--follow``, until the attempt has ended (waiting for it to start first)."""
     task_id = args.task_id
     if not task_id:
         tasks = (await client.job(args.job_id)).tasks
@@ -431,10 +443,21 @@ async def _logs(client: GlobalMasterClient, args) -> int:
         task_id = tasks[0].task_id
     stream = "stderr" if args.stderr else "stdout"
     offset = -args.tail if args.tail else 0
+    attempt = args.attempt
     out = sys.stdout.buffer
     while True:
-        part = await client.output(args.job_id, task_id, args.attempt, args.stderr, offset)
+        try:
+            part = await client.output(args.job_id, task_id, attempt, args.stderr, offset)
+        except grpc.aio.AioRpcError as err:
+            if args.follow and err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                await asyncio.sleep(FOLLOW_POLL_S)  # not on a worker yet
+                continue
+            raise
+        attempt = part.attempt  # the same attempt, even if a newer one starts
         if not part.found:
+            if args.follow and (part.running or part.state not in TERMINAL):
+                await asyncio.sleep(FOLLOW_POLL_S)  # its start is on its way
+                continue
             print(
                 f"megha: no {stream} of task {task_id} attempt {part.attempt} on "
                 f"{part.lm_id}/{part.node_id}: a simulated task writes none, an attempt "
@@ -445,10 +468,12 @@ async def _logs(client: GlobalMasterClient, args) -> int:
             return 1
         out.write(part.data)
         offset = part.offset + len(part.data)
-        if not part.data or offset >= part.size:
-            out.flush()
+        if part.data and offset < part.size:
+            continue  # more is there already
+        out.flush()
+        if not (args.follow and part.running):
             return 0
-        args.attempt = part.attempt  # the same attempt, even if a newer one starts
+        await asyncio.sleep(FOLLOW_POLL_S)
 
 
 async def _job(client: GlobalMasterClient, args) -> int:
@@ -465,10 +490,22 @@ async def _job(client: GlobalMasterClient, args) -> int:
     for task in rows:
         state = STATE_NAMES.get(task.state, "?")
         where = f"{task.lm_id}/{task.node_id}" if task.node_id else "-"
-        print(f"  {task.task_id:<24} {state:<10} {where:<24} {task.pending_reason}")
+        print(f"  {task.task_id:<24} {state:<10} {where:<24} {_note(task)}".rstrip())
     if len(rows) < len(job.tasks):
         print(f"  ... {len(job.tasks) - len(rows)} more (--all lists every task)")
     return 0
+
+
+def _note(task: global_master_pb2.TaskStatus) -> str:
+    """Why a task waits, and for a later attempt, how the one before it ended."""
+    if not task.attempt:
+        return task.pending_reason
+    before = ""
+    if task.HasField("previous_end"):
+        end = task.previous_end
+        why = f" ({end.reason})" if end.reason else ""
+        before = f", after attempt {end.attempt} {STATE_NAMES.get(end.state, '?')}{why}"
+    return f"[attempt {task.attempt}{before}] {task.pending_reason}"
 
 
 async def _jobs(client: GlobalMasterClient, args) -> int:

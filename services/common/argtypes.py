@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 
 __all__ = [
     "bounded",
+    "env_pair",
     "fraction",
     "non_negative_float",
     "non_negative_int",
@@ -68,6 +70,19 @@ def number_list(item: Callable[[str], int | float]) -> Callable[[str], tuple]:
 
     parse.__name__ = f"{item.__name__}_list"
     return parse
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_pair(text: str) -> tuple[str, str]:
+    """``NAME=VALUE`` for an environment variable (the value may be empty)."""
+    name, equals, value = text.partition("=")
+    if not equals or not _ENV_NAME.fullmatch(name):
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=VALUE (NAME: letters, digits, _), got {text!r}"
+        )
+    return name, value
 
 
 def _show(bound: float) -> str:

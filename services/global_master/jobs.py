@@ -24,6 +24,12 @@ TERMINAL = {
 }
 # States in which a task's end is still to come, from the LM that holds it.
 _OPEN = {common_pb2.TASK_STATE_PLACED, common_pb2.TASK_STATE_RUNNING}
+# How an attempt ends when the task is queued again as its next attempt.
+_REQUEUED = {
+    common_pb2.TASK_STATE_RETRYING,
+    common_pb2.TASK_STATE_LOST,
+    common_pb2.TASK_STATE_PREEMPTED,
+}
 # States after which a task with the same id and attempt may be queued again.
 _NOT_TAKEN = {common_pb2.TASK_STATE_UNSPECIFIED, common_pb2.TASK_STATE_REJECTED}
 # Lifecycle order: a late, older event never overwrites a newer state of the same attempt.
@@ -179,6 +185,8 @@ class JobBook:
                 attempt=task.attempt,
                 predicted_lifetime_s=task.predicted_lifetime_s,
             )
+            if status is not None:
+                _carry_previous_end(status, queued, job)
             job.store(queued, before=None if status is None else status.state)
             self.open.pop((job.job_id, task.task_id), None)
 
@@ -194,7 +202,15 @@ class JobBook:
             event.state, 0
         ) >= _RANK.get(status.state, 0)
         if not (newer_attempt or same_attempt_later or status.state == 0):
+            if event.state in _REQUEUED and event.attempt + 1 == status.attempt:
+                # The previous attempt's end, after the next attempt was heard of.
+                status.previous_end.CopyFrom(event)
+                job.store(status, before)
+                for watcher in job.watchers:
+                    watcher.put_nowait(event)
             return
+        if newer_attempt:
+            _carry_previous_end(status, status, job, event.attempt)
         status.state = event.state
         status.lm_id = event.lm_id
         status.node_id = event.node_id
@@ -225,6 +241,39 @@ class JobBook:
         if status is not None and status.pending_reason != reason:
             status.pending_reason = reason
             job.store(status, before=status.state)
+
+
+def status_event(job: JobRecord, status: global_master_pb2.TaskStatus) -> common_pb2.TaskEvent:
+    """The event that left the task in ``status`` (as a watch replays it)."""
+    return common_pb2.TaskEvent(
+        task_id=status.task_id,
+        job_id=job.job_id,
+        queue=job.queue,
+        state=status.state,
+        lm_id=status.lm_id,
+        node_id=status.node_id,
+        reason=status.pending_reason,
+        timestamps=status.timestamps,
+        attempt=status.attempt,
+    )
+
+
+def _carry_previous_end(
+    old: global_master_pb2.TaskStatus,
+    new: global_master_pb2.TaskStatus,
+    job: JobRecord,
+    attempt: int | None = None,
+) -> None:
+    """``new`` (of attempt ``attempt``, default its own) follows ``old``: keep how the
+    attempt just before it ended, if ``old`` is that end, else drop what ``new`` kept."""
+    attempt = new.attempt if attempt is None else attempt
+    if old.state in _REQUEUED and old.attempt + 1 == attempt:
+        new.previous_end.CopyFrom(status_event(job, old))
+    elif old.HasField("previous_end") and old.previous_end.attempt + 1 == attempt:
+        if new is not old:
+            new.previous_end.CopyFrom(old.previous_end)
+    else:
+        new.ClearField("previous_end")
 
 
 def _holds(status: global_master_pb2.TaskStatus | None, task: common_pb2.Task) -> bool:

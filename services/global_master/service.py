@@ -51,7 +51,7 @@ from services.core.global_view import ApplyResult, GlobalView, Placement, Preemp
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
-from services.global_master.jobs import JobBook
+from services.global_master.jobs import JobBook, status_event
 from services.global_master.predictions import LifetimePredictions
 from services.local_master.service import (
     CANCEL_EXCHANGE,
@@ -347,7 +347,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         specs: list[TaskSpec] = []
         for i, task in enumerate(batch.tasks):
             task.task_id = task.task_id or f"{job_id}.{i}"
-            task.job_id, task.queue = job_id, queue
+            task.job_id, task.queue, task.index = job_id, queue, i
             try:
                 spec = parse_task(task, self.config.num_constraints)
             except InvalidTask as err:
@@ -481,7 +481,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"task {request.task_id!r} has not run on a worker yet ({state.lower()})",
             )
-        ask = common_pb2.TaskOutputRequest()
+        ask = common_pb2.GetTaskOutputRequest()
         ask.CopyFrom(request)
         ask.node_id = status.node_id
         if request.latest_attempt:
@@ -490,7 +490,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             reply = await self._stubs[status.lm_id].GetTaskOutput(ask, timeout=OUTPUT_TIMEOUT_S)
         except grpc.aio.AioRpcError as err:
             await context.abort(err.code(), f"{status.lm_id}: {err.details()}")
-        reply.attempt = ask.attempt
+        reply.attempt, reply.state = ask.attempt, status.state
         return reply
 
     async def WatchJob(self, request, context):
@@ -501,20 +501,12 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         job.watchers.append(updates)
         # Copy every status now, with no await between subscribing and copying: an event
         # applied later reaches this watcher through ``updates`` only, so none comes twice.
-        current = [
-            common_pb2.TaskEvent(
-                task_id=status.task_id,
-                job_id=job.job_id,
-                queue=job.queue,
-                state=status.state,
-                lm_id=status.lm_id,
-                node_id=status.node_id,
-                reason=status.pending_reason,
-                timestamps=status.timestamps,
-                attempt=status.attempt,
-            )
-            for status in job.statuses()
-        ]
+        # A later attempt's status first replays how the attempt before it ended.
+        current = []
+        for status in job.statuses():
+            if status.HasField("previous_end"):
+                current.append(status.previous_end)
+            current.append(status_event(job, status))
         try:
             for event in current:
                 yield global_master_pb2.WatchJobResponse(event=event)

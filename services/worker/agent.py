@@ -503,7 +503,12 @@ class WorkerAgent:
     async def _send_output(self, order: local_master_pb2.OutputRequest) -> None:
         """Read what the LM asked for from the host's output files and send it back."""
         want = order.request
-        reply = common_pb2.TaskOutputResponse(attempt=want.attempt, node_id=self.node_id)
+        entry = self._running.get(want.task_id)
+        reply = common_pb2.GetTaskOutputResponse(
+            attempt=want.attempt,
+            node_id=self.node_id,
+            running=entry is not None and entry.task.attempt == want.attempt,
+        )
         if self._outputs is not None:
             chunk = await asyncio.to_thread(
                 self._outputs.read,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import os
 import shutil
 import signal
@@ -30,6 +31,8 @@ from services.worker.janitor import LIFE_LABEL
 from services.worker.leftovers import HOST_LABEL, GroupLedger, group_running
 from services.worker.outputs import TaskOutputs
 
+log = logging.getLogger("megha.worker")
+
 SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
 FAILED = common_pb2.TASK_STATE_FAILED
 
@@ -41,6 +44,19 @@ DEFAULT_KILL_GRACE_S = 2.0
 
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
+
+
+def task_env(task: common_pb2.Task) -> dict[str, str]:
+    """What a process or container task learns of itself from its environment (set over
+    the task's own ``env``): its job, id, position in the job, attempt and resources."""
+    return {
+        "MEGHA_JOB_ID": task.job_id,
+        "MEGHA_TASK_ID": task.task_id,
+        "MEGHA_TASK_INDEX": str(task.index),
+        "MEGHA_ATTEMPT": str(task.attempt),
+        "MEGHA_CPU_MILLI": str(task.resources.cpu_milli),
+        "MEGHA_MEMORY_MB": str(task.resources.memory_mb),
+    }
 
 
 @dataclass(frozen=True)
@@ -120,11 +136,20 @@ class ProcessExecutor:
             return ExecutionResult.failed(EXIT_NOT_FOUND, "process task has no args to run")
         stdout = err_file = None
         if self.outputs is not None:
-            stdout = self.outputs.open(task.task_id, task.attempt, "out")
-            err_file = self.outputs.open(task.task_id, task.attempt, "err")
+            try:
+                stdout = self.outputs.open(task.task_id, task.attempt, "out")
+                err_file = self.outputs.open(task.task_id, task.attempt, "err")
+            except OSError as err:  # the task runs all the same, its output not kept
+                _close(stdout)
+                stdout = err_file = None
+                log.warning(
+                    "cannot keep a task's output",
+                    extra={"task_id": task.task_id, "why": err.strerror or str(err)},
+                )
         try:
             try:
-                proc = await _spawn([*self._prefix, *args], {**os.environ, **spec.env}, stdout)
+                env = {**os.environ, **spec.env, **task_env(task)}
+                proc = await _spawn([*self._prefix, *args], env, stdout)
             finally:
                 if stdout is not None:
                     os.close(stdout)  # the child has its own copy
@@ -358,7 +383,7 @@ class DockerExecutor:
 
         kwargs: dict[str, Any] = {
             "command": list(spec.args) or None,
-            "environment": dict(spec.env),
+            "environment": {**spec.env, **task_env(task)},
             "labels": {"megha.task_id": task.task_id},
             "detach": True,
         }

@@ -14,6 +14,7 @@ from loadgen.cli import main as loadgen_main
 from services.cli import build_parser as megha_parser
 from services.common.argtypes import (
     bounded,
+    env_pair,
     fraction,
     non_negative_float,
     non_negative_int,
@@ -72,13 +73,22 @@ def test_a_fraction_is_exactly_the_finite_numbers_strictly_between_0_and_1(x):
         assert 0 < value < 1 and value == x
 
 
+def test_an_environment_pair_is_a_name_an_equals_sign_and_any_value():
+    assert env_pair("FOO=bar") == ("FOO", "bar")
+    assert env_pair("_X1=") == ("_X1", "")
+    assert env_pair("URL=a=b") == ("URL", "a=b")
+    for text in ("FOO", "=bar", "1X=y", "A-B=c", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected NAME=VALUE"):
+            env_pair(text)
+
+
 def _numeric_options(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
     """(subcommand path, action) for every option that parses its value into a number."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
                 yield from _numeric_options(sub, (*path, name))
-        elif action.option_strings and action.type not in (None, str, Path):
+        elif action.option_strings and action.type not in (None, str, Path, env_pair):
             yield path, action
 
 

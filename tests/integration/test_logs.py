@@ -79,3 +79,49 @@ async def test_megha_logs_reads_each_attempts_stdout_and_stderr(tmp_path):
         unknown = await logs(job, "no-such-task")
         assert unknown.returncode == 1
         assert b"NOT_FOUND" in unknown.stderr
+
+        # Each task of a job of identical ones knows which it is, and gets --env.
+        megha = [sys.executable, "-m", "services.cli", "submit", "--config", str(fed.config_path)]
+        script = 'echo "$MEGHA_TASK_INDEX of $MEGHA_JOB_ID, attempt $MEGHA_ATTEMPT: $GREETING"'
+        command = ["--resources", "cpu=500m,mem=128Mi", "--command", "sh", "-c", script]
+        submitted = await asyncio.to_thread(
+            subprocess.run,
+            [*megha, "--count", "3", "--env", "GREETING=hi there", "--wait", *command],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert submitted.returncode == 0, submitted.stderr
+        array = submitted.stdout.split()[1].rstrip(":")
+        for i in range(3):
+            said = await logs(array, f"{array}.{i}")
+            assert said.stdout == f"{i} of {array}, attempt 0: hi there\n".encode()
+        sim_env = await asyncio.to_thread(
+            subprocess.run, [*megha, "--env", "A=b"], capture_output=True, text=True, timeout=60
+        )
+        assert sim_env.returncode == 2
+        assert "--env is for a process (--command) or a container (--image)" in sim_env.stderr
+
+
+async def test_megha_logs_follow_prints_as_the_task_writes_and_ends_with_it(tmp_path):
+    script = "for i in 1 2 3 4 5 6; do echo line $i; sleep 0.4; done"
+    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=1) as fed:
+        reply = await fed.gm().submit([_process(script)])
+        # Started at once: the task may not be on its worker yet, which --follow waits for.
+        follower = await asyncio.create_subprocess_exec(
+            *[sys.executable, "-m", "services.cli", "logs", "--follow"],
+            *["--config", str(fed.config_path), reply.job_id],
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert follower.stdout is not None
+        first = await asyncio.wait_for(follower.stdout.readline(), 20)
+        assert first == b"line 1\n"
+        (task,) = (await fed.gm().job(reply.job_id)).tasks
+        assert task.state == common_pb2.TASK_STATE_RUNNING  # printed while it ran
+        rest, errors = await asyncio.wait_for(follower.communicate(), 20)
+        assert follower.returncode == 0, errors
+        assert first + rest == b"".join(f"line {i}\n".encode() for i in range(1, 7))
+        await _ended(fed, reply.job_id)  # the worker said it ended; the GM hears it next
+        (task,) = (await fed.gm().job(reply.job_id)).tasks
+        assert task.state == common_pb2.TASK_STATE_SUCCEEDED

@@ -100,3 +100,34 @@ def test_a_bound_over_100_is_refused():
         assert "max_retries is 101; at most 100" in str(err)
     else:
         raise AssertionError("accepted")
+
+
+async def test_a_watch_begun_after_a_retry_still_shows_why_the_attempt_before_failed(tmp_path):
+    marker = tmp_path / "failed-once"
+    script = f"test -f {marker} && exec sleep 2; touch {marker}; echo broken >&2; exit 1"
+    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=1) as fed:
+        reply = await fed.gm().submit([_process(script, retries=1)])
+        deadline = time.monotonic() + 20
+        while True:  # the second attempt runs: the first one's failure is past
+            (task,) = (await fed.gm().job(reply.job_id)).tasks
+            if (task.state, task.attempt) == (common_pb2.TASK_STATE_RUNNING, 1):
+                break
+            assert time.monotonic() < deadline, task
+            await asyncio.sleep(0.05)
+        cli = [sys.executable, "-m", "services.cli", "job", "--config", str(fed.config_path)]
+        watch = await asyncio.to_thread(
+            subprocess.run,
+            [*cli, "--watch", reply.job_id],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert watch.returncode == 0, watch.stderr
+        lines = [line.split(None, 2)[1:] for line in watch.stdout.splitlines()]
+        assert lines[0][0] == "retrying" and "(exit code 1: broken)" in lines[0][1], watch.stdout
+        assert [state for state, *_ in lines[1:]] == ["running", "succeeded"], watch.stdout
+        # megha job tells the same of the task's latest attempt.
+        shown = await asyncio.to_thread(
+            subprocess.run, [*cli, reply.job_id], capture_output=True, text=True, timeout=60
+        )
+        assert "[attempt 1, after attempt 0 retrying (exit code 1: broken)]" in shown.stdout

@@ -97,6 +97,18 @@ async def test_process_gets_the_task_env_on_top_of_the_worker_env(tmp_path: Path
     assert path == os.environ["PATH"]
 
 
+async def test_process_sees_its_identity_in_its_environment(tmp_path: Path) -> None:
+    out = tmp_path / "env"
+    names = ["JOB_ID", "TASK_ID", "TASK_INDEX", "ATTEMPT", "CPU_MILLI", "MEMORY_MB"]
+    script = " ".join(f"$MEGHA_{name}" for name in names)
+    task = process_task("sh", "-c", f'echo "{script}" > {out}', MEGHA_TASK_ID="spoofed")
+    task.job_id, task.index, task.attempt = "j", 7, 2
+    task.resources.cpu_milli, task.resources.memory_mb = 1500, 256
+    result = await asyncio.wait_for(ProcessExecutor().run(task), 5)
+    assert result.state == SUCCEEDED
+    assert out.read_text().split() == ["j", "p1", "7", "2", "1500", "256"]
+
+
 async def test_process_failure_carries_exit_code_and_stderr_tail() -> None:
     # 10 KB of noise, then the line that explains the failure: only the tail is kept.
     script = (

@@ -97,13 +97,15 @@ async def test_a_process_tasks_stdout_and_stderr_go_to_its_attempts_files(tmp_pa
 
 
 @needs_docker
-async def test_a_containers_logs_go_to_its_attempts_files(tmp_path: Path) -> None:
+async def test_a_containers_logs_go_to_its_attempts_files_and_it_knows_its_id(
+    tmp_path: Path,
+) -> None:
     outputs = TaskOutputs(tmp_path)
     task = common_pb2.Task(
         task_id="d-logs",
         resources=common_pb2.Resources(cpu_milli=500, memory_mb=64),
         docker=common_pb2.DockerExecutor(
-            image=local_image(), args=["sh", "-c", "echo out; echo err >&2; exit 0"]
+            image=local_image(), args=["sh", "-c", "echo out $MEGHA_TASK_ID; echo err >&2"]
         ),
     )
     executor = DockerExecutor(outputs=outputs)
@@ -112,5 +114,16 @@ async def test_a_containers_logs_go_to_its_attempts_files(tmp_path: Path) -> Non
     finally:
         executor.close()
     assert result.exit_code == 0
-    assert outputs.read("d-logs", 0, "out").data == b"out\n"
+    assert outputs.read("d-logs", 0, "out").data == b"out d-logs\n"  # its environment too
     assert outputs.read("d-logs", 0, "err").data == b"err\n"
+
+
+async def test_a_task_whose_output_cannot_be_kept_runs_all_the_same(tmp_path: Path, caplog):
+    outputs = TaskOutputs(tmp_path / "gone")
+    (tmp_path / "gone").rmdir()  # e.g. deleted under the host's feet
+    task = common_pb2.Task(task_id="t", process=common_pb2.ProcessExecutor(args=["true"]))
+    before = len(os.listdir("/proc/self/fd"))
+    result = await asyncio.wait_for(ProcessExecutor(outputs=outputs).run(task), 5)
+    assert result.exit_code == 0
+    assert "cannot keep a task's output" in caplog.text
+    assert len(os.listdir("/proc/self/fd")) == before

@@ -196,3 +196,56 @@ def test_the_newest_jobs_come_first_filtered_and_bounded():
     assert [j.job_id for j in book.newest(2)] == ["c", "d"]
     assert [j.job_id for j in book.newest(10, queue="q1")] == ["c", "d", "a"]
     assert [j.job_id for j in book.newest(10, unfinished_only=True)] == ["d", "b", "a"]
+
+
+def _previous_end(book: JobBook, task_id: str = "t") -> tuple | None:
+    status = book.get("j").status(task_id)
+    if not status.HasField("previous_end"):
+        return None
+    end = status.previous_end
+    return end.state, end.attempt, end.reason
+
+
+def test_a_later_attempt_keeps_how_the_one_before_ended_in_either_order():
+    retrying = event("t", common_pb2.TASK_STATE_RETRYING, 0)
+    retrying.reason = "exit code 3: broken"
+    running = event("t", common_pb2.TASK_STATE_RUNNING, 1)
+    expected = (common_pb2.TASK_STATE_RETRYING, 0, "exit code 3: broken")
+
+    # The end first, then the next attempt queued, then running.
+    book = JobBook()
+    book.queued(task("t"))
+    book.apply(retrying)
+    book.queued(task("t", attempt=1))
+    assert _previous_end(book) == expected
+    book.apply(running)
+    assert _previous_end(book) == expected
+
+    # The next attempt heard of first (its message, or its events), the end late.
+    for first in (lambda b: b.queued(task("t", attempt=1)), lambda b: b.apply(running)):
+        book = JobBook()
+        book.queued(task("t"))
+        book.apply(event("t", common_pb2.TASK_STATE_RUNNING, 0))
+        first(book)
+        assert _previous_end(book) is None
+        book.apply(retrying)
+        assert _previous_end(book) == expected
+        assert book.get("j").status("t").attempt == 1  # the late end changed nothing else
+
+
+def test_the_previous_end_is_that_of_the_attempt_just_before_and_no_older():
+    book = JobBook()
+    book.queued(task("t"))
+    book.apply(event("t", common_pb2.TASK_STATE_LOST, 0))
+    book.apply(event("t", common_pb2.TASK_STATE_RUNNING, 1))
+    assert _previous_end(book) == (common_pb2.TASK_STATE_LOST, 0, "")
+    book.apply(event("t", common_pb2.TASK_STATE_RUNNING, 2))  # attempt 1's end never heard
+    assert _previous_end(book) is None
+    book.apply(event("t", common_pb2.TASK_STATE_LOST, 0))  # too old to be the one before
+    assert _previous_end(book) is None
+    book.apply(event("t", common_pb2.TASK_STATE_SUCCEEDED, 1))  # not how a retry begins
+    assert _previous_end(book) is None
+    # A task on its first attempt, or one that ended for good, has none.
+    book.queued(task("u"))
+    book.apply(event("u", common_pb2.TASK_STATE_FAILED, 0))
+    assert _previous_end(book, "u") is None

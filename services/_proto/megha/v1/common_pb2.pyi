@@ -366,6 +366,7 @@ class Task(_message.Message):
     PREDICTED_LIFETIME_S_FIELD_NUMBER: _builtins.int
     MAX_RETRIES_FIELD_NUMBER: _builtins.int
     FAILURES_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Unique across the federation; placements are idempotent by this id. At
     most 256 characters.
@@ -401,6 +402,10 @@ class Task(_message.Message):
     """
     failures: _builtins.int
     """How many of its attempts failed and were retried so far; set by the LM."""
+    index: _builtins.int
+    """The task's position in its job's submission, from 0 (set by the GM). Process and
+    container tasks see it as MEGHA_TASK_INDEX, e.g. to pick their share of the work.
+    """
     @_builtins.property
     def resources(self) -> Global___Resources: ...
     @_builtins.property
@@ -440,10 +445,11 @@ class Task(_message.Message):
         predicted_lifetime_s: _builtins.float = ...,
         max_retries: _builtins.int = ...,
         failures: _builtins.int = ...,
+        index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["docker", b"docker", "executor", b"executor", "process", b"process", "resources", b"resources", "sim", b"sim", "timestamps", b"timestamps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "constraints", b"constraints", "cpu_usage_mean_milli", b"cpu_usage_mean_milli", "cpu_usage_std_milli", b"cpu_usage_std_milli", "docker", b"docker", "executor", b"executor", "expected_duration_s", b"expected_duration_s", "failures", b"failures", "job_id", b"job_id", "lifetime_features", b"lifetime_features", "max_retries", b"max_retries", "predicted_lifetime_s", b"predicted_lifetime_s", "priority", b"priority", "process", b"process", "queue", b"queue", "resources", b"resources", "sim", b"sim", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "constraints", b"constraints", "cpu_usage_mean_milli", b"cpu_usage_mean_milli", "cpu_usage_std_milli", b"cpu_usage_std_milli", "docker", b"docker", "executor", b"executor", "expected_duration_s", b"expected_duration_s", "failures", b"failures", "index", b"index", "job_id", b"job_id", "lifetime_features", b"lifetime_features", "max_retries", b"max_retries", "predicted_lifetime_s", b"predicted_lifetime_s", "priority", b"priority", "process", b"process", "queue", b"queue", "resources", b"resources", "sim", b"sim", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_executor: _TypeAlias = _typing.Literal["sim", "process", "docker"]  # noqa: Y015
     _WhichOneofArgType_executor: _TypeAlias = _typing.Literal["executor", b"executor"]  # noqa: Y015
@@ -946,7 +952,7 @@ class JobCancel(_message.Message):
 Global___JobCancel: _TypeAlias = JobCancel  # noqa: Y015
 
 @_typing.final
-class TaskOutputRequest(_message.Message):
+class GetTaskOutputRequest(_message.Message):
     """Which output of a task attempt to read (megha logs), and the part of it."""
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -990,10 +996,10 @@ class TaskOutputRequest(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___TaskOutputRequest: _TypeAlias = TaskOutputRequest  # noqa: Y015
+Global___GetTaskOutputRequest: _TypeAlias = GetTaskOutputRequest  # noqa: Y015
 
 @_typing.final
-class TaskOutputResponse(_message.Message):
+class GetTaskOutputResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     FOUND_FIELD_NUMBER: _builtins.int
@@ -1003,6 +1009,8 @@ class TaskOutputResponse(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     LM_ID_FIELD_NUMBER: _builtins.int
     NODE_ID_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
     found: _builtins.bool
     """False when the worker host holds no such output (a simulated task writes none;
     the host kept only its newest attempts).
@@ -1015,6 +1023,10 @@ class TaskOutputResponse(_message.Message):
     """Which attempt, LM and node it was (the GM fills them in)."""
     lm_id: _builtins.str
     node_id: _builtins.str
+    running: _builtins.bool
+    """The attempt still runs on that node (its output may grow): the worker's word."""
+    state: Global___TaskState.ValueType
+    """The task's latest state as the GM knows it."""
     def __init__(
         self,
         *,
@@ -1025,11 +1037,13 @@ class TaskOutputResponse(_message.Message):
         attempt: _builtins.int = ...,
         lm_id: _builtins.str = ...,
         node_id: _builtins.str = ...,
+        running: _builtins.bool = ...,
+        state: Global___TaskState.ValueType = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "data", b"data", "found", b"found", "lm_id", b"lm_id", "node_id", b"node_id", "offset", b"offset", "size", b"size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "data", b"data", "found", b"found", "lm_id", b"lm_id", "node_id", b"node_id", "offset", b"offset", "running", b"running", "size", b"size", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___TaskOutputResponse: _TypeAlias = TaskOutputResponse  # noqa: Y015
+Global___GetTaskOutputResponse: _TypeAlias = GetTaskOutputResponse  # noqa: Y015

@@ -373,6 +373,7 @@ class TaskStatus(_message.Message):
     TIMESTAMPS_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     PREDICTED_LIFETIME_S_FIELD_NUMBER: _builtins.int
+    PREVIOUS_END_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     state: _common_pb2.TaskState.ValueType
     lm_id: _builtins.str
@@ -389,6 +390,12 @@ class TaskStatus(_message.Message):
     """
     @_builtins.property
     def timestamps(self) -> _common_pb2.TaskTimestamps: ...
+    @_builtins.property
+    def previous_end(self) -> _common_pb2.TaskEvent:
+        """How the attempt before this one ended (RETRYING, LOST or PREEMPTED, with its
+        reason), when this is a later attempt: a watch that begins after it replays it.
+        """
+
     def __init__(
         self,
         *,
@@ -400,10 +407,11 @@ class TaskStatus(_message.Message):
         timestamps: _common_pb2.TaskTimestamps | None = ...,
         attempt: _builtins.int = ...,
         predicted_lifetime_s: _builtins.float = ...,
+        previous_end: _common_pb2.TaskEvent | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["timestamps", b"timestamps"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["previous_end", b"previous_end", "timestamps", b"timestamps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "lm_id", b"lm_id", "node_id", b"node_id", "pending_reason", b"pending_reason", "predicted_lifetime_s", b"predicted_lifetime_s", "state", b"state", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "lm_id", b"lm_id", "node_id", b"node_id", "pending_reason", b"pending_reason", "predicted_lifetime_s", b"predicted_lifetime_s", "previous_end", b"previous_end", "state", b"state", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -53,8 +53,8 @@ class GlobalMasterStub:
                 _registered_method=True)
         self.GetTaskOutput = channel.unary_unary(
                 '/megha.v1.GlobalMaster/GetTaskOutput',
-                request_serializer=megha_dot_v1_dot_common__pb2.TaskOutputRequest.SerializeToString,
-                response_deserializer=megha_dot_v1_dot_common__pb2.TaskOutputResponse.FromString,
+                request_serializer=megha_dot_v1_dot_common__pb2.GetTaskOutputRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_common__pb2.GetTaskOutputResponse.FromString,
                 _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/megha.v1.GlobalMaster/ListJobs',
@@ -166,8 +166,8 @@ def add_GlobalMasterServicer_to_server(servicer, server):
             ),
             'GetTaskOutput': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTaskOutput,
-                    request_deserializer=megha_dot_v1_dot_common__pb2.TaskOutputRequest.FromString,
-                    response_serializer=megha_dot_v1_dot_common__pb2.TaskOutputResponse.SerializeToString,
+                    request_deserializer=megha_dot_v1_dot_common__pb2.GetTaskOutputRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_common__pb2.GetTaskOutputResponse.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobs,
@@ -297,8 +297,8 @@ class GlobalMaster:
             request,
             target,
             '/megha.v1.GlobalMaster/GetTaskOutput',
-            megha_dot_v1_dot_common__pb2.TaskOutputRequest.SerializeToString,
-            megha_dot_v1_dot_common__pb2.TaskOutputResponse.FromString,
+            megha_dot_v1_dot_common__pb2.GetTaskOutputRequest.SerializeToString,
+            megha_dot_v1_dot_common__pb2.GetTaskOutputResponse.FromString,
             options,
             channel_credentials,
             insecure,

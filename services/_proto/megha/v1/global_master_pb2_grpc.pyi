@@ -47,7 +47,7 @@ class GlobalMasterStub:
     either the SubmitJobResponse or the error SubmitJob would have returned.
     """
     GetJob: _grpc.UnaryUnaryMultiCallable[_global_master_pb2.GetJobRequest, _global_master_pb2.GetJobResponse]
-    GetTaskOutput: _grpc.UnaryUnaryMultiCallable[_common_pb2.TaskOutputRequest, _common_pb2.TaskOutputResponse]
+    GetTaskOutput: _grpc.UnaryUnaryMultiCallable[_common_pb2.GetTaskOutputRequest, _common_pb2.GetTaskOutputResponse]
     """What a task attempt wrote to stdout or stderr, read from the worker host that
     ran it (through its LM). NOT_FOUND for a task this GM does not know.
     """
@@ -82,7 +82,7 @@ class GlobalMasterAsyncStub(GlobalMasterStub):
     either the SubmitJobResponse or the error SubmitJob would have returned.
     """
     GetJob: _aio.UnaryUnaryMultiCallable[_global_master_pb2.GetJobRequest, _global_master_pb2.GetJobResponse]  # type: ignore[assignment]
-    GetTaskOutput: _aio.UnaryUnaryMultiCallable[_common_pb2.TaskOutputRequest, _common_pb2.TaskOutputResponse]  # type: ignore[assignment]
+    GetTaskOutput: _aio.UnaryUnaryMultiCallable[_common_pb2.GetTaskOutputRequest, _common_pb2.GetTaskOutputResponse]  # type: ignore[assignment]
     """What a task attempt wrote to stdout or stderr, read from the worker host that
     ran it (through its LM). NOT_FOUND for a task this GM does not know.
     """
@@ -136,9 +136,9 @@ class GlobalMasterServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def GetTaskOutput(
         self,
-        request: _common_pb2.TaskOutputRequest,
+        request: _common_pb2.GetTaskOutputRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_common_pb2.TaskOutputResponse, _abc.Awaitable[_common_pb2.TaskOutputResponse]]:
+    ) -> _typing.Union[_common_pb2.GetTaskOutputResponse, _abc.Awaitable[_common_pb2.GetTaskOutputResponse]]:
         """What a task attempt wrote to stdout or stderr, read from the worker host that
         ran it (through its LM). NOT_FOUND for a task this GM does not know.
         """

@@ -702,12 +702,12 @@ class OutputRequest(_message.Message):
     REQUEST_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     @_builtins.property
-    def request(self) -> _common_pb2.TaskOutputRequest: ...
+    def request(self) -> _common_pb2.GetTaskOutputRequest: ...
     def __init__(
         self,
         *,
         request_id: _builtins.int = ...,
-        request: _common_pb2.TaskOutputRequest | None = ...,
+        request: _common_pb2.GetTaskOutputRequest | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["request", b"request"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
@@ -725,12 +725,12 @@ class SendTaskOutputRequest(_message.Message):
     OUTPUT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     @_builtins.property
-    def output(self) -> _common_pb2.TaskOutputResponse: ...
+    def output(self) -> _common_pb2.GetTaskOutputResponse: ...
     def __init__(
         self,
         *,
         request_id: _builtins.int = ...,
-        output: _common_pb2.TaskOutputResponse | None = ...,
+        output: _common_pb2.GetTaskOutputResponse | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["output", b"output"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...

@@ -77,8 +77,8 @@ class LocalMasterStub:
                 _registered_method=True)
         self.GetTaskOutput = channel.unary_unary(
                 '/megha.v1.LocalMaster/GetTaskOutput',
-                request_serializer=megha_dot_v1_dot_common__pb2.TaskOutputRequest.SerializeToString,
-                response_deserializer=megha_dot_v1_dot_common__pb2.TaskOutputResponse.FromString,
+                request_serializer=megha_dot_v1_dot_common__pb2.GetTaskOutputRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_common__pb2.GetTaskOutputResponse.FromString,
                 _registered_method=True)
         self.SendTaskOutput = channel.unary_unary(
                 '/megha.v1.LocalMaster/SendTaskOutput',
@@ -240,8 +240,8 @@ def add_LocalMasterServicer_to_server(servicer, server):
             ),
             'GetTaskOutput': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTaskOutput,
-                    request_deserializer=megha_dot_v1_dot_common__pb2.TaskOutputRequest.FromString,
-                    response_serializer=megha_dot_v1_dot_common__pb2.TaskOutputResponse.SerializeToString,
+                    request_deserializer=megha_dot_v1_dot_common__pb2.GetTaskOutputRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_common__pb2.GetTaskOutputResponse.SerializeToString,
             ),
             'SendTaskOutput': grpc.unary_unary_rpc_method_handler(
                     servicer.SendTaskOutput,
@@ -500,8 +500,8 @@ class LocalMaster:
             request,
             target,
             '/megha.v1.LocalMaster/GetTaskOutput',
-            megha_dot_v1_dot_common__pb2.TaskOutputRequest.SerializeToString,
-            megha_dot_v1_dot_common__pb2.TaskOutputResponse.FromString,
+            megha_dot_v1_dot_common__pb2.GetTaskOutputRequest.SerializeToString,
+            megha_dot_v1_dot_common__pb2.GetTaskOutputResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -59,7 +59,7 @@ class LocalMasterStub:
     """Called by a worker to report task changes at once instead of waiting
     for the next heartbeat.
     """
-    GetTaskOutput: _grpc.UnaryUnaryMultiCallable[_common_pb2.TaskOutputRequest, _common_pb2.TaskOutputResponse]
+    GetTaskOutput: _grpc.UnaryUnaryMultiCallable[_common_pb2.GetTaskOutputRequest, _common_pb2.GetTaskOutputResponse]
     """A GM asks for a task attempt's output: the LM asks the worker of request.node_id
     (WorkerCommand.output) and answers with what it sends back (SendTaskOutput).
     """
@@ -105,7 +105,7 @@ class LocalMasterAsyncStub(LocalMasterStub):
     """Called by a worker to report task changes at once instead of waiting
     for the next heartbeat.
     """
-    GetTaskOutput: _aio.UnaryUnaryMultiCallable[_common_pb2.TaskOutputRequest, _common_pb2.TaskOutputResponse]  # type: ignore[assignment]
+    GetTaskOutput: _aio.UnaryUnaryMultiCallable[_common_pb2.GetTaskOutputRequest, _common_pb2.GetTaskOutputResponse]  # type: ignore[assignment]
     """A GM asks for a task attempt's output: the LM asks the worker of request.node_id
     (WorkerCommand.output) and answers with what it sends back (SendTaskOutput).
     """
@@ -200,9 +200,9 @@ class LocalMasterServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def GetTaskOutput(
         self,
-        request: _common_pb2.TaskOutputRequest,
+        request: _common_pb2.GetTaskOutputRequest,
         context: _ServicerContext,
-    ) -> _typing.Union[_common_pb2.TaskOutputResponse, _abc.Awaitable[_common_pb2.TaskOutputResponse]]:
+    ) -> _typing.Union[_common_pb2.GetTaskOutputResponse, _abc.Awaitable[_common_pb2.GetTaskOutputResponse]]:
         """A GM asks for a task attempt's output: the LM asks the worker of request.node_id
         (WorkerCommand.output) and answers with what it sends back (SendTaskOutput).
         """
