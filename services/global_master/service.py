@@ -475,7 +475,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 grpc.StatusCode.NOT_FOUND,
                 f"no task {request.task_id!r} of job {request.job_id!r} known here",
             )
-        if not status.lm_id or not status.node_id or status.lm_id not in self._stubs:
+        attempt = status.attempt if request.latest_attempt else request.attempt
+        # Where that attempt ran: the latest node, or the previous attempt's (the one a
+        # retry is asked about); an older attempt is looked for on the latest node's host.
+        where = status
+        if status.HasField("previous_end") and status.previous_end.attempt == attempt:
+            where = status.previous_end
+        if not where.lm_id or not where.node_id or where.lm_id not in self._stubs:
             state = common_pb2.TaskState.Name(status.state).removeprefix("TASK_STATE_")
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -483,14 +489,12 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             )
         ask = common_pb2.GetTaskOutputRequest()
         ask.CopyFrom(request)
-        ask.node_id = status.node_id
-        if request.latest_attempt:
-            ask.attempt = status.attempt
+        ask.node_id, ask.attempt = where.node_id, attempt
         try:
-            reply = await self._stubs[status.lm_id].GetTaskOutput(ask, timeout=OUTPUT_TIMEOUT_S)
+            reply = await self._stubs[where.lm_id].GetTaskOutput(ask, timeout=OUTPUT_TIMEOUT_S)
         except grpc.aio.AioRpcError as err:
-            await context.abort(err.code(), f"{status.lm_id}: {err.details()}")
-        reply.attempt, reply.state = ask.attempt, status.state
+            await context.abort(err.code(), f"{where.lm_id}: {err.details()}")
+        reply.attempt, reply.state = attempt, status.state
         return reply
 
     async def WatchJob(self, request, context):

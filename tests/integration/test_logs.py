@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import sys
 import time
@@ -125,3 +126,45 @@ async def test_megha_logs_follow_prints_as_the_task_writes_and_ends_with_it(tmp_
         await _ended(fed, reply.job_id)  # the worker said it ended; the GM hears it next
         (task,) = (await fed.gm().job(reply.job_id)).tasks
         assert task.state == common_pb2.TASK_STATE_SUCCEEDED
+
+
+async def test_the_attempt_before_is_read_on_the_host_it_ran_on(tmp_path):
+    # One 1-CPU worker host per LM: a task lost on one runs again on the other.
+    groups = [
+        {"lm": "lm-1", "count": 1, "capacity": "cpu=1,mem=1Gi", "name_prefix": "one-"},
+        {"lm": "lm-2", "count": 1, "capacity": "cpu=1,mem=1Gi", "name_prefix": "two-"},
+    ]
+    task = _process('echo "attempt $MEGHA_ATTEMPT"; exec sleep 30')
+    task.resources.cpu_milli = 1000
+    async with Federation(tmp_path, gms=1, lms=2, worker_groups=groups) as fed:
+        reply = await fed.gm().submit([task])
+
+        async def running(attempt: int) -> common_pb2.TaskEvent:
+            deadline = time.monotonic() + 20
+            while True:
+                for event in fed.events.events:
+                    if event.state == common_pb2.TASK_STATE_RUNNING and event.attempt == attempt:
+                        return event
+                assert time.monotonic() < deadline, f"attempt {attempt} never ran"
+                await asyncio.sleep(0.05)
+
+        first = await running(0)
+        host = f"workers-{first.lm_id}"
+        fed.children.kill(host, signal.SIGTERM)  # a graceful stop: its task is LOST
+        second = await running(1)
+        assert second.lm_id != first.lm_id
+        fed.children.restart(host)  # back with the same nodes and its output files
+
+        megha = [sys.executable, "-m", "services.cli", "logs", "--config", str(fed.config_path)]
+
+        async def logs(*args: str) -> subprocess.CompletedProcess:
+            return await asyncio.to_thread(
+                subprocess.run, [*megha, reply.job_id, *args], capture_output=True, timeout=60
+            )
+
+        assert (await logs()).stdout == b"attempt 1\n"
+        deadline = time.monotonic() + 20
+        while (before := await logs("--attempt", "0")).returncode != 0:  # until it is back
+            assert time.monotonic() < deadline, before.stderr
+            await asyncio.sleep(0.2)
+        assert before.stdout == b"attempt 0\n"

@@ -27,15 +27,19 @@ START_TIMEOUT_S = 60.0
 
 
 @contextlib.contextmanager
-def tls_rabbitmq(directory: Path, files: dict[str, str]) -> Iterator[int]:
+def tls_rabbitmq(directory: Path, files: dict[str, str], plain_port: int = 0) -> Iterator[int]:
     """Run the node with the CA, certificate and key of ``files`` (``make_tls_files``);
-    yields its AMQPS port on 127.0.0.1."""
+    yields its AMQPS port on 127.0.0.1. With ``plain_port``, it also listens for plain
+    AMQP there (to compare the two on one node)."""
     if not SERVER.exists():
         pytest.skip(f"{SERVER} is not installed (apt-get install rabbitmq-server)")
     directory.mkdir(parents=True, exist_ok=True)
     port, dist_port = free_ports(2)
+    plain = "listeners.tcp = none"
+    if plain_port:
+        plain = f"listeners.tcp.default = 127.0.0.1:{plain_port}"
     (directory / "rabbitmq.conf").write_text(
-        "listeners.tcp = none\n"
+        f"{plain}\n"
         f"listeners.ssl.default = 127.0.0.1:{port}\n"
         f"ssl_options.cacertfile = {files['ca']}\n"
         f"ssl_options.certfile = {files['cert']}\n"
@@ -86,3 +90,36 @@ def _listening(port: int) -> bool:
     with socket.socket() as probe:
         probe.settimeout(0.5)
         return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def main() -> None:
+    """Run such a node until Ctrl-C, with certificates in ``--dir``, and print how to
+    point a federation (or ``megha-loadgen bench-live``) at it."""
+    import argparse
+
+    from tests.tls_files import make_tls_files
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/megha-tls-broker"))
+    parser.add_argument("--plain-port", type=int, default=0, help="also plain AMQP here")
+    args = parser.parse_args()
+    files = make_tls_files(args.dir / "tls")
+    with tls_rabbitmq(args.dir / "node", files, args.plain_port) as port:
+        tls = ", ".join(f"{name}: {path}" for name, path in files.items())
+        print(f"export MEGHA_TLS='{{{tls}}}'")
+        print(f"export MEGHA_RABBITMQ_URL=amqps://guest:guest@127.0.0.1:{port}/")
+        if args.plain_port:
+            print(f"# plain AMQP on the same node: amqp://guest:guest@127.0.0.1:{args.plain_port}/")
+        print("# Ctrl-C stops the node", flush=True)
+        signal.signal(signal.SIGTERM, _interrupt)
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                signal.pause()
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    main()
