@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
         "-f", "--follow", action="store_true", help="go on until the attempt ends (like tail -f)"
     )
     logs.add_argument(
+        "--all", action="store_true", help="every task's, each under a ==> TASK <== line"
+    )
+    logs.add_argument(
         "--tail", type=positive_int, default=None, metavar="BYTES", help="only the last BYTES"
     )
 

@@ -433,14 +433,36 @@ async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
 
 async def _logs(client: GlobalMasterClient, args) -> int:
     """Copy a task attempt's output from its worker host to stdout, a chunk at a time;
-    with ``--follow``, until the attempt has ended (waiting for it to start first)."""
+    with ``--follow``, until the attempt has ended (waiting for it to start first); with
+    ``--all``, every task's latest attempt in turn, each under a ``==> TASK <==`` line."""
+    if args.all and (args.task_id or args.follow or args.attempt is not None):
+        print(
+            "megha: --all reads every task's latest attempt: no TASK_ID, --attempt "
+            "or --follow with it",
+            file=sys.stderr,
+        )
+        return 2
     task_id = args.task_id
-    if not task_id:
+    if args.all or not task_id:
         tasks = (await client.job(args.job_id)).tasks
+        if args.all:
+            worst = 0
+            for task in tasks:
+                print(f"==> {task.task_id} <==", flush=True)
+                try:
+                    worst = max(worst, await _copy_output(client, args, task.task_id))
+                except grpc.aio.AioRpcError as err:  # e.g. not run yet: the next one
+                    print(f"megha: {task.task_id}: {err.details()}", file=sys.stderr)
+                    worst = 1
+            return worst
         if len(tasks) != 1:
             print(f"megha: job {args.job_id} has {len(tasks)} tasks: name one", file=sys.stderr)
             return 2
         task_id = tasks[0].task_id
+    return await _copy_output(client, args, task_id)
+
+
+async def _copy_output(client: GlobalMasterClient, args, task_id: str) -> int:
     stream = "stderr" if args.stderr else "stdout"
     offset = -args.tail if args.tail else 0
     attempt = args.attempt

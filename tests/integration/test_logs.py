@@ -94,9 +94,13 @@ async def test_megha_logs_reads_each_attempts_stdout_and_stderr(tmp_path):
         )
         assert submitted.returncode == 0, submitted.stderr
         array = submitted.stdout.split()[1].rstrip(":")
+        said = [f"{i} of {array}, attempt 0: hi there\n" for i in range(3)]
         for i in range(3):
-            said = await logs(array, f"{array}.{i}")
-            assert said.stdout == f"{i} of {array}, attempt 0: hi there\n".encode()
+            assert (await logs(array, f"{array}.{i}")).stdout == said[i].encode()
+        every = await logs(array, "--all")  # every task's, one after the other
+        assert every.returncode == 0, every.stderr
+        assert every.stdout.decode() == "".join(f"==> {array}.{i} <==\n{said[i]}" for i in range(3))
+        assert (await logs(array, f"{array}.0", "--all")).returncode == 2
         sim_env = await asyncio.to_thread(
             subprocess.run, [*megha, "--env", "A=b"], capture_output=True, text=True, timeout=60
         )
