@@ -4,6 +4,7 @@ over the files it finds, and a short process task run with its output kept again
 discarded, in alternating rounds.
 
     python scripts/output_bench.py --attempts 20000 --keep 10000 --rounds 6 --tasks 100
+    python scripts/output_bench.py --image megha-offline/debian:bookworm --rounds 4 --tasks 10
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from services._proto.megha.v1 import common_pb2
-from services.worker.executors import ProcessExecutor
+from services.worker.executors import DockerExecutor, ProcessExecutor
 from services.worker.outputs import TaskOutputs
 
 
@@ -35,23 +37,39 @@ def _opening(directory: Path, attempts: int, keep: int) -> tuple[float, float]:
     return per_attempt * 1e6, (time.perf_counter() - began) * 1e3
 
 
-async def _tasks(directory: Path, rounds: int, tasks: int) -> dict[str, list[float]]:
-    """Milliseconds per ``sh -c 'echo hi'`` task, each round with and without output."""
-    executors = {
-        "discarded": ProcessExecutor(),
-        "kept": ProcessExecutor(outputs=TaskOutputs(directory)),
-    }
+async def _tasks(
+    directory: Path, rounds: int, tasks: int, image: str = ""
+) -> dict[str, list[float]]:
+    """Milliseconds per ``sh -c 'echo hi'`` task, each round with and without output: a
+    process, or a container of ``image``."""
+    if image:
+        executors: dict[str, Any] = {
+            "discarded": DockerExecutor(),
+            "kept": DockerExecutor(outputs=TaskOutputs(directory)),
+        }
+    else:
+        executors = {
+            "discarded": ProcessExecutor(),
+            "kept": ProcessExecutor(outputs=TaskOutputs(directory)),
+        }
     times: dict[str, list[float]] = {name: [] for name in executors}
-    for r in range(rounds):
-        for name, executor in executors.items():
-            began = time.perf_counter()
-            for i in range(tasks):
-                task = common_pb2.Task(
-                    task_id=f"r{r}-{i}",
-                    process=common_pb2.ProcessExecutor(args=["sh", "-c", "echo hi"]),
-                )
-                await executor.run(task)
-            times[name].append((time.perf_counter() - began) / tasks * 1e3)
+    try:
+        for r in range(rounds):
+            for name, executor in executors.items():
+                began = time.perf_counter()
+                for i in range(tasks):
+                    task = common_pb2.Task(task_id=f"r{r}-{i}")
+                    if image:
+                        task.docker.image = image
+                        task.docker.args.extend(["sh", "-c", "echo hi"])
+                    else:
+                        task.process.args.extend(["sh", "-c", "echo hi"])
+                    await executor.run(task)
+                times[name].append((time.perf_counter() - began) / tasks * 1e3)
+    finally:
+        for executor in executors.values():
+            if image:
+                executor.close()
     return times
 
 
@@ -61,11 +79,14 @@ def main() -> None:
     parser.add_argument("--keep", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--tasks", type=int, default=100)
+    parser.add_argument(
+        "--image", default="", help="time containers of this local image instead of processes"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         us_open, ms_start = _opening(Path(scratch) / "open", args.attempts, args.keep)
-        times = asyncio.run(_tasks(Path(scratch) / "tasks", args.rounds, args.tasks))
+        times = asyncio.run(_tasks(Path(scratch) / "tasks", args.rounds, args.tasks, args.image))
     out = {
         "attempts": args.attempts,
         "keep": args.keep,
@@ -82,8 +103,9 @@ def main() -> None:
         f"{out['us_per_attempt_open']} us"
     )
     print(f"a host's start over {min(args.attempts, args.keep) * 2:,} files: {ms_start:.0f} ms")
-    print(f"sh -c 'echo hi', ms a task, output kept:      {out['ms_per_task_kept']}")
-    print(f"sh -c 'echo hi', ms a task, output discarded: {out['ms_per_task_discarded']}")
+    what = f"a container of {args.image}" if args.image else "a process"
+    print(f"sh -c 'echo hi' in {what}, ms a task, output kept:      {out['ms_per_task_kept']}")
+    print(f"sh -c 'echo hi' in {what}, ms a task, output discarded: {out['ms_per_task_discarded']}")
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ FAILED = common_pb2.TASK_STATE_FAILED
 EXECUTOR_NAMES = ("sim", "process", "docker")
 # How much of stderr / container logs a failure message carries.
 TAIL_BYTES = 2048
+# How long a container's log copies may take to catch up once it has stopped.
+LOGS_DRAIN_S = 5.0
 # SIGTERM first, SIGKILL after this long: a task gets a moment to clean up.
 DEFAULT_KILL_GRACE_S = 2.0
 
@@ -341,8 +343,9 @@ class DockerExecutor:
     ``ledger``, ``megha.host`` so that the host's next start removes it if this host dies
     first (``leftovers``), and with the ledger's janitor, ``megha.life``, so that the
     janitor removes it as soon as the host dies (``janitor``). The container is removed
-    however the task ends. An engine that cannot be reached fails the task with a clear
-    message instead of raising.
+    however the task ends. With ``outputs``, its stdout and stderr are copied into the
+    attempt's files as they come. An engine that cannot be reached fails the task with a
+    clear message instead of raising.
 
     ``docker.from_env()`` is called lazily, once, and the client is shared by every task.
     Short engine calls run in ``asyncio.to_thread``; the one call that blocks for the
@@ -367,6 +370,8 @@ class DockerExecutor:
         self._client: Any = None
         self._cleanups: set[asyncio.Future[None]] = set()
         self._wait_pool = ThreadPoolExecutor(max_containers, thread_name_prefix="docker-wait")
+        # With outputs: two threads a container copy its stdout and stderr as they come.
+        self._log_pool = ThreadPoolExecutor(2 * max_containers, thread_name_prefix="docker-logs")
 
     async def run(self, task: common_pb2.Task) -> ExecutionResult:
         import docker.errors
@@ -412,6 +417,14 @@ class DockerExecutor:
         except engine_errors as err:
             return ExecutionResult.failed(-1, f"cannot start {spec.image!r}: {err}")
 
+        copying = []
+        if self.outputs is not None:
+            copying = [
+                loop.run_in_executor(
+                    self._log_pool, _copy_logs, container, task, self.outputs, stream
+                )
+                for stream in ("out", "err")
+            ]
         timeout = spec.timeout_s if spec.timeout_s > 0 else None
         try:
             waiting = loop.run_in_executor(self._wait_pool, _wait_container, container)
@@ -438,12 +451,10 @@ class DockerExecutor:
         except engine_errors as err:
             return ExecutionResult.failed(-1, f"docker engine failed while running: {err}")
         finally:
-            if self.outputs is not None:
-                saving = asyncio.ensure_future(
-                    asyncio.to_thread(_save_logs, container, task, self.outputs)
-                )
+            if copying:  # the copies end with the container: let them take the last lines
+                copied = asyncio.gather(*copying, return_exceptions=True)
                 with contextlib.suppress(Exception, asyncio.CancelledError):
-                    await asyncio.shield(saving)
+                    await asyncio.shield(asyncio.wait_for(copied, LOGS_DRAIN_S))
             removing = asyncio.ensure_future(asyncio.to_thread(_remove_container, container))
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.shield(removing)
@@ -465,6 +476,7 @@ class DockerExecutor:
 
     def close(self) -> None:
         self._wait_pool.shutdown(wait=False, cancel_futures=True)
+        self._log_pool.shutdown(wait=False, cancel_futures=True)
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -494,18 +506,18 @@ def _remove_container(container: Any) -> None:
         container.remove(force=True)
 
 
-def _save_logs(container: Any, task: common_pb2.Task, outputs: TaskOutputs) -> None:
-    """Copy the container's stdout and stderr into the attempt's files, before removal."""
-    for stream in ("out", "err"):
-        fd = outputs.open(task.task_id, task.attempt, stream)
-        try:
-            chunks = container.logs(
-                stdout=stream == "out", stderr=stream == "err", stream=True, follow=False
-            )
-            for chunk in chunks:
-                os.write(fd, chunk)
-        finally:
-            os.close(fd)
+def _copy_logs(container: Any, task: common_pb2.Task, outputs: TaskOutputs, stream: str) -> None:
+    """Copy the container's stdout or stderr into the attempt's file as it comes (so
+    ``megha logs --follow`` sees it), until the container stops."""
+    fd = outputs.open(task.task_id, task.attempt, stream)
+    try:
+        chunks = container.logs(
+            stdout=stream == "out", stderr=stream == "err", stream=True, follow=True
+        )
+        for chunk in chunks:
+            os.write(fd, chunk)
+    finally:
+        os.close(fd)
 
 
 def _describe_failure(container: Any, exit_code: int) -> str:

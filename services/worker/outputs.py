@@ -2,7 +2,7 @@
 
 A process task writes its stdout straight into ``<dir>/<task>.<attempt>.out`` (no copy
 through the host) and its stderr through the host, which keeps the tail for the failure
-message, into ``.err``; a container's logs are copied there when it ends. ``megha logs``
+message, into ``.err``; a container's logs are copied there as they come. ``megha logs``
 reads them back through the GM, the LM and the worker that ran the attempt
 (``TaskOutputs.read``).
 

@@ -97,24 +97,28 @@ async def test_a_process_tasks_stdout_and_stderr_go_to_its_attempts_files(tmp_pa
 
 
 @needs_docker
-async def test_a_containers_logs_go_to_its_attempts_files_and_it_knows_its_id(
-    tmp_path: Path,
-) -> None:
+async def test_a_containers_logs_go_to_its_attempts_files_as_they_come(tmp_path: Path):
     outputs = TaskOutputs(tmp_path)
+    script = "echo out $MEGHA_TASK_ID; echo err >&2; sleep 3; echo later"
     task = common_pb2.Task(
         task_id="d-logs",
         resources=common_pb2.Resources(cpu_milli=500, memory_mb=64),
-        docker=common_pb2.DockerExecutor(
-            image=local_image(), args=["sh", "-c", "echo out $MEGHA_TASK_ID; echo err >&2"]
-        ),
+        docker=common_pb2.DockerExecutor(image=local_image(), args=["sh", "-c", script]),
     )
     executor = DockerExecutor(outputs=outputs)
     try:
-        result = await asyncio.wait_for(executor.run(task), 300)
+        running = asyncio.create_task(executor.run(task))
+        deadline = asyncio.get_running_loop().time() + 120  # the engine may be slow to start
+        while (early := outputs.read("d-logs", 0, "out")) is None or not early.data:
+            assert asyncio.get_running_loop().time() < deadline, "no output while it ran"
+            await asyncio.sleep(0.1)
+        assert early.data == b"out d-logs\n"  # its environment too
+        assert not running.done()  # read while the container ran
+        result = await asyncio.wait_for(running, 300)
     finally:
         executor.close()
     assert result.exit_code == 0
-    assert outputs.read("d-logs", 0, "out").data == b"out d-logs\n"  # its environment too
+    assert outputs.read("d-logs", 0, "out").data == b"out d-logs\nlater\n"
     assert outputs.read("d-logs", 0, "err").data == b"err\n"
 
 
