@@ -51,9 +51,7 @@ def broker_reachable(url: str, timeout_s: float = 1.0) -> bool:
     import socket
 
     try:
-        with socket.create_connection(
-            (parsed.hostname or "127.0.0.1", parsed.port or amqp_port(url)), timeout_s
-        ):
+        with socket.create_connection((parsed.hostname or "127.0.0.1", amqp_port(url)), timeout_s):
             return True
     except OSError:
         return False

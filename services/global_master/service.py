@@ -467,7 +467,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         return global_master_pb2.GetJobResponse(job=job.to_proto())
 
     async def GetTaskOutput(self, request, context):
-        """A task attempt's output, from the worker host of the task's latest node."""
+        """A task attempt's output, asked of the LM and node it ran on (see below)."""
         job = self.jobs.get(request.job_id)
         status = job.status(request.task_id) if job is not None else None
         if status is None:
