@@ -60,8 +60,8 @@ class WorkerHost:
         ledgers = Path(tempfile.gettempdir()) / f"megha-{os.getuid()}"
         janitor = Janitor(uuid.uuid4().hex[:12]) if config.worker_janitor else None
         self._ledger = GroupLedger(ledgers / f"{name}.groups", janitor)
-        outputs = Path(config.worker_output_dir) if config.worker_output_dir else ledgers
-        self._outputs_dir = outputs / "output" / name
+        outputs = config.worker_output_dir or ledgers / "output"
+        self._outputs_dir = Path(outputs) / name  # a directory per host
         self._outputs: TaskOutputs | None = None
         self._shutdown_task: asyncio.Task[None] | None = None
 
