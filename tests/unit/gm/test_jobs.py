@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import gc
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from services._proto.megha.v1 import common_pb2
 from services.global_master.jobs import JobBook
 
@@ -249,3 +252,41 @@ def test_the_previous_end_is_that_of_the_attempt_just_before_and_no_older():
     book.queued(task("u"))
     book.apply(event("u", common_pb2.TASK_STATE_FAILED, 0))
     assert _previous_end(book, "u") is None
+
+
+_ENDS = [
+    common_pb2.TASK_STATE_RETRYING,
+    common_pb2.TASK_STATE_LOST,
+    common_pb2.TASK_STATE_PREEMPTED,
+]
+
+
+@given(st.data())
+def test_whatever_the_order_a_task_ends_with_its_last_attempt_and_the_one_before(data):
+    """Events of a task's attempts 0..k reach a GM in any order (the events exchange and
+    the queue are separate paths): the status ends at attempt k's end, and keeps how
+    attempt k-1 ended."""
+    attempts = data.draw(st.integers(1, 4), label="attempts")
+    ends = [data.draw(st.sampled_from(_ENDS)) for _ in range(attempts - 1)]
+    last = data.draw(
+        st.sampled_from([common_pb2.TASK_STATE_SUCCEEDED, common_pb2.TASK_STATE_FAILED])
+    )
+    steps = []
+    for attempt in range(attempts):
+        steps.append(("queued", attempt, common_pb2.TASK_STATE_QUEUED))
+        for state in (common_pb2.TASK_STATE_PLACED, common_pb2.TASK_STATE_RUNNING):
+            steps.append(("event", attempt, state))
+        steps.append(("event", attempt, ends[attempt] if attempt < attempts - 1 else last))
+    order = data.draw(st.permutations(steps), label="order")
+    book = JobBook()
+    for kind, attempt, state in order:
+        if kind == "queued":
+            book.queued(task("t", attempt=attempt))
+        else:
+            book.apply(event("t", state, attempt))
+    status = book.get("j").status("t")
+    assert (status.state, status.attempt) == (last, attempts - 1)
+    if attempts > 1:
+        assert _previous_end(book)[:2] == (ends[-1], attempts - 2)
+    else:
+        assert _previous_end(book) is None
