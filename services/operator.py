@@ -481,8 +481,9 @@ async def _copy_output(client: GlobalMasterClient, args, task_id: str) -> int:
             print(
                 f"megha: no {stream} of task {task_id} attempt {part.attempt} on "
                 f"{part.lm_id}/{part.node_id}: a simulated task writes none, an attempt "
-                "that ran on another node is not there, and a host keeps only its newest "
-                "attempts (worker_output_keep)",
+                "that ran on another node is not there, a host keeps only its newest "
+                "attempts (worker_output_keep), and one that cannot write its "
+                "worker_output_dir keeps none (its log says why)",
                 file=sys.stderr,
             )
             return 1

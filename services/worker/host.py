@@ -110,7 +110,13 @@ class WorkerHost:
         # Before any agent registers: what a crashed former life of this host left
         # running must be gone before the LM re-queues those tasks elsewhere.
         self._ledger.sweep()
-        self._outputs = TaskOutputs(self._outputs_dir, self.config.worker_output_keep)
+        try:
+            self._outputs = TaskOutputs(self._outputs_dir, self.config.worker_output_keep)
+        except OSError as err:  # the tasks matter more than their output: run them anyway
+            log.error(
+                "tasks' output will not be kept",
+                extra={"dir": str(self._outputs_dir), "why": err.strerror or str(err)},
+            )
         self._executors = default_executors(self._ledger, self._outputs)
         interval = self.config.worker_heartbeat_interval_s
         # Concurrent, but not all at once: a gRPC server cancels calls beyond its pending

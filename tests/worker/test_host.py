@@ -52,3 +52,21 @@ async def test_host_runs_its_agents_over_one_channel_and_stops_cleanly() -> None
         began = time.monotonic()
     assert time.monotonic() - began < 2
     await asyncio.wait_for(host.shutdown(), 2)  # idempotent
+
+
+async def test_a_host_that_cannot_keep_output_runs_its_agents_anyway(tmp_path, caplog) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the output directory should go")
+    cfg = parse_config(
+        {
+            "gms": [{"id": "gm-1", "port": 1}],
+            "lms": [{"id": "lm-1", "port": closed_port()}],
+            "workers": [{"lm": "lm-1", "count": 2}],
+            "worker_output_dir": str(blocker),
+        },
+        env={},
+    )
+    async with WorkerHost(cfg, cfg.workers[0]) as host:
+        await asyncio.sleep(0.1)
+        assert len(host.agents) == 2
+    assert "tasks' output will not be kept" in caplog.text
