@@ -104,7 +104,7 @@ def test_a_bound_over_100_is_refused():
 
 async def test_a_watch_begun_after_a_retry_still_shows_why_the_attempt_before_failed(tmp_path):
     marker = tmp_path / "failed-once"
-    script = f"test -f {marker} && exec sleep 2; touch {marker}; echo broken >&2; exit 1"
+    script = f"test -f {marker} && exec sleep 3; touch {marker}; echo broken >&2; exit 1"
     async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=1) as fed:
         reply = await fed.gm().submit([_process(script, retries=1)])
         deadline = time.monotonic() + 20
@@ -125,7 +125,8 @@ async def test_a_watch_begun_after_a_retry_still_shows_why_the_attempt_before_fa
         assert watch.returncode == 0, watch.stderr
         lines = [line.split(None, 2)[1:] for line in watch.stdout.splitlines()]
         assert lines[0][0] == "retrying" and "(exit code 1: broken)" in lines[0][1], watch.stdout
-        assert [state for state, *_ in lines[1:]] == ["running", "succeeded"], watch.stdout
+        # Then the second attempt: running (unless the watch began late), then succeeded.
+        assert [state for state, *_ in lines[1:]] in (["running", "succeeded"], ["succeeded"])
         # megha job tells the same of the task's latest attempt.
         shown = await asyncio.to_thread(
             subprocess.run, [*cli, reply.job_id], capture_output=True, text=True, timeout=60
