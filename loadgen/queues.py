@@ -233,6 +233,7 @@ class LiveAttempts:
 
     def add_event(self, event: Any, now_ns: int) -> None:
         from services._proto.megha.v1 import common_pb2
+        from services.local_master.service import ENDED as ATTEMPT_ENDED  # an attempt's end
 
         queue = self.index.get(event.queue)
         if queue is None:
@@ -243,14 +244,7 @@ class LiveAttempts:
             row[1] = stamps.queued_unix_nanos
         if event.state == common_pb2.TASK_STATE_RUNNING:
             row[2] = stamps.started_unix_nanos or now_ns
-        elif event.state in (
-            common_pb2.TASK_STATE_SUCCEEDED,
-            common_pb2.TASK_STATE_FAILED,
-            common_pb2.TASK_STATE_PREEMPTED,
-            common_pb2.TASK_STATE_LOST,
-            common_pb2.TASK_STATE_CANCELLED,
-            common_pb2.TASK_STATE_RETRYING,
-        ):
+        elif event.state in ATTEMPT_ENDED:
             row[2] = row[2] or stamps.started_unix_nanos
             row[3] = stamps.finished_unix_nanos or now_ns
             if event.state == common_pb2.TASK_STATE_PREEMPTED:
