@@ -478,6 +478,10 @@ async def _copy_output(client: GlobalMasterClient, args, task_id: str) -> int:
             if args.follow and (part.running or part.state not in TERMINAL):
                 await asyncio.sleep(FOLLOW_POLL_S)  # its start is on its way
                 continue
+            if not part.node_id:
+                state = STATE_NAMES.get(part.state, "?")
+                print(f"megha: task {task_id} ended {state} without running", file=sys.stderr)
+                return 1
             print(
                 f"megha: no {stream} of task {task_id} attempt {part.attempt} on "
                 f"{part.lm_id}/{part.node_id}: a simulated task writes none, an attempt "

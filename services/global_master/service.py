@@ -51,7 +51,7 @@ from services.core.global_view import ApplyResult, GlobalView, Placement, Preemp
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
-from services.global_master.jobs import JobBook, status_event
+from services.global_master.jobs import TERMINAL, JobBook, status_event
 from services.global_master.predictions import LifetimePredictions
 from services.local_master.service import (
     CANCEL_EXCHANGE,
@@ -482,6 +482,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         if status.HasField("previous_end") and status.previous_end.attempt == attempt:
             where = status.previous_end
         if not where.lm_id or not where.node_id or where.lm_id not in self._stubs:
+            if status.state in TERMINAL:  # ended (cancelled, rejected) without running
+                return common_pb2.GetTaskOutputResponse(attempt=attempt, state=status.state)
             state = common_pb2.TaskState.Name(status.state).removeprefix("TASK_STATE_")
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,

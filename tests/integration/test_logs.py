@@ -111,11 +111,13 @@ async def test_megha_logs_reads_each_attempts_stdout_and_stderr(tmp_path):
 async def test_megha_logs_follow_prints_as_the_task_writes_and_ends_with_it(tmp_path):
     script = "for i in 1 2 3 4 5 6; do echo line $i; sleep 0.4; done"
     async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=1) as fed:
+        follow = [sys.executable, "-m", "services.cli", "logs", "--follow"]
+        follow += ["--config", str(fed.config_path)]
         reply = await fed.gm().submit([_process(script)])
         # Started at once: the task may not be on its worker yet, which --follow waits for.
         follower = await asyncio.create_subprocess_exec(
-            *[sys.executable, "-m", "services.cli", "logs", "--follow"],
-            *["--config", str(fed.config_path), reply.job_id],
+            *follow,
+            reply.job_id,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
@@ -131,6 +133,22 @@ async def test_megha_logs_follow_prints_as_the_task_writes_and_ends_with_it(tmp_
         await _ended(fed, reply.job_id)  # the worker said it ended; the GM hears it next
         (task,) = (await fed.gm().job(reply.job_id)).tasks
         assert task.state == common_pb2.TASK_STATE_SUCCEEDED
+
+        # A task cancelled while it waited never runs: --follow says so and ends.
+        blocker, waiting = _process("exec sleep 30"), _process("echo never")
+        blocker.resources.cpu_milli = waiting.resources.cpu_milli = 4000  # the whole worker
+        await fed.gm().submit([blocker])
+        queued = await fed.gm().submit([waiting])
+        await fed.gm().cancel(queued.job_id)
+        never = await asyncio.to_thread(
+            subprocess.run,
+            [*follow, queued.job_id],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert never.returncode == 1, never.stderr
+        assert f"task {queued.task_ids[0]} ended cancelled without running" in never.stderr
 
 
 async def test_the_attempt_before_is_read_on_the_host_it_ran_on(tmp_path):
