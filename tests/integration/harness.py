@@ -215,6 +215,15 @@ def sim_tasks(count: int, duration_s: float, cpu_milli: int = 1000, constraints=
     return tasks
 
 
+def shell_task(script: str, retries: int = 0) -> common_pb2.Task:
+    """A process task that runs ``sh -c script`` on 500m CPU and 128 MiB."""
+    task = common_pb2.Task(
+        process=common_pb2.ProcessExecutor(args=["sh", "-c", script]), max_retries=retries
+    )
+    task.resources.cpu_milli, task.resources.memory_mb = 500, 128
+    return task
+
+
 def by_node(events: list[common_pb2.TaskEvent]) -> dict[str, list[str]]:
     out: dict[str, list[str]] = defaultdict(list)
     for e in events:

@@ -9,17 +9,9 @@ import sys
 import time
 
 from services._proto.megha.v1 import common_pb2
-from tests.integration.harness import Federation, sim_tasks
+from tests.integration.harness import Federation, shell_task, sim_tasks
 
 ENDED = {common_pb2.TASK_STATE_SUCCEEDED, common_pb2.TASK_STATE_FAILED}
-
-
-def _process(script: str, retries: int = 0) -> common_pb2.Task:
-    task = common_pb2.Task(
-        process=common_pb2.ProcessExecutor(args=["sh", "-c", script]), max_retries=retries
-    )
-    task.resources.cpu_milli, task.resources.memory_mb = 500, 128
-    return task
 
 
 async def _ended(fed: Federation, job_id: str, timeout_s: float = 30) -> None:
@@ -40,9 +32,9 @@ async def test_megha_logs_reads_each_attempts_stdout_and_stderr(tmp_path):
     )
     big = "yes 0123456789abcdef | head -c 3000000"  # three reads of at most 1 MiB
     async with Federation(tmp_path, gms=2, lms=1, workers_per_lm=2) as fed:
-        retried = await fed.gm().submit([_process(first_then_second, retries=1)])
-        chunked = await fed.gm().submit([_process(big)])
-        several = await fed.gm().submit([_process("echo a"), _process("echo b")])
+        retried = await fed.gm().submit([shell_task(first_then_second, retries=1)])
+        chunked = await fed.gm().submit([shell_task(big)])
+        several = await fed.gm().submit([shell_task("echo a"), shell_task("echo b")])
         simulated = await fed.gm().submit(sim_tasks(1, 0.05))
         for reply in (retried, chunked, several, simulated):
             await _ended(fed, reply.job_id)
@@ -113,7 +105,7 @@ async def test_megha_logs_follow_prints_as_the_task_writes_and_ends_with_it(tmp_
     async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=1) as fed:
         follow = [sys.executable, "-m", "services.cli", "logs", "--follow"]
         follow += ["--config", str(fed.config_path)]
-        reply = await fed.gm().submit([_process(script)])
+        reply = await fed.gm().submit([shell_task(script)])
         # Started at once: the task may not be on its worker yet, which --follow waits for.
         follower = await asyncio.create_subprocess_exec(
             *follow,
@@ -135,7 +127,7 @@ async def test_megha_logs_follow_prints_as_the_task_writes_and_ends_with_it(tmp_
         assert task.state == common_pb2.TASK_STATE_SUCCEEDED
 
         # A task cancelled while it waited never runs: --follow says so and ends.
-        blocker, waiting = _process("exec sleep 30"), _process("echo never")
+        blocker, waiting = shell_task("exec sleep 30"), shell_task("echo never")
         blocker.resources.cpu_milli = waiting.resources.cpu_milli = 4000  # the whole worker
         await fed.gm().submit([blocker])
         queued = await fed.gm().submit([waiting])
@@ -157,7 +149,7 @@ async def test_the_attempt_before_is_read_on_the_host_it_ran_on(tmp_path):
         {"lm": "lm-1", "count": 1, "capacity": "cpu=1,mem=1Gi", "name_prefix": "one-"},
         {"lm": "lm-2", "count": 1, "capacity": "cpu=1,mem=1Gi", "name_prefix": "two-"},
     ]
-    task = _process('echo "attempt $MEGHA_ATTEMPT"; exec sleep 30')
+    task = shell_task('echo "attempt $MEGHA_ATTEMPT"; exec sleep 30')
     task.resources.cpu_milli = 1000
     async with Federation(tmp_path, gms=1, lms=2, worker_groups=groups) as fed:
         reply = await fed.gm().submit([task])

@@ -9,27 +9,19 @@ import sys
 import time
 
 from services._proto.megha.v1 import common_pb2
-from tests.integration.harness import Federation
+from tests.integration.harness import Federation, shell_task
 
 FAILED = common_pb2.TASK_STATE_FAILED
 RETRYING = common_pb2.TASK_STATE_RETRYING
 SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
 
 
-def _process(script: str, retries: int) -> common_pb2.Task:
-    task = common_pb2.Task(
-        process=common_pb2.ProcessExecutor(args=["sh", "-c", script]), max_retries=retries
-    )
-    task.resources.cpu_milli, task.resources.memory_mb = 500, 128
-    return task
-
-
 async def test_failed_attempts_are_retried_up_to_the_bound_and_only_they(tmp_path):
     marker = tmp_path / "tried-once"
     tasks = [
-        _process("echo broken >&2; exit 3", retries=2),  # fails every time
-        _process(f"test -f {marker} && exit 0; touch {marker}; exit 1", retries=1),
-        _process("exit 4", retries=0),  # no retry: fails at once, as before
+        shell_task("echo broken >&2; exit 3", retries=2),  # fails every time
+        shell_task(f"test -f {marker} && exit 0; touch {marker}; exit 1", retries=1),
+        shell_task("exit 4", retries=0),  # no retry: fails at once, as before
     ]
     async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2) as fed:
         reply = await fed.gm().submit(tasks)
@@ -92,7 +84,7 @@ async def test_failed_attempts_are_retried_up_to_the_bound_and_only_they(tmp_pat
 def test_a_bound_over_100_is_refused():
     from services.common.convert import InvalidTask, parse_task
 
-    task = _process("true", retries=101)
+    task = shell_task("true", retries=101)
     task.task_id = "t"
     try:
         parse_task(task, 8)
@@ -106,7 +98,7 @@ async def test_a_watch_begun_after_a_retry_still_shows_why_the_attempt_before_fa
     marker = tmp_path / "failed-once"
     script = f"test -f {marker} && exec sleep 3; touch {marker}; echo broken >&2; exit 1"
     async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=1) as fed:
-        reply = await fed.gm().submit([_process(script, retries=1)])
+        reply = await fed.gm().submit([shell_task(script, retries=1)])
         deadline = time.monotonic() + 20
         while True:  # the second attempt runs: the first one's failure is past
             (task,) = (await fed.gm().job(reply.job_id)).tasks
