@@ -491,6 +491,15 @@ async def _copy_output(client: GlobalMasterClient, args, task_id: str) -> int:
                 file=sys.stderr,
             )
             return 1
+        wanted = max(0, part.size + offset) if offset < 0 else offset
+        if part.offset > wanted:
+            out.flush()  # the note goes where the gap is
+            print(
+                f"megha: [{part.offset - wanted} bytes of {stream} not kept here: a host "
+                "keeps the last worker_output_max_mb MiB of each]",
+                file=sys.stderr,
+                flush=True,
+            )
         out.write(part.data)
         offset = part.offset + len(part.data)
         if part.data and offset < part.size:

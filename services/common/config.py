@@ -155,6 +155,14 @@ class FederationConfig(_Model):
         description="How many task attempts' output each worker host keeps; the oldest "
         "are deleted as new attempts start.",
     )
+    worker_output_max_mb: int = Field(
+        64,
+        ge=0,
+        le=1 << 20,
+        description="Each task attempt's stdout and its stderr each keep about their last "
+        "this many MiB on the worker host (megha logs reads from the first byte kept); "
+        "0: kept whole. Checked every 0.5 s while the task runs.",
+    )
     event_batch_s: float = Field(
         0.05,
         ge=0,

@@ -520,7 +520,7 @@ class WorkerAgent:
             )
             if chunk is not None:
                 reply.found, reply.data = True, chunk.data
-                reply.offset, reply.size = chunk.offset, chunk.size
+                reply.offset, reply.size, reply.dropped = chunk.offset, chunk.size, chunk.dropped
         answer = local_master_pb2.SendTaskOutputRequest(request_id=order.request_id, output=reply)
         try:
             await self._stub.SendTaskOutput(answer, timeout=OUTPUT_SEND_TIMEOUT_S)

@@ -142,34 +142,30 @@ class ProcessExecutor:
                 stdout = self.outputs.open(task.task_id, task.attempt, "out")
                 err_file = self.outputs.open(task.task_id, task.attempt, "err")
             except OSError as err:  # the task runs all the same, its output not kept
-                _close(stdout)
+                self._close_output(stdout)
                 stdout = err_file = None
                 log.warning(
                     "cannot keep a task's output",
                     extra={"task_id": task.task_id, "why": err.strerror or str(err)},
                 )
         try:
-            try:
-                env = {**os.environ, **spec.env, **task_env(task)}
-                proc = await _spawn([*self._prefix, *args], env, stdout)
-            finally:
-                if stdout is not None:
-                    os.close(stdout)  # the child has its own copy
+            env = {**os.environ, **spec.env, **task_env(task)}
+            proc = await _spawn([*self._prefix, *args], env, stdout)
         except FileNotFoundError:
-            _close(err_file)
+            self._close_output(stdout, err_file)
             return ExecutionResult.failed(EXIT_NOT_FOUND, f"cannot run {args[0]!r}: not found")
         except PermissionError:
-            _close(err_file)
+            self._close_output(stdout, err_file)
             return ExecutionResult.failed(
                 EXIT_CANNOT_EXECUTE, f"cannot run {args[0]!r}: permission denied"
             )
         except OSError as err:
-            _close(err_file)
+            self._close_output(stdout, err_file)
             return ExecutionResult.failed(
                 EXIT_CANNOT_EXECUTE, f"cannot run {args[0]!r}: {err.strerror or err}"
             )
         except BaseException:
-            _close(err_file)
+            self._close_output(stdout, err_file)
             raise
 
         if self.ledger is not None:
@@ -177,9 +173,16 @@ class ProcessExecutor:
         try:
             return await self._supervise(proc, args, spec, err_file)
         finally:
-            _close(err_file)
+            # The child wrote its stdout itself; the host kept its copy of the file open
+            # until now so that outputs could hold it to worker_output_max_mb.
+            self._close_output(stdout, err_file)
             if self.ledger is not None:
                 self.ledger.remove(proc.pid)
+
+    def _close_output(self, *fds: int | None) -> None:
+        for fd in fds:
+            if fd is not None and self.outputs is not None:
+                self.outputs.close(fd)
 
     async def _supervise(
         self,
@@ -292,12 +295,6 @@ def _exit_code(returncode: int | None) -> int:
     if returncode is None:
         return -1
     return 128 - returncode if returncode < 0 else returncode
-
-
-def _close(fd: int | None) -> None:
-    if fd is not None:
-        with contextlib.suppress(OSError):
-            os.close(fd)
 
 
 class _Tail:
@@ -517,7 +514,7 @@ def _copy_logs(container: Any, task: common_pb2.Task, outputs: TaskOutputs, stre
         for chunk in chunks:
             os.write(fd, chunk)
     finally:
-        os.close(fd)
+        outputs.close(fd)
 
 
 def _describe_failure(container: Any, exit_code: int) -> str:

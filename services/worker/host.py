@@ -111,7 +111,11 @@ class WorkerHost:
         # running must be gone before the LM re-queues those tasks elsewhere.
         self._ledger.sweep()
         try:
-            self._outputs = TaskOutputs(self._outputs_dir, self.config.worker_output_keep)
+            self._outputs = TaskOutputs(
+                self._outputs_dir,
+                self.config.worker_output_keep,
+                self.config.worker_output_max_mb << 20,
+            )
         except OSError as err:  # the tasks matter more than their output: run them anyway
             log.error(
                 "tasks' output will not be kept",
@@ -171,4 +175,6 @@ class WorkerHost:
         if isinstance(docker, DockerExecutor):
             docker.close()
         self._ledger.close()
+        if self._outputs is not None:
+            await asyncio.to_thread(self._outputs.stop)
         log.info("worker host stopped", extra={"lm_id": self.group.lm})

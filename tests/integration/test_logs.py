@@ -102,9 +102,10 @@ async def test_megha_logs_reads_each_attempts_stdout_and_stderr(tmp_path):
 
 async def test_megha_logs_follow_prints_as_the_task_writes_and_ends_with_it(tmp_path):
     script = "for i in 1 2 3 4 5 6; do echo line $i; sleep 0.4; done"
-    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=1) as fed:
-        follow = [sys.executable, "-m", "services.cli", "logs", "--follow"]
-        follow += ["--config", str(fed.config_path)]
+    # Output held to 1 MiB a stream: the last test below reads past what was dropped.
+    async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=1, worker_output_max_mb=1) as fed:
+        logs = [sys.executable, "-m", "services.cli", "logs", "--config", str(fed.config_path)]
+        follow = [*logs, "--follow"]
         reply = await fed.gm().submit([shell_task(script)])
         # Started at once: the task may not be on its worker yet, which --follow waits for.
         follower = await asyncio.create_subprocess_exec(
@@ -141,6 +142,19 @@ async def test_megha_logs_follow_prints_as_the_task_writes_and_ends_with_it(tmp_
         )
         assert never.returncode == 1, never.stderr
         assert f"task {queued.task_ids[0]} ended cancelled without running" in never.stderr
+
+        # A task that wrote more than its host keeps: the last MiB or so, and a note.
+        chatty = await fed.gm().submit([shell_task("yes 0123456789abcdef | head -c 3000000")])
+        await _ended(fed, chatty.job_id)
+        held = await asyncio.to_thread(
+            subprocess.run, [*logs, chatty.job_id], capture_output=True, timeout=60
+        )
+        assert held.returncode == 0, held.stderr
+        whole = (b"0123456789abcdef\n" * 176_471)[:3_000_000]
+        assert 1 << 20 <= len(held.stdout) < (1 << 20) + 4096
+        assert whole.endswith(held.stdout)
+        dropped = 3_000_000 - len(held.stdout)
+        assert f"[{dropped} bytes of stdout not kept here".encode() in held.stderr
 
 
 async def test_the_attempt_before_is_read_on_the_host_it_ran_on(tmp_path):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services._proto.megha.v1 import common_pb2
@@ -21,7 +22,11 @@ def _write(outputs: TaskOutputs, task_id: str, attempt: int, stream: str, data: 
     try:
         os.write(fd, data)
     finally:
-        os.close(fd)
+        outputs.close(fd)
+
+
+def _on_disk(path: Path) -> int:
+    return os.stat(path).st_blocks * 512
 
 
 def test_a_read_returns_the_part_asked_for_and_the_size(tmp_path: Path) -> None:
@@ -76,6 +81,84 @@ def test_no_task_id_reaches_outside_the_directory(task_id: str) -> None:
     assert path.name not in (".", "..")
 
 
+MIB = 1 << 20
+
+
+def test_a_capped_stream_keeps_its_last_bytes_and_frees_the_rest(tmp_path: Path) -> None:
+    outputs = TaskOutputs(tmp_path, max_bytes=MIB, check_s=3600)  # held at close only
+    data = os.urandom(5 * MIB + 123)
+    _write(outputs, "t", 0, "out", data)
+    path = outputs.path("t", 0, "out")
+    assert os.stat(path).st_size == len(data)  # offsets stay where they were
+    assert _on_disk(path) <= MIB + 2 * 4096
+    start = outputs.read("t", 0, "out")
+    block = os.stat(path).st_blksize
+    assert start.dropped % block == 0 and MIB <= len(data) - start.dropped < MIB + block
+    assert (start.offset, start.size) == (start.dropped, len(data))
+    assert start.data == data[start.dropped :][:READ_LIMIT]  # from the first kept byte
+    rest = outputs.read("t", 0, "out", offset=start.offset + len(start.data))
+    assert start.data + rest.data == data[start.dropped :]
+    assert outputs.read("t", 0, "out", offset=-100).data == data[-100:]
+    assert outputs.read("t", 0, "out", offset=-(10 * MIB)).offset == start.dropped
+    assert outputs.read("t", 0, "out", offset=len(data) - 5).data == data[-5:]
+    # The next life of the host finds where the kept part begins in the file itself.
+    assert TaskOutputs(tmp_path).read("t", 0, "out") == start
+    # Short output is not touched.
+    _write(outputs, "short", 0, "out", b"hello")
+    assert outputs.read("short", 0, "out").data == b"hello"
+    with pytest.raises(ValueError, match="max_bytes must be 0"):
+        TaskOutputs(tmp_path, max_bytes=-1)
+
+
+def test_an_open_file_is_held_to_the_cap_while_it_is_written(tmp_path: Path) -> None:
+    outputs = TaskOutputs(tmp_path, max_bytes=MIB, check_s=0.02)
+    path = outputs.path("live", 0, "out")
+    fd = outputs.open("live", 0, "out")
+    try:
+        for _ in range(24):  # 6 MiB in all
+            os.write(fd, b"x" * (MIB // 4))
+            time.sleep(0.03)
+        deadline = time.monotonic() + 5
+        while _on_disk(path) > MIB + 8192:
+            assert time.monotonic() < deadline, f"{_on_disk(path)} bytes on disk"
+            time.sleep(0.02)
+        while_open = outputs.read("live", 0, "out", offset=-10)
+        assert (while_open.data, while_open.size) == (b"x" * 10, 6 * MIB)
+    finally:
+        outputs.close(fd)
+        outputs.stop()
+    assert outputs.read("live", 0, "out").offset >= 5 * MIB - 4096
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    writes=st.lists(st.integers(0, 40_000), min_size=1, max_size=12),
+    cap=st.integers(1, 30_000),
+    holds=st.lists(st.booleans(), min_size=12, max_size=12),
+)
+def test_what_is_kept_is_always_the_streams_last_bytes(
+    tmp_path_factory: pytest.TempPathFactory, writes: list[int], cap: int, holds: list[bool]
+) -> None:
+    directory = tmp_path_factory.mktemp("held")
+    outputs = TaskOutputs(directory, max_bytes=cap, check_s=3600)
+    data = os.urandom(sum(writes))
+    fd = outputs.open("p", 0, "err")
+    written = 0
+    for size, hold in zip(writes, holds, strict=False):
+        os.write(fd, data[written : written + size])
+        written += size
+        if hold:
+            outputs.hold()
+        kept = outputs.read("p", 0, "err", limit=READ_LIMIT)
+        assert kept.data == data[kept.offset : written]  # never a hole in what is kept
+    outputs.close(fd)
+    kept = outputs.read("p", 0, "err")
+    block = os.stat(directory).st_blksize or 4096
+    assert kept.data == data[kept.dropped :] and kept.offset == kept.dropped
+    assert kept.dropped % block == 0
+    assert min(cap, len(data)) <= len(data) - kept.dropped < cap + block
+
+
 async def test_a_process_tasks_stdout_and_stderr_go_to_its_attempts_files(tmp_path: Path):
     outputs = TaskOutputs(tmp_path)
     task = common_pb2.Task(
@@ -94,6 +177,34 @@ async def test_a_process_tasks_stdout_and_stderr_go_to_its_attempts_files(tmp_pa
     before = len(os.listdir("/proc/self/fd"))
     await ProcessExecutor(outputs=outputs).run(missing)
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+async def test_a_process_tasks_output_is_held_to_the_cap_while_it_runs(tmp_path: Path):
+    outputs = TaskOutputs(tmp_path, max_bytes=MIB, check_s=0.05)
+    script = (
+        "head -c 4000000 /dev/zero | tr '\\0' o; head -c 3000000 /dev/zero | tr '\\0' e >&2;"
+        f" touch {tmp_path / 'written'}; sleep 2; echo END; echo BYE >&2"
+    )
+    task = common_pb2.Task(
+        task_id="chatty", process=common_pb2.ProcessExecutor(args=["sh", "-c", script])
+    )
+    out, err = outputs.path("chatty", 0, "out"), outputs.path("chatty", 0, "err")
+    running = asyncio.create_task(ProcessExecutor(outputs=outputs).run(task))
+    try:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "written").exists() or max(_on_disk(out), _on_disk(err)) > MIB + 8192:
+            assert time.monotonic() < deadline and not running.done()
+            await asyncio.sleep(0.05)
+        assert not running.done()  # held while the task still ran
+        assert (await asyncio.wait_for(running, 10)).exit_code == 0
+    finally:
+        running.cancel()
+        outputs.stop()
+    assert _on_disk(out) <= MIB + 8192 and _on_disk(err) <= MIB + 8192
+    stdout, stderr = outputs.read("chatty", 0, "out", -5), outputs.read("chatty", 0, "err", -5)
+    assert (stdout.data, stdout.size) == (b"oEND\n", 4_000_004)
+    assert (stderr.data, stderr.size) == (b"eBYE\n", 3_000_004)
+    assert stdout.dropped >= 4_000_004 - MIB - 4096 and stderr.dropped >= 3_000_004 - MIB - 4096
 
 
 @needs_docker

@@ -1011,6 +1011,7 @@ class GetTaskOutputResponse(_message.Message):
     NODE_ID_FIELD_NUMBER: _builtins.int
     RUNNING_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
     found: _builtins.bool
     """False when the worker host holds no such output (a simulated task writes none;
     the host kept only its newest attempts).
@@ -1027,6 +1028,10 @@ class GetTaskOutputResponse(_message.Message):
     """The attempt still runs on that node (its output may grow): the worker's word."""
     state: Global___TaskState.ValueType
     """The task's latest state as the GM knows it."""
+    dropped: _builtins.int
+    """The output's first bytes no longer kept (worker_output_max_mb): a read from
+    before them starts at the first kept one.
+    """
     def __init__(
         self,
         *,
@@ -1039,10 +1044,11 @@ class GetTaskOutputResponse(_message.Message):
         node_id: _builtins.str = ...,
         running: _builtins.bool = ...,
         state: Global___TaskState.ValueType = ...,
+        dropped: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "data", b"data", "found", b"found", "lm_id", b"lm_id", "node_id", b"node_id", "offset", b"offset", "running", b"running", "size", b"size", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "data", b"data", "dropped", b"dropped", "found", b"found", "lm_id", b"lm_id", "node_id", b"node_id", "offset", b"offset", "running", b"running", "size", b"size", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
