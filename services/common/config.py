@@ -163,6 +163,13 @@ class FederationConfig(_Model):
         "this many MiB on the worker host (megha logs reads from the first byte kept); "
         "0: kept whole. Checked every 0.5 s while the task runs.",
     )
+    worker_output_max_gb: float = Field(
+        20,
+        ge=0,
+        description="Each worker host keeps at most this many GiB of ended attempts' "
+        "output (the oldest are deleted first, as past worker_output_keep); 0: no limit. "
+        "Attempts still running are not counted until they end.",
+    )
     event_batch_s: float = Field(
         0.05,
         ge=0,

@@ -115,6 +115,7 @@ class WorkerHost:
                 self._outputs_dir,
                 self.config.worker_output_keep,
                 self.config.worker_output_max_mb << 20,
+                int(self.config.worker_output_max_gb * (1 << 30)),
             )
         except OSError as err:  # the tasks matter more than their output: run them anyway
             log.error(

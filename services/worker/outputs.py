@@ -7,7 +7,9 @@ reads them back through the GM, the LM and the worker that ran the attempt
 (``TaskOutputs.read``).
 
 The newest ``keep`` attempts are kept (by the time their files were last written; the
-files of a host's earlier lives count too), older ones are deleted as new ones start.
+files of a host's earlier lives count too), older ones are deleted as new ones start,
+and as ended ones take the bytes on disk past ``max_total`` (the files of attempts still
+written are neither counted nor deleted).
 
 With ``max_bytes``, each stream keeps only about its last ``max_bytes``: a thread looks at
 every open file each ``check_s`` and punches a hole at its start (``fallocate``'s
@@ -59,27 +61,50 @@ class TaskOutputs:
     """The output files of one worker host, under ``directory``."""
 
     def __init__(
-        self, directory: Path, keep: int = 10_000, max_bytes: int = 0, check_s: float = CHECK_S
+        self,
+        directory: Path,
+        keep: int = 10_000,
+        max_bytes: int = 0,
+        max_total: int = 0,
+        check_s: float = CHECK_S,
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be at least 1, got {keep}")
-        if max_bytes < 0:
-            raise ValueError(f"max_bytes must be 0 (no cap) or more, got {max_bytes}")
+        if max_bytes < 0 or max_total < 0:
+            raise ValueError(
+                f"max_bytes and max_total must be 0 (no cap) or more, got {max_bytes}, {max_total}"
+            )
         self.directory = Path(directory)
         self.keep = keep
         self.max_bytes = max_bytes
+        self.max_total = max_total
         self.check_s = check_s
         # Reads run in threads, opens and closes on the loop, the checker in its own.
         self._lock = threading.Lock()
         self._kept: OrderedDict[str, None] = OrderedDict()  # file stems, oldest first
-        self._open: dict[int, int] = {}  # file descriptor -> bytes dropped at its start
+        self._open: dict[int, _Open] = {}  # by file descriptor
+        self._disk: dict[str, int] = {}  # bytes on disk of each closed file, by name
+        self._total = 0  # their sum
         self._checker: threading.Thread | None = None
         self._stopping = threading.Event()
         self.directory.mkdir(parents=True, exist_ok=True)
-        stems = {path.name.rsplit(".", 1)[0]: path for path in self.directory.iterdir()}
-        for stem in sorted(stems, key=lambda s: _mtime(stems[s])):
+        newest: dict[str, float] = {}
+        with os.scandir(self.directory) as entries:
+            for entry in entries:
+                with contextlib.suppress(FileNotFoundError):
+                    stat = entry.stat()
+                    stem = entry.name.rsplit(".", 1)[0]
+                    newest[stem] = max(newest.get(stem, 0.0), stat.st_mtime)
+                    self._disk[entry.name] = stat.st_blocks * 512
+        self._total = sum(self._disk.values())
+        for stem in sorted(newest, key=newest.__getitem__):
             self._kept[stem] = None
         self._trim()
+
+    @property
+    def total(self) -> int:
+        """Bytes on disk of the files of attempts whose output has ended."""
+        return self._total
 
     def path(self, task_id: str, attempt: int, stream: str) -> Path:
         if stream not in STREAMS:
@@ -94,25 +119,32 @@ class TaskOutputs:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with self._lock:
             stem = _stem(task_id, attempt)
+            self._total -= self._disk.pop(path.name, 0)  # emptied by O_TRUNC
+            self._open[fd] = _Open(stem, path.name)
             self._kept[stem] = None
             self._kept.move_to_end(stem)
             self._trim()
-            if self.max_bytes:
-                self._open[fd] = 0
-                if self._checker is None and not self._stopping.is_set():
-                    self._checker = threading.Thread(
-                        target=self._check, name="output-cap", daemon=True
-                    )
-                    self._checker.start()
+            if self.max_bytes and self._checker is None and not self._stopping.is_set():
+                self._checker = threading.Thread(target=self._check, name="output-cap", daemon=True)
+                self._checker.start()
         return fd
 
     def close(self, fd: int) -> None:
-        """The stream of ``fd`` has ended: held to ``max_bytes`` a last time, closed."""
+        """The stream of ``fd`` has ended: held to ``max_bytes`` a last time, counted
+        in ``max_total`` (older attempts deleted past it), closed."""
         with self._lock:  # the checker must not look at a number reused after this
-            if self._open.pop(fd, None) is not None:
-                self._cap(fd, 0)
+            done = self._open.pop(fd, None)
+            if done is not None:
+                self._cap(fd, done.dropped)
+                with contextlib.suppress(OSError):
+                    used = os.fstat(fd).st_blocks * 512
+                    if done.stem in self._kept:  # else deleted while it was written
+                        self._disk[done.name] = used
+                        self._total += used
             with contextlib.suppress(OSError):
                 os.close(fd)
+            if done is not None:
+                self._trim()
 
     def stop(self) -> None:
         """End the checker (files still open stay as they are)."""
@@ -141,8 +173,8 @@ class TaskOutputs:
     def hold(self) -> None:
         """Hold every open file to ``max_bytes`` now (the checker does, each ``check_s``)."""
         with self._lock:
-            for fd, dropped in list(self._open.items()):
-                self._open[fd] = self._cap(fd, dropped)
+            for fd, written in self._open.items():
+                written.dropped = self._cap(fd, written.dropped)
 
     def _check(self) -> None:
         while not self._stopping.wait(self.check_s):
@@ -172,11 +204,29 @@ class TaskOutputs:
             return dropped
 
     def _trim(self) -> None:
-        while len(self._kept) > self.keep:
-            stem, _ = self._kept.popitem(last=False)
+        """Delete the oldest attempts' files while more than ``keep`` attempts or
+        ``max_total`` bytes are kept; not those still written."""
+        writing = {written.stem for written in self._open.values()}
+        while len(self._kept) > self.keep or (self.max_total and self._total > self.max_total):
+            stem = next((stem for stem in self._kept if stem not in writing), None)
+            if stem is None:
+                return
+            del self._kept[stem]
             for stream in STREAMS:
+                name = f"{stem}.{stream}"
+                self._total -= self._disk.pop(name, 0)
                 with contextlib.suppress(FileNotFoundError):
-                    (self.directory / f"{stem}.{stream}").unlink()
+                    (self.directory / name).unlink()
+
+
+@dataclass
+class _Open:
+    """A file being written: its attempt's stem, its name, and how much of its start
+    has been dropped so far."""
+
+    stem: str
+    name: str
+    dropped: int = 0
 
 
 def _stem(task_id: str, attempt: int) -> str:
@@ -210,10 +260,3 @@ def _punch_hole(fd: int, offset: int, length: int) -> None:
     if _fallocate()(fd, flags, offset, length) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except FileNotFoundError:
-        return 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services._proto.megha.v1 import common_pb2
+from services.worker import outputs as outputs_module
 from services.worker.executors import DockerExecutor, ProcessExecutor
 from services.worker.outputs import READ_LIMIT, TaskOutputs
 from tests.docker_engine import local_image, needs_docker
@@ -106,8 +108,51 @@ def test_a_capped_stream_keeps_its_last_bytes_and_frees_the_rest(tmp_path: Path)
     # Short output is not touched.
     _write(outputs, "short", 0, "out", b"hello")
     assert outputs.read("short", 0, "out").data == b"hello"
-    with pytest.raises(ValueError, match="max_bytes must be 0"):
+    with pytest.raises(ValueError, match="max_bytes and max_total must be 0"):
         TaskOutputs(tmp_path, max_bytes=-1)
+
+
+def test_a_filesystem_without_holes_keeps_output_whole_and_says_so_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def unsupported(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+    monkeypatch.setattr(outputs_module, "_punch_hole", unsupported)
+    outputs = TaskOutputs(tmp_path, max_bytes=4096, check_s=3600)
+    for task_id in ("a", "b"):
+        _write(outputs, task_id, 0, "out", b"x" * 20_000)
+        assert outputs.read(task_id, 0, "out").data == b"x" * 20_000
+    assert caplog.text.count("cannot drop the start of a file") == 1
+
+
+def test_the_oldest_attempts_go_once_the_host_keeps_more_than_max_total(tmp_path: Path):
+    kib = 1024
+    outputs = TaskOutputs(tmp_path, max_total=350 * kib)
+    long_running = outputs.open("long", 0, "out")  # the oldest, and still written
+    os.write(long_running, b"l" * 400 * kib)  # not counted until it ends
+    for i in range(5):
+        _write(outputs, f"t{i}", 0, "out", b"o" * 100 * kib)
+        _write(outputs, f"t{i}", 0, "err", b"")
+    assert [outputs.read(f"t{i}", 0, "out") is not None for i in range(5)] == [
+        False, False, True, True, True,
+    ]  # fmt: skip
+    assert outputs.total == 300 * kib
+    assert outputs.read("long", 0, "out").size == 400 * kib  # never deleted while written
+    outputs.close(long_running)  # now it counts, and is the oldest
+    assert outputs.read("long", 0, "out") is None
+    assert outputs.total == 300 * kib
+    # The next life counts what it finds: 300 KiB, within a budget of 250 KiB once
+    # the oldest kept attempt is gone (by the time they were written: the clock that
+    # stamps files may not tell apart three written in a row).
+    for age, i in enumerate((2, 3, 4)):
+        for stream in ("out", "err"):
+            os.utime(outputs.path(f"t{i}", 0, stream), (age + 1, age + 1))
+    again = TaskOutputs(tmp_path, max_total=250 * kib)
+    assert again.total == 200 * kib and again.read("t2", 0, "out") is None
+    # An attempt that runs again (the same file) counts only its new size.
+    _write(again, "t3", 0, "out", b"x")
+    assert again.total == 100 * kib + 4096
 
 
 def test_an_open_file_is_held_to_the_cap_while_it_is_written(tmp_path: Path) -> None:
