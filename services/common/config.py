@@ -170,6 +170,14 @@ class FederationConfig(_Model):
         "output (the oldest are deleted first, as past worker_output_keep); 0: no limit. "
         "Attempts still running are not counted until they end.",
     )
+    worker_memory_check_s: float = Field(
+        1.0,
+        ge=0,
+        le=60,
+        description="How often a worker host sums the resident memory of each process "
+        "task's processes; a task over its memory request is killed and fails (a "
+        "container is held to it by the engine). 0: process tasks are not held to it.",
+    )
     event_batch_s: float = Field(
         0.05,
         ge=0,

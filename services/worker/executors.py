@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from services._proto.megha.v1 import common_pb2
 from services.worker.janitor import LIFE_LABEL
 from services.worker.leftovers import HOST_LABEL, GroupLedger, group_running
+from services.worker.memwatch import MemoryWatch
 from services.worker.outputs import TaskOutputs
 
 log = logging.getLogger("megha.worker")
@@ -113,7 +114,8 @@ class ProcessExecutor:
     stderr into another (``outputs.py``), else stdout is discarded; the tail of stderr goes
     into the failure message. If the worker host itself dies, the main process dies with it
     (``setpriv --pdeathsig``) and the next start of the host kills the rest of the group
-    (``leftovers.py``).
+    (``leftovers.py``). With ``memory``, a task whose group holds more resident memory
+    than its request is killed (SIGKILL, at once) and fails (``memwatch.py``).
     """
 
     name = "process"
@@ -123,11 +125,13 @@ class ProcessExecutor:
         kill_grace_s: float = DEFAULT_KILL_GRACE_S,
         ledger: GroupLedger | None = None,
         outputs: TaskOutputs | None = None,
+        memory: MemoryWatch | None = None,
     ) -> None:
         self.kill_grace_s = kill_grace_s
         # Where the host notes each task's group, for its next life to kill after a crash.
         self.ledger = ledger
         self.outputs = outputs
+        self.memory = memory
         # Found out here, at start-up, not by a blocking call in the first task's spawn.
         self._prefix = _die_with_worker()
 
@@ -171,7 +175,7 @@ class ProcessExecutor:
         if self.ledger is not None:
             self.ledger.add(proc.pid)
         try:
-            return await self._supervise(proc, args, spec, err_file)
+            return await self._supervise(proc, args, spec, err_file, task.resources.memory_mb)
         finally:
             # The child wrote its stdout itself; the host kept its copy of the file open
             # until now so that outputs could hold it to worker_output_max_mb.
@@ -190,13 +194,17 @@ class ProcessExecutor:
         args: list[str],
         spec: common_pb2.ProcessExecutor,
         err_file: int | None,
+        memory_mb: int,
     ) -> ExecutionResult:
         assert proc.stderr is not None
         tail = _Tail(TAIL_BYTES, err_file)
         reader = asyncio.create_task(tail.drain(proc.stderr))
         timeout = spec.timeout_s if spec.timeout_s > 0 else None
+        over = None
+        if self.memory is not None and memory_mb > 0:
+            over = self.memory.watch(proc.pid, memory_mb << 20)
         try:
-            returncode = await asyncio.wait_for(proc.wait(), timeout)
+            returncode = await asyncio.wait_for(_exited(proc, over), timeout)
         except TimeoutError:
             await self._stop(proc)
             await _finish_reader(reader)
@@ -213,10 +221,23 @@ class ProcessExecutor:
                 _signal_group(proc.pid, signal.SIGKILL)
             reader.cancel()
             raise
-        # The main process is gone; its leftovers must not outlive the task.
+        finally:
+            if over is not None and self.memory is not None:
+                self.memory.unwatch(proc.pid)
+        # The main process is gone, or is killed here for its memory; its leftovers
+        # must not outlive the task.
         _signal_group(proc.pid, signal.SIGKILL)
+        if returncode is None:
+            await proc.wait()
         await _group_gone(proc.pid)
         await _finish_reader(reader)
+        if returncode is None:
+            assert over is not None
+            return ExecutionResult.failed(
+                _exit_code(proc.returncode),
+                f"killed: its processes held {over.result() / (1 << 20):.0f} MiB resident, "
+                f"more than the {memory_mb} MiB it asked for",
+            )
         if returncode == 0:
             return ExecutionResult.succeeded()
         code = _exit_code(returncode)
@@ -249,6 +270,18 @@ def _die_with_worker() -> tuple[str, ...]:
         if subprocess.run([*prefix, "true"], capture_output=True, timeout=5).returncode == 0:
             return prefix
     return ()
+
+
+async def _exited(proc: asyncio.subprocess.Process, over: asyncio.Future[int] | None) -> int | None:
+    """The process's return code once it exits, or None if ``over`` comes first."""
+    if over is None:
+        return await proc.wait()
+    exiting = asyncio.ensure_future(proc.wait())
+    try:
+        await asyncio.wait({exiting, over}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        exiting.cancel()  # proc.wait() may be awaited again
+    return exiting.result() if exiting.done() and not exiting.cancelled() else None
 
 
 async def _spawn(
@@ -528,12 +561,16 @@ def _describe_failure(container: Any, exit_code: int) -> str:
 
 # ---------------------------------------------------------------------- choosing
 def default_executors(
-    ledger: GroupLedger | None = None, outputs: TaskOutputs | None = None
+    ledger: GroupLedger | None = None,
+    outputs: TaskOutputs | None = None,
+    memory_check_s: float = 0.0,
 ) -> dict[str, Executor]:
-    """One instance of each executor kind, to be shared by the agents of one process."""
+    """One instance of each executor kind, to be shared by the agents of one process;
+    with ``memory_check_s``, process tasks are held to their memory request."""
+    memory = MemoryWatch(memory_check_s) if memory_check_s > 0 else None
     return {
         "sim": SimExecutor(),
-        "process": ProcessExecutor(ledger=ledger, outputs=outputs),
+        "process": ProcessExecutor(ledger=ledger, outputs=outputs, memory=memory),
         "docker": DockerExecutor(ledger=ledger, outputs=outputs),
     }
 

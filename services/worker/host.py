@@ -122,7 +122,9 @@ class WorkerHost:
                 "tasks' output will not be kept",
                 extra={"dir": str(self._outputs_dir), "why": err.strerror or str(err)},
             )
-        self._executors = default_executors(self._ledger, self._outputs)
+        self._executors = default_executors(
+            self._ledger, self._outputs, self.config.worker_memory_check_s
+        )
         interval = self.config.worker_heartbeat_interval_s
         # Concurrent, but not all at once: a gRPC server cancels calls beyond its pending
         # limit (grpc.server.max_pending_requests, 1000 by default), and a cancelled

@@ -49,7 +49,7 @@ HOST_LABEL = "megha.host"  # the label naming the host that started a container
 ENGINE_TIMEOUT_S = 30  # how long a start waits on each Docker engine call
 
 
-def _stat(pid: int | str) -> list[bytes] | None:
+def proc_stat(pid: int | str) -> list[bytes] | None:
     """/proc/<pid>/stat from field 3 (state) on, past the command name; None if gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
@@ -60,7 +60,7 @@ def _stat(pid: int | str) -> list[bytes] | None:
 
 def start_ticks(pid: int) -> int | None:
     """When ``pid`` started, in clock ticks since boot (/proc); None if it does not run."""
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     return None if fields is None else int(fields[19])  # field 22 of stat(5)
 
 
@@ -77,7 +77,7 @@ def group_running(pgid: int) -> bool:
         return True  # no cheap way to tell zombies apart
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
-            fields = _stat(entry.name)
+            fields = proc_stat(entry.name)
             # fields: state, ppid, pgrp, ...
             if fields is not None and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
                 return True

@@ -22,16 +22,21 @@ async def test_failed_attempts_are_retried_up_to_the_bound_and_only_they(tmp_pat
         shell_task("echo broken >&2; exit 3", retries=2),  # fails every time
         shell_task(f"test -f {marker} && exit 0; touch {marker}; exit 1", retries=1),
         shell_task("exit 4", retries=0),  # no retry: fails at once, as before
+        # Over its 128 MiB (the host looks every second, by default): its own failure.
+        shell_task(
+            f"{sys.executable} -c 'import time; x = bytearray(300 << 20); time.sleep(30)'",
+            retries=1,
+        ),
     ]
     async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2) as fed:
         reply = await fed.gm().submit(tasks)
-        always, once, never = reply.task_ids
+        always, once, never, hog = reply.task_ids
         job_id = reply.job_id
         deadline = time.monotonic() + 30
         while True:
             job = await fed.gm().job(job_id)
             final = {t.task_id: t for t in job.tasks}
-            if {final[always].state, final[once].state, final[never].state} <= {FAILED, SUCCEEDED}:
+            if {t.state for t in final.values()} <= {FAILED, SUCCEEDED}:
                 break
             assert time.monotonic() < deadline, job
             await asyncio.sleep(0.1)
@@ -51,6 +56,8 @@ async def test_failed_attempts_are_retried_up_to_the_bound_and_only_they(tmp_pat
         assert all("exit code 3: broken" in e.reason for e in retried)
         assert events(once) == [(RETRYING, 0), (SUCCEEDED, 1)]
         assert events(never) == [(FAILED, 0)]
+        assert events(hog) == [(RETRYING, 0), (FAILED, 1)]
+        assert "more than the 128 MiB it asked for" in final[hog].previous_end.reason
 
         # The CLI's --retries sets the bound.
         cli = await asyncio.to_thread(
