@@ -52,8 +52,11 @@ ENGINE_TIMEOUT_S = 30  # how long a start waits on each Docker engine call
 def proc_stat(pid: int | str) -> list[bytes] | None:
     """/proc/<pid>/stat from field 3 (state) on, past the command name; None if gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)  # no buffered file:
+        try:  # a memory watch reads every process's, each second
+            return os.read(fd, 4096).rsplit(b")", 1)[1].split()
+        finally:
+            os.close(fd)
     except (OSError, IndexError):
         return None
 
