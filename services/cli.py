@@ -94,13 +94,26 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --replay: compress time by this",
     )
 
-    submit = commands.add_parser("submit", help="submit a job of identical tasks")
+    submit = commands.add_parser(
+        "submit", help="submit a job of identical tasks, or of those a job file lists"
+    )
     _add_config(submit)
     _add_gm(submit)
-    submit.add_argument("--resources", default="cpu=1,mem=512Mi", help="per task")
-    submit.add_argument("--count", type=positive_int, default=1, help="tasks in the job")
     submit.add_argument(
-        "--duration", type=non_negative_float, default=1.0, help="sim executor seconds"
+        "--file",
+        "-f",
+        default="",
+        metavar="JOB.yaml",
+        help="submit the tasks this job file lists, each its own (YAML or JSON; - reads "
+        "stdin): job_id, queue, defaults, and tasks, each with command, image, duration, "
+        "resources, constraints, timeout, retries, env and count; without the task "
+        "options below",
+    )
+    # The task options default to None, so that one given with --file can be told.
+    submit.add_argument("--resources", help="per task (default cpu=1,mem=512Mi)")
+    submit.add_argument("--count", type=positive_int, help="tasks in the job (default 1)")
+    submit.add_argument(
+        "--duration", type=non_negative_float, help="sim executor seconds (default 1)"
     )
     submit.add_argument(
         "--command", dest="argv", nargs=argparse.REMAINDER, default=[], help="run a process"
@@ -116,8 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--command); each task also gets MEGHA_JOB_ID, MEGHA_TASK_ID, MEGHA_TASK_INDEX, "
         "MEGHA_ATTEMPT, MEGHA_CPU_MILLI and MEGHA_MEMORY_MB",
     )
-    submit.add_argument("--timeout", type=non_negative_float, default=0.0)
-    submit.add_argument("--constraints", default="", help="e.g. 1,4,7")
+    submit.add_argument("--timeout", type=non_negative_float, help="seconds (default: none)")
+    submit.add_argument("--constraints", help="e.g. 1,4,7")
     submit.add_argument("--queue", default="", help="user queue (default: the first)")
     submit.add_argument(
         "--job-id",
@@ -128,7 +141,6 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument(
         "--retries",
         type=_retries,
-        default=0,
         help="queue a task that failed (its own failure) again, up to this many times (0-100)",
     )
     submit.add_argument("--wait", action="store_true", help="follow the job until it ends")

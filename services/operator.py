@@ -31,6 +31,7 @@ import yaml
 from services._proto.megha.v1 import common_pb2, global_master_pb2
 from services.client import STATE_NAMES, FollowStalled, GlobalMasterClient, TaskTemplate
 from services.common.config import FederationConfig, default_config, load_config, parse_config
+from services.common.jobfile import DEFAULT_RESOURCES, JobFileError, load_job
 from services.common.runner import endpoints, wait_all_healthy
 from services.common.server import use_tls
 from services.core.constraints import ConstraintError, from_mask, parse_constraints
@@ -345,10 +346,17 @@ async def client_command(args: argparse.Namespace, config: FederationConfig) -> 
     return 2
 
 
+# megha submit's options that describe the tasks (not given with --file).
+_TASK_OPTIONS = ("resources", "count", "duration", "argv", "image", "env", "timeout")
+_TASK_OPTIONS += ("constraints", "retries")
+
+
 async def _submit(client: GlobalMasterClient, args, config: FederationConfig) -> int:
+    if args.file:
+        return await _submit_file(client, args, config)
     try:
-        request = parse_resources(args.resources)
-        constraints = from_mask(parse_constraints(args.constraints, config.num_constraints))
+        request = parse_resources(args.resources or DEFAULT_RESOURCES)
+        mask = parse_constraints(args.constraints or "", config.num_constraints)
     except (ResourceError, ConstraintError) as err:
         print(f"megha: {err}", file=sys.stderr)
         return 2
@@ -357,16 +365,17 @@ async def _submit(client: GlobalMasterClient, args, config: FederationConfig) ->
         return 2
     template = TaskTemplate(
         request,
-        args.duration,
+        1.0 if args.duration is None else args.duration,
         args.argv,
         args.image,
-        args.timeout,
-        constraints,
-        args.retries,
+        args.timeout or 0.0,
+        from_mask(mask),
+        args.retries or 0,
         dict(args.env),
     )
+    count = args.count or 1
     reply = await client.submit(
-        [template.build() for _ in range(args.count)], queue=args.queue, job_id=args.job_id
+        [template.build() for _ in range(count)], queue=args.queue, job_id=args.job_id
     )
     print(
         f"job {reply.job_id}: {len(reply.task_ids)} tasks queued ({format_resources(request)} each)"
@@ -374,6 +383,43 @@ async def _submit(client: GlobalMasterClient, args, config: FederationConfig) ->
     if args.wait:
         return await _follow(client, reply.job_id, reply.task_ids)
     return 0
+
+
+async def _submit_file(client: GlobalMasterClient, args, config: FederationConfig) -> int:
+    """A job of the tasks a job file lists (``jobfile.py``); ``--queue`` and ``--job-id``
+    win over the file's."""
+    given = [name for name in _TASK_OPTIONS if getattr(args, name) not in (None, [], "")]
+    if given:
+        options = ", ".join("--" + ("command" if name == "argv" else name) for name in given)
+        print(f"megha: the job file describes the tasks: no {options} with it", file=sys.stderr)
+        return 2
+    name = "stdin" if args.file == "-" else args.file
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        why = getattr(err, "strerror", None) or err
+        print(f"megha: cannot read {name}: {why}", file=sys.stderr)
+        return 2
+    try:
+        job, templates = load_job(text, config.num_constraints)
+    except JobFileError as err:
+        for line in str(err).splitlines():
+            print(f"megha: {name}: {line}", file=sys.stderr)
+        return 2
+    reply = await client.submit(
+        [template.build() for template in templates],
+        queue=args.queue or job.queue,
+        job_id=args.job_id or job.job_id,
+    )
+    kinds = Counter(_kind(template) for template in templates)
+    print(f"job {reply.job_id}: {len(reply.task_ids)} tasks queued ({_by_state(kinds)})")
+    if args.wait:
+        return await _follow(client, reply.job_id, reply.task_ids)
+    return 0
+
+
+def _kind(template: TaskTemplate) -> str:
+    return "container" if template.image else "process" if template.command else "simulated"
 
 
 # Events of a big job that ``--wait`` / ``--watch`` print one by one; the rest show only

@@ -99,6 +99,54 @@ async def test_megha_logs_reads_each_attempts_stdout_and_stderr(tmp_path):
         assert sim_env.returncode == 2
         assert "--env is for a process (--command) or a container (--image)" in sim_env.stderr
 
+        # A job file: tasks that differ, each with its own command, env and count.
+        job_file = tmp_path / "job.yaml"
+        job_file.write_text(
+            "job_id: from-a-file\n"
+            "defaults: {resources: 'cpu=500m,mem=128Mi', env: {WHO: all}}\n"
+            "tasks:\n"
+            "  - command: echo first $WHO\n"
+            "  - command: [sh, -c, 'echo $MEGHA_TASK_INDEX $WHO']\n"
+            "    env: {WHO: me}\n"
+            "    count: 2\n"
+        )
+        from_file = await asyncio.to_thread(
+            subprocess.run,
+            [*megha, "--file", str(job_file), "--wait"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert from_file.returncode == 0, from_file.stderr
+        assert from_file.stdout.startswith("job from-a-file: 3 tasks queued (3 process)")
+        every = await logs("from-a-file", "--all")
+        assert every.stdout.decode() == "".join(
+            f"==> from-a-file.{i} <==\n{said}\n"
+            for i, said in enumerate(["first all", "1 me", "2 me"])
+        )
+        # Read from stdin; its mistakes, and task options beside it, are refused first.
+        wrong = await asyncio.to_thread(
+            subprocess.run,
+            [*megha, "-f", "-"],
+            input="tasks:\n  - {command: ls, resources: 'cpu=lots'}\n  - {comand: ls}\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert wrong.returncode == 2
+        assert wrong.stderr.splitlines() == [
+            "megha: stdin: tasks[1].comand: Extra inputs are not permitted",
+        ]
+        both = await asyncio.to_thread(
+            subprocess.run,
+            [*megha, "-f", str(job_file), "--count", "2", "--command", "ls"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert both.returncode == 2
+        assert "the job file describes the tasks: no --count, --command with it" in both.stderr
+
 
 async def test_megha_logs_follow_prints_as_the_task_writes_and_ends_with_it(tmp_path):
     script = "for i in 1 2 3 4 5 6; do echo line $i; sleep 0.4; done"
