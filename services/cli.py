@@ -195,6 +195,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config(status)
     _add_gm(status)
 
+    drain = commands.add_parser(
+        "drain",
+        help="drain a worker node: its tasks run to their end, it takes no new ones (for "
+        "maintenance); --undo lets it take tasks again",
+    )
+    _add_config(drain)
+    drain.add_argument("node_id", nargs="?", default="", help="e.g. lm-1-w3")
+    drain.add_argument("--lm", default="", help="the node's LM (default: asks every LM)")
+    drain.add_argument("--undo", action="store_true", help="let the node take tasks again")
+    drain.add_argument(
+        "--wait", action="store_true", help="until no task runs on the node any more"
+    )
+    drain.add_argument("--list", action="store_true", help="the nodes every LM drains")
+
     bench = commands.add_parser("bench", help="micro-benchmarks of the scheduling hot path")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     bm = bench_kinds.add_parser("match", help="time one match on partitions of N nodes")
@@ -284,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         from services import operator
 
+        if args.command == "drain":
+            return asyncio.run(operator.drain(args, config))
         return asyncio.run(operator.client_command(args, config))
     except (ConfigError, TlsError) as err:
         print(f"megha: {err}", file=sys.stderr)

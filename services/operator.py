@@ -28,12 +28,17 @@ from urllib.parse import urlparse
 import grpc
 import yaml
 
-from services._proto.megha.v1 import common_pb2, global_master_pb2
+from services._proto.megha.v1 import (
+    common_pb2,
+    global_master_pb2,
+    local_master_pb2,
+    local_master_pb2_grpc,
+)
 from services.client import STATE_NAMES, FollowStalled, GlobalMasterClient, TaskTemplate
 from services.common.config import FederationConfig, default_config, load_config, parse_config
 from services.common.jobfile import DEFAULT_RESOURCES, JobFileError, load_job
 from services.common.runner import endpoints, wait_all_healthy
-from services.common.server import use_tls
+from services.common.server import channel, use_tls
 from services.core.constraints import ConstraintError, from_mask, parse_constraints
 from services.core.resources import ResourceError, format_resources, parse_resources
 from services.global_master.jobs import TERMINAL
@@ -192,6 +197,7 @@ MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
 JOB_ROWS = 50  # tasks ``megha job`` lists without --all
 FOLLOW_POLL_S = 0.5  # megha logs --follow: how often it asks for more
+DRAIN_POLL_S = 1.0  # megha drain --wait: how often it asks again
 
 
 class Children:
@@ -344,6 +350,61 @@ async def client_command(args: argparse.Namespace, config: FederationConfig) -> 
             )
         return 1
     return 2
+
+
+async def drain(args: argparse.Namespace, config: FederationConfig) -> int:
+    """``megha drain``: asks the node's LM (``--lm``, else each LM in turn, until one
+    knows it) to drain it, or to stop (``--undo``); with ``--wait``, until no task runs
+    on it; with ``--list``, which nodes every LM drains."""
+    if args.list == bool(args.node_id) or (args.list and (args.undo or args.wait)):
+        print("megha: name a NODE_ID, or --list (alone)", file=sys.stderr)
+        return 2
+    failed = False
+    for lm in [config.lm(args.lm)] if args.lm else config.lms:
+        ask = local_master_pb2.DrainNodeRequest(
+            node_id=args.node_id, undo=args.undo, query=args.list
+        )
+        try:
+            async with channel(lm.target) as chan:
+                stub = local_master_pb2_grpc.LocalMasterStub(chan)
+                reply = await stub.DrainNode(ask, timeout=10)
+                if args.list:
+                    print(f"{lm.id}: {', '.join(reply.draining_node_ids) or 'no node draining'}")
+                    continue
+                return await _drained(stub, ask, reply, lm.id, args)
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.NOT_FOUND and not args.lm:
+                continue  # another LM's node
+            print(f"megha: {lm.id}: {err.code().name}: {err.details()}", file=sys.stderr)
+            failed = True
+            if not args.list:
+                return 1
+    if args.list:
+        return 1 if failed else 0
+    print(f"megha: no LM has a node {args.node_id!r}", file=sys.stderr)
+    return 1
+
+
+async def _drained(stub, ask, reply, lm_id: str, args: argparse.Namespace) -> int:
+    node = f"node {args.node_id} ({lm_id})"
+    if args.undo:
+        print(f"{node} takes tasks again")
+        return 0
+    told = -1
+    while reply.running:
+        if reply.running != told:
+            print(f"{node} draining: {reply.running} tasks still run", flush=True)
+            told = reply.running
+        if not args.wait:
+            return 0
+        await asyncio.sleep(DRAIN_POLL_S)
+        ask.query = True  # only asks: an --undo meanwhile is not undone
+        reply = await stub.DrainNode(ask, timeout=10)
+        if not reply.draining:
+            print(f"megha: {node} was let take tasks again meanwhile", file=sys.stderr)
+            return 1
+    print(f"{node} drained: no task runs on it")
+    return 0
 
 
 # megha submit's options that describe the tasks (not given with --file).

@@ -98,6 +98,9 @@ class ClusterState:
         # is a duplicate. Bounded, so a long-lived LM does not grow by a task per task.
         self._ended_attempt = RecentInts(ended_kept)
         self._sequence = 0
+        # Nodes an operator drains: they keep their tasks and take no new ones, and
+        # heartbeats show them with nothing free, so that GMs stop matching them.
+        self.draining: set[int] = set()
 
     # ------------------------------------------------------------------ nodes
     def partition_of(self, gm_id: str) -> int | None:
@@ -123,6 +126,21 @@ class ClusterState:
         self._free_version = np.append(self._free_version, self.version)
         self._static_version = np.append(self._static_version, self.version)
         return index
+
+    def drain(self, index: int, on: bool = True) -> bool:
+        """Drain a node (``on``) or let it take tasks again; whether that changed it.
+        Its running tasks are not touched."""
+        if not 0 <= index < self.table.size:
+            raise IndexError(f"no node with index {index}")
+        if (index in self.draining) == on:
+            return False
+        if on:
+            self.draining.add(index)
+        else:
+            self.draining.discard(index)
+        self.version += 1
+        self._free_version[index] = self.version  # the next delta shows what it offers
+        return True
 
     def set_alive(self, index: int, alive: bool) -> list[Allocation]:
         """Mark a node alive or dead. A dead node's tasks are released and returned so
@@ -278,12 +296,19 @@ class ClusterState:
             num_constraints=self.table.num_constraints,
             nodes=nodes,
             free_indices=free_idx,
-            free=self.table.free[:, free_idx.astype(np.int64)].copy(),
+            free=self._offered(free_idx),
             allocations=allocations,
             ended_task_ids=ended,
             usage_mean=self.table.usage_mean[free_idx.astype(np.int64)].copy(),
             usage_var=self.table.usage_var[free_idx.astype(np.int64)].copy(),
         )
+
+    def _offered(self, indices: np.ndarray) -> np.ndarray:
+        """What the nodes of ``indices`` have free for new tasks: nothing, if draining."""
+        free = self.table.free[:, indices.astype(np.int64)].copy()
+        if self.draining:
+            free[:, np.isin(indices, list(self.draining))] = 0
+        return free
 
     # ----------------------------------------------------------- accounting
     def queue_usage(self) -> dict[str, np.ndarray]:
@@ -319,6 +344,11 @@ class ClusterState:
         if not self.table.is_alive(node):
             return Decision(
                 PlacementStatus.REJECTED_NODE_DEAD, f"node {self.table.node_ids[node]} is dead"
+            )
+        if node in self.draining:
+            return Decision(
+                PlacementStatus.REJECTED_NODE_DRAINING,
+                f"node {self.table.node_ids[node]} is draining",
             )
         if not self.table.satisfies(node, task.constraint_mask):
             have = int(self.table.constraint_masks[node])

@@ -26,6 +26,7 @@ class PlacementStatus(enum.IntEnum):
     REJECTED_INVALID = 10  # the task is malformed for this LM; retrying cannot help
     REJECTED_EXPIRED = 11  # read after the GM gave up on the request: nothing was done
     REJECTED_CANCELLED = 12  # the task's job was cancelled: it must not run
+    REJECTED_NODE_DRAINING = 13  # an operator drains the node: it takes no new task
 
     @property
     def ok(self) -> bool:

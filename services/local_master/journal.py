@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from services._proto.megha.v1 import common_pb2
@@ -68,6 +68,9 @@ CREATE TABLE IF NOT EXISTS cancelled (
     job_id TEXT NOT NULL UNIQUE,
     reason TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS draining (
+    node_id TEXT PRIMARY KEY
+) WITHOUT ROWID;
 """
 
 
@@ -82,6 +85,7 @@ class Recalled:
     accepted: list[common_pb2.Task]
     unpublished: list[common_pb2.TaskEvent]
     cancelled: list[tuple[str, str]]  # (job id, reason), the newest ``CANCELS_KEPT``
+    draining: list[str] = field(default_factory=list)  # nodes an operator drains
 
 
 class JournalError(RuntimeError):
@@ -153,6 +157,7 @@ class TaskJournal:
                     "SELECT job_id, reason FROM cancelled ORDER BY seq DESC LIMIT ?",
                     (CANCELS_KEPT,),
                 ).fetchall()
+                draining = self._db.execute("SELECT node_id FROM draining").fetchall()
             except sqlite3.Error as err:
                 raise JournalError(f"cannot read the LM journal {self.path}: {err}") from err
         attempts.reverse()
@@ -165,7 +170,14 @@ class TaskJournal:
         tasks.sort(key=lambda t: t.timestamps.lm_decided_unix_nanos)
         late = [common_pb2.TaskEvent.FromString(blob) for (blob,) in unpublished]
         cancelled.reverse()
-        return Recalled(attempts, list(reversed(latest.values())), tasks, late, cancelled)
+        return Recalled(
+            attempts,
+            list(reversed(latest.values())),
+            tasks,
+            late,
+            cancelled,
+            sorted(node_id for (node_id,) in draining),
+        )
 
     @property
     def seq(self) -> int:
@@ -202,6 +214,15 @@ class TaskJournal:
                 self._db.execute(
                     "DELETE FROM cancelled WHERE seq <= ?", (cursor.lastrowid - CANCELS_KEPT,)
                 )
+            self.written = True
+
+    def drain(self, node_id: str, on: bool) -> None:
+        """Write that an operator drains ``node_id`` (or no longer does)."""
+        with self._lock, self._db:
+            if on:
+                self._db.execute("INSERT OR IGNORE INTO draining (node_id) VALUES (?)", (node_id,))
+            else:
+                self._db.execute("DELETE FROM draining WHERE node_id = ?", (node_id,))
             self.written = True
 
     def append(self, events: list[common_pb2.TaskEvent]) -> None:

@@ -171,6 +171,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         self._closed = False
         # Tasks accepted in an earlier life that no worker has named since, by id.
         self.orphans: dict[str, common_pb2.Task] = {}
+        # Nodes an operator drains (DrainNode), by id: drained again when they register.
+        self.draining: set[str] = set()
         path = config.lm(lm_id).journal
         self.journal = (
             TaskJournal(path, config.lm_ended_kept, config.lm_endings_kept) if path else None
@@ -198,6 +200,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         self.orphans = {task.task_id: task for task in recalled.accepted}
         for job_id, reason in recalled.cancelled:
             self.cancelled.add(job_id, reason)
+        self.draining = set(recalled.draining)
         # Ended and journalled, but the LM died before the broker had them: published
         # again (a GM learns them anyway, with LookupTasks; the event stream would not).
         self._events.extend(recalled.unpublished)
@@ -406,6 +409,38 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             PlacementStatus.REJECTED_CANCELLED, f"job {task.job_id} was cancelled: {reason}"
         )
 
+    async def DrainNode(self, request, context):
+        node = self.state.table.index_of(request.node_id)
+        known = node is not None or request.node_id in self.draining
+        if not known and not (request.query and not request.node_id):
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"{self.lm_id} has no node {request.node_id!r}"
+            )
+        on = request.node_id in self.draining if request.query else not request.undo
+        if (request.node_id in self.draining) != on:
+            if on:
+                self.draining.add(request.node_id)
+            else:
+                self.draining.discard(request.node_id)
+            if self.journal is not None:
+                try:
+                    self.journal.drain(request.node_id, on)
+                except Exception as err:
+                    self._journal_failed(err)
+            if node is not None:
+                self.state.drain(node, on)  # the next heartbeat shows it to the GMs
+            log.info(
+                "node draining" if on else "node takes tasks again",
+                extra={"lm": self.lm_id, "node_id": request.node_id},
+            )
+        running = len(self.state.task_ids_on(node)) if node is not None else 0
+        return local_master_pb2.DrainNodeResponse(
+            node_id=request.node_id,
+            draining=on,
+            running=running,
+            draining_node_ids=sorted(self.draining),
+        )
+
     async def GetState(self, request, context):
         since = request.since_version or None
         return local_master_pb2.GetStateResponse(state=self._state_proto(since))
@@ -424,6 +459,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 )
             else:  # a known worker reconnecting: it may take work again
                 self.state.set_alive(node, True)
+            if request.node_id in self.draining:  # drained before this LM restarted
+                self.state.drain(node, True)
         except ValueError as err:  # ResourceError, ConstraintError: a malformed worker
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         session = self.sessions.get(node)

@@ -233,3 +233,27 @@ def test_snapshots_name_the_incarnation():
     state = ClusterState("lm-1", ("gm-a",), incarnation=1234)
     assert state.snapshot().incarnation == 1234
     assert state.snapshot(since_version=0).incarnation == 1234
+
+
+def test_a_draining_node_keeps_its_tasks_takes_none_and_offers_nothing():
+    state = lm()
+    assert state.launch("gm-a", task("running", cpu=1000), 0).ok
+    full = state.snapshot()
+    assert state.drain(0) and not state.drain(0)  # a second drain changes nothing
+    assert state.task_ids_on(0) == ["running"]
+    refused = state.launch("gm-a", task("new"), 0)
+    assert (refused.status, refused.reason) == (S.REJECTED_NODE_DRAINING, "node w0 is draining")
+    assert state.repartition("gm-b", task("new"), 0).status is S.REJECTED_NODE_DRAINING
+    # Heartbeats show it with nothing free, the full state and the next delta alike.
+    delta = state.snapshot(full.version)
+    assert delta.free_indices.tolist() == [0] and not delta.free.any()
+    assert not state.snapshot().free[:, 0].any() and state.snapshot().free[:, 2].all()
+    assert state.table.free[:, 0].tolist() == [3000, 7168, 1000, 1000]  # its books stay
+    state.release("running")  # its task ends: still nothing to offer
+    assert not state.snapshot().free[:, 0].any()
+    before_undo = state.snapshot()
+    assert state.drain(0, on=False) and not state.drain(0, on=False)
+    assert state.snapshot(before_undo.version).free[:, 0].tolist() == [4000, 8192, 1000, 1000]
+    assert state.launch("gm-a", task("new"), 0).ok
+    with pytest.raises(IndexError):
+        state.drain(9)

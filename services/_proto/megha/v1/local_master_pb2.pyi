@@ -55,6 +55,8 @@ class _PlacementStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Place
     """
     PLACEMENT_STATUS_REJECTED_CANCELLED: _PlacementStatus.ValueType  # 12
     """The task's job was cancelled (CancelJob): it must not run."""
+    PLACEMENT_STATUS_REJECTED_NODE_DRAINING: _PlacementStatus.ValueType  # 13
+    """An operator drains the node (DrainNode): it keeps its tasks and takes no new one."""
 
 class PlacementStatus(_PlacementStatus, metaclass=_PlacementStatusEnumTypeWrapper):
     """Why the LM accepted or refused one placement; lets the GM decide whether
@@ -88,7 +90,68 @@ PLACEMENT_STATUS_REJECTED_EXPIRED: PlacementStatus.ValueType  # 11
 """
 PLACEMENT_STATUS_REJECTED_CANCELLED: PlacementStatus.ValueType  # 12
 """The task's job was cancelled (CancelJob): it must not run."""
+PLACEMENT_STATUS_REJECTED_NODE_DRAINING: PlacementStatus.ValueType  # 13
+"""An operator drains the node (DrainNode): it keeps its tasks and takes no new one."""
 Global___PlacementStatus: _TypeAlias = PlacementStatus  # noqa: Y015
+
+@_typing.final
+class DrainNodeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    UNDO_FIELD_NUMBER: _builtins.int
+    QUERY_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    undo: _builtins.bool
+    """Let the node take tasks again."""
+    query: _builtins.bool
+    """Change nothing, only answer (node_id may be empty: draining_node_ids only)."""
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        undo: _builtins.bool = ...,
+        query: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_id", b"node_id", "query", b"query", "undo", b"undo"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainNodeRequest: _TypeAlias = DrainNodeRequest  # noqa: Y015
+
+@_typing.final
+class DrainNodeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    DRAINING_NODE_IDS_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    draining: _builtins.bool
+    running: _builtins.int
+    """Tasks still running on the node."""
+    @_builtins.property
+    def draining_node_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Every node of this LM that is draining now."""
+
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        draining: _builtins.bool = ...,
+        running: _builtins.int = ...,
+        draining_node_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["draining", b"draining", "draining_node_ids", b"draining_node_ids", "node_id", b"node_id", "running", b"running"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainNodeResponse: _TypeAlias = DrainNodeResponse  # noqa: Y015
 
 @_typing.final
 class ListTasksRequest(_message.Message):

@@ -95,6 +95,11 @@ class LocalMasterStub:
                 request_serializer=megha_dot_v1_dot_local__master__pb2.ListTasksRequest.SerializeToString,
                 response_deserializer=megha_dot_v1_dot_local__master__pb2.ListTasksResponse.FromString,
                 _registered_method=True)
+        self.DrainNode = channel.unary_unary(
+                '/megha.v1.LocalMaster/DrainNode',
+                request_serializer=megha_dot_v1_dot_local__master__pb2.DrainNodeRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_local__master__pb2.DrainNodeResponse.FromString,
+                _registered_method=True)
 
 
 class LocalMasterServicer:
@@ -195,6 +200,15 @@ class LocalMasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DrainNode(self, request, context):
+        """An operator drains a node (megha drain): its running tasks go on, it takes no new
+        task, and heartbeats show it with nothing free; undo lets it take tasks again. The
+        answer says how many tasks still run on it (0: drained). Kept in the LM's journal.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LocalMasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -257,6 +271,11 @@ def add_LocalMasterServicer_to_server(servicer, server):
                     servicer.ListTasks,
                     request_deserializer=megha_dot_v1_dot_local__master__pb2.ListTasksRequest.FromString,
                     response_serializer=megha_dot_v1_dot_local__master__pb2.ListTasksResponse.SerializeToString,
+            ),
+            'DrainNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainNode,
+                    request_deserializer=megha_dot_v1_dot_local__master__pb2.DrainNodeRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_local__master__pb2.DrainNodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -583,6 +602,33 @@ class LocalMaster:
             '/megha.v1.LocalMaster/ListTasks',
             megha_dot_v1_dot_local__master__pb2.ListTasksRequest.SerializeToString,
             megha_dot_v1_dot_local__master__pb2.ListTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/megha.v1.LocalMaster/DrainNode',
+            megha_dot_v1_dot_local__master__pb2.DrainNodeRequest.SerializeToString,
+            megha_dot_v1_dot_local__master__pb2.DrainNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -76,6 +76,11 @@ class LocalMasterStub:
     or RUNNING) and of every ending it remembers (the newest 100,000), in batches, so a
     GM that restarted knows the jobs it had heard of (GetJob, WatchJob).
     """
+    DrainNode: _grpc.UnaryUnaryMultiCallable[_local_master_pb2.DrainNodeRequest, _local_master_pb2.DrainNodeResponse]
+    """An operator drains a node (megha drain): its running tasks go on, it takes no new
+    task, and heartbeats show it with nothing free; undo lets it take tasks again. The
+    answer says how many tasks still run on it (0: drained). Kept in the LM's journal.
+    """
 
 @_typing.type_check_only
 class LocalMasterAsyncStub(LocalMasterStub):
@@ -121,6 +126,11 @@ class LocalMasterAsyncStub(LocalMasterStub):
     """Called by a GM when it starts: the latest event of every task this LM holds (PLACED
     or RUNNING) and of every ending it remembers (the newest 100,000), in batches, so a
     GM that restarted knows the jobs it had heard of (GetJob, WatchJob).
+    """
+    DrainNode: _aio.UnaryUnaryMultiCallable[_local_master_pb2.DrainNodeRequest, _local_master_pb2.DrainNodeResponse]  # type: ignore[assignment]
+    """An operator drains a node (megha drain): its running tasks go on, it takes no new
+    task, and heartbeats show it with nothing free; undo lets it take tasks again. The
+    answer says how many tasks still run on it (0: drained). Kept in the LM's journal.
     """
 
 class LocalMasterServicer(metaclass=_abc_1.ABCMeta):
@@ -236,6 +246,17 @@ class LocalMasterServicer(metaclass=_abc_1.ABCMeta):
         """Called by a GM when it starts: the latest event of every task this LM holds (PLACED
         or RUNNING) and of every ending it remembers (the newest 100,000), in batches, so a
         GM that restarted knows the jobs it had heard of (GetJob, WatchJob).
+        """
+
+    @_abc_1.abstractmethod
+    def DrainNode(
+        self,
+        request: _local_master_pb2.DrainNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_local_master_pb2.DrainNodeResponse, _abc.Awaitable[_local_master_pb2.DrainNodeResponse]]:
+        """An operator drains a node (megha drain): its running tasks go on, it takes no new
+        task, and heartbeats show it with nothing free; undo lets it take tasks again. The
+        answer says how many tasks still run on it (0: drained). Kept in the LM's journal.
         """
 
 def add_LocalMasterServicer_to_server(servicer: LocalMasterServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
