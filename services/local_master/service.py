@@ -429,6 +429,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                     self._journal_failed(err)
             if node is not None:
                 self.state.drain(node, on)  # the next heartbeat shows it to the GMs
+                self._count_workers()
             log.info(
                 "node draining" if on else "node takes tasks again",
                 extra={"lm": self.lm_id, "node_id": request.node_id},
@@ -831,6 +832,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         alive = self.state.table.alive.count()
         metrics.WORKERS.labels(self.lm_id, "alive").set(alive)
         metrics.WORKERS.labels(self.lm_id, "dead").set(self.state.table.size - alive)
+        metrics.WORKERS.labels(self.lm_id, "draining").set(len(self.state.draining))
 
     # ----------------------------------------------------------------- loops
     async def _heartbeat_loop(self) -> None:

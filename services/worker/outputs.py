@@ -166,6 +166,11 @@ class TaskOutputs:
                 start = min(start, size)
                 file.seek(start)
                 data = file.read(max(0, min(limit, READ_LIMIT)))
+                # The checker may have punched past ``start`` meanwhile: what it read
+                # there may be the hole's zeros, so it starts at the first byte kept.
+                later = _data_start(file.fileno(), size)
+                if later > start:
+                    data, start, dropped = data[later - start :], min(later, size), later
                 return Chunk(data, start, size, dropped)
         except FileNotFoundError:
             return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -287,3 +288,30 @@ async def test_a_task_whose_output_cannot_be_kept_runs_all_the_same(tmp_path: Pa
     assert result.exit_code == 0
     assert "cannot keep a task's output" in caplog.text
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_read_racing_the_checker_never_returns_the_holes_zeros(tmp_path: Path) -> None:
+    outputs = TaskOutputs(tmp_path, max_bytes=256 * 1024, check_s=0.0002)
+    fd = outputs.open("race", 0, "out")
+    line = b"0123456789abcdef" * 256  # 4 KiB without a zero byte
+    stop = threading.Event()
+
+    def write() -> None:
+        while not stop.is_set():
+            os.write(fd, line * 16)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    deadline = time.monotonic() + 2
+    reads = 0
+    try:
+        while time.monotonic() < deadline:
+            chunk = outputs.read("race", 0, "out", limit=READ_LIMIT)
+            assert b"\0" not in chunk.data, f"zeros at {chunk.offset + chunk.data.index(0)}"
+            reads += 1
+    finally:
+        stop.set()
+        writer.join()
+        outputs.close(fd)
+        outputs.stop()
+    assert reads > 100
