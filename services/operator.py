@@ -525,7 +525,8 @@ async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
             progress.done()
             where = f" on {event.lm_id}/{event.node_id}" if event.node_id else ""
             why = f" ({event.reason})" if event.reason else ""
-            print(f"{event.task_id:<24} {state:<10}{where}{why}", flush=True)
+            peak = f" [peak {event.peak_memory_mb} MiB]" if event.peak_memory_mb else ""
+            print(f"{event.task_id:<24} {state:<10}{where}{why}{peak}", flush=True)
     except FollowStalled as err:
         progress.done()
         print(f"megha: {err}", file=sys.stderr)
@@ -623,6 +624,12 @@ async def _job(client: GlobalMasterClient, args) -> int:
     job = await client.job(args.job_id)
     counts = Counter(STATE_NAMES.get(t.state, "?") for t in job.tasks)
     print(f"job {job.job_id} (queue {job.queue}): {len(job.tasks)} tasks: {_by_state(counts)}")
+    peaks = sorted(t.peak_memory_mb for t in job.tasks if t.peak_memory_mb)
+    if peaks:  # what to ask for next time
+        print(
+            f"peak memory of {len(peaks)} process tasks: median {peaks[len(peaks) // 2]} MiB, "
+            f"max {peaks[-1]} MiB"
+        )
     rows = list(job.tasks)
     if not args.all and len(rows) > JOB_ROWS:
         # The tasks worth a look first: those that have not succeeded.
@@ -638,15 +645,17 @@ async def _job(client: GlobalMasterClient, args) -> int:
 
 
 def _note(task: global_master_pb2.TaskStatus) -> str:
-    """Why a task waits, and for a later attempt, how the one before it ended."""
+    """Why a task waits, and for a later attempt, how the one before it ended; the
+    peak memory of one that ended."""
+    peak = f"[peak {task.peak_memory_mb} MiB] " if task.peak_memory_mb else ""
     if not task.attempt:
-        return task.pending_reason
+        return peak + task.pending_reason
     before = ""
     if task.HasField("previous_end"):
         end = task.previous_end
         why = f" ({end.reason})" if end.reason else ""
         before = f", after attempt {end.attempt} {STATE_NAMES.get(end.state, '?')}{why}"
-    return f"[attempt {task.attempt}{before}] {task.pending_reason}"
+    return f"{peak}[attempt {task.attempt}{before}] {task.pending_reason}"
 
 
 async def _jobs(client: GlobalMasterClient, args) -> int:

@@ -217,6 +217,7 @@ class JobBook:
         status.attempt = event.attempt
         status.timestamps.CopyFrom(event.timestamps)
         status.pending_reason = event.reason if event.state != common_pb2.TASK_STATE_RUNNING else ""
+        status.peak_memory_mb = event.peak_memory_mb
         job.store(status, before)
         if event.state in _OPEN:
             self.open[job.job_id, event.task_id] = status
@@ -255,6 +256,7 @@ def status_event(job: JobRecord, status: global_master_pb2.TaskStatus) -> common
         reason=status.pending_reason,
         timestamps=status.timestamps,
         attempt=status.attempt,
+        peak_memory_mb=status.peak_memory_mb,
     )
 
 

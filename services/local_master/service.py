@@ -715,14 +715,16 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             self.state.release(report.task_id)
             task.failures += 1
             metrics.TASKS_FINISHED.labels(self.lm_id, "retrying").inc()
-            await self._requeue(allocation, common_pb2.TASK_STATE_RETRYING, report.message)
+            await self._requeue(
+                allocation, common_pb2.TASK_STATE_RETRYING, report.message, report.peak_memory_mb
+            )
             return True
         if report.state in TERMINAL:
             self.state.release(report.task_id)
             del self.tasks[report.task_id]
             state_name = common_pb2.TaskState.Name(report.state).removeprefix("TASK_STATE_")
             metrics.TASKS_FINISHED.labels(self.lm_id, state_name.lower()).inc()
-        self._event(task, report.state, node, report.message)
+        self._event(task, report.state, node, report.message, report.peak_memory_mb)
         return True
 
     # --------------------------------------------------------------- helpers
@@ -786,12 +788,14 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         session.commands.append(command)
         session.ready.set()
 
-    async def _requeue(self, allocation: Allocation, state: int, reason: str) -> None:
+    async def _requeue(
+        self, allocation: Allocation, state: int, reason: str, peak_memory_mb: int = 0
+    ) -> None:
         """A task that lost its place goes back to its user queue as the next attempt."""
         task = self.tasks.pop(allocation.task_id, None)
         if task is None:
             return
-        self._event(task, state, allocation.node, reason)
+        self._event(task, state, allocation.node, reason, peak_memory_mb)
         task.attempt = allocation.attempt
         await enqueue_next_attempt(self.bus, task)
 
@@ -810,8 +814,11 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             attempt=task.attempt,
         )
 
-    def _event(self, task: common_pb2.Task, state: int, node: int, reason: str) -> None:
+    def _event(
+        self, task: common_pb2.Task, state: int, node: int, reason: str, peak_memory_mb: int = 0
+    ) -> None:
         event = self._event_of(task, state, node, reason)
+        event.peak_memory_mb = peak_memory_mb
         self._events.append(event)
         self._events_ready.set()
         if state in ENDED:

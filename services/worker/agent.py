@@ -628,7 +628,7 @@ class WorkerAgent:
         task_id = task.task_id
         self._running.pop(task_id, None)
         task.timestamps.finished_unix_nanos = time.time_ns()
-        self._send(task, result.state, result.exit_code, result.message)
+        self._send(task, result.state, result.exit_code, result.message, result.peak_memory_mb)
         log.debug(
             "task ended",
             extra={
@@ -662,9 +662,10 @@ class WorkerAgent:
         state: common_pb2.TaskState.ValueType,
         exit_code: int = 0,
         message: str = "",
+        peak_memory_mb: int = 0,
     ) -> None:
         """Queue a report and wake the sender: state changes do not wait for the interval."""
-        self._outbox.append(_report(task, state, exit_code, message))
+        self._outbox.append(_report(task, state, exit_code, message, peak_memory_mb))
         if state != RUNNING:
             self._owed[task.task_id, task.attempt] = task
         if self._wake is not None:
@@ -676,6 +677,7 @@ def _report(
     state: common_pb2.TaskState.ValueType,
     exit_code: int = 0,
     message: str = "",
+    peak_memory_mb: int = 0,
 ) -> local_master_pb2.TaskReport:
     # The constructor copies the timestamps: later stamps do not change a queued report.
     return local_master_pb2.TaskReport(
@@ -685,4 +687,5 @@ def _report(
         message=message,
         timestamps=task.timestamps,
         attempt=task.attempt,
+        peak_memory_mb=peak_memory_mb,
     )

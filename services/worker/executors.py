@@ -23,7 +23,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from services._proto.megha.v1 import common_pb2
@@ -69,6 +69,7 @@ class ExecutionResult:
     exit_code: int
     message: str
     state: common_pb2.TaskState.ValueType
+    peak_memory_mb: int = 0  # a process task's, as its host's memory watch saw it
 
     @classmethod
     def succeeded(cls, message: str = "") -> ExecutionResult:
@@ -174,9 +175,17 @@ class ProcessExecutor:
 
         if self.ledger is not None:
             self.ledger.add(proc.pid)
+        memory_mb = task.resources.memory_mb
+        # Every task is watched, for its peak; one that asked for memory, against it too.
+        over = None if self.memory is None else self.memory.watch(proc.pid, memory_mb << 20)
         try:
-            return await self._supervise(proc, args, spec, err_file, task.resources.memory_mb)
+            result = await self._supervise(proc, args, spec, err_file, over, memory_mb)
+            if self.memory is not None:
+                result = replace(result, peak_memory_mb=_mib(self.memory.peak(proc.pid)))
+            return result
         finally:
+            if self.memory is not None:
+                self.memory.unwatch(proc.pid)
             # The child wrote its stdout itself; the host kept its copy of the file open
             # until now so that outputs could hold it to worker_output_max_mb.
             self._close_output(stdout, err_file)
@@ -194,15 +203,13 @@ class ProcessExecutor:
         args: list[str],
         spec: common_pb2.ProcessExecutor,
         err_file: int | None,
+        over: asyncio.Future[int] | None,
         memory_mb: int,
     ) -> ExecutionResult:
         assert proc.stderr is not None
         tail = _Tail(TAIL_BYTES, err_file)
         reader = asyncio.create_task(tail.drain(proc.stderr))
         timeout = spec.timeout_s if spec.timeout_s > 0 else None
-        over = None
-        if self.memory is not None and memory_mb > 0:
-            over = self.memory.watch(proc.pid, memory_mb << 20)
         try:
             returncode = await asyncio.wait_for(_exited(proc, over), timeout)
         except TimeoutError:
@@ -221,9 +228,6 @@ class ProcessExecutor:
                 _signal_group(proc.pid, signal.SIGKILL)
             reader.cancel()
             raise
-        finally:
-            if over is not None and self.memory is not None:
-                self.memory.unwatch(proc.pid)
         # The main process is gone, or is killed here for its memory; its leftovers
         # must not outlive the task.
         _signal_group(proc.pid, signal.SIGKILL)
@@ -235,7 +239,7 @@ class ProcessExecutor:
             assert over is not None
             return ExecutionResult.failed(
                 _exit_code(proc.returncode),
-                f"killed: its processes held {over.result() / (1 << 20):.0f} MiB resident, "
+                f"killed: its processes held {_mib(over.result())} MiB resident, "
                 f"more than the {memory_mb} MiB it asked for",
             )
         if returncode == 0:
@@ -270,6 +274,11 @@ def _die_with_worker() -> tuple[str, ...]:
         if subprocess.run([*prefix, "true"], capture_output=True, timeout=5).returncode == 0:
             return prefix
     return ()
+
+
+def _mib(size: int) -> int:
+    """Bytes in MiB, rounded up (a task that held a byte more than asked is over)."""
+    return -(-size >> 20)
 
 
 async def _exited(proc: asyncio.subprocess.Process, over: asyncio.Future[int] | None) -> int | None:

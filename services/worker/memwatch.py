@@ -43,8 +43,9 @@ def resident(pgids: Collection[int]) -> dict[int, int]:
 
 @dataclass
 class _Watched:
-    limit: int
+    limit: int  # 0: none
     over: asyncio.Future[int]
+    peak: int = 0
 
 
 class MemoryWatch:
@@ -58,14 +59,20 @@ class MemoryWatch:
         self._watched: dict[int, _Watched] = {}
         self._looking: asyncio.Task[None] | None = None
 
-    def watch(self, pgid: int, limit: int) -> asyncio.Future[int]:
-        """A future that gets the group's resident bytes once they are over ``limit``;
-        the caller ``unwatch``es the group when its task has ended."""
+    def watch(self, pgid: int, limit: int = 0) -> asyncio.Future[int]:
+        """A future that gets the group's resident bytes once they are over ``limit``
+        (0: never, the group is only measured); the caller ``unwatch``es the group when
+        its task has ended."""
         over: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._watched[pgid] = _Watched(limit, over)
         if self._looking is None or self._looking.done():
             self._looking = asyncio.create_task(self._look())
         return over
+
+    def peak(self, pgid: int) -> int:
+        """The most bytes the group held resident at one look so far (0: no look yet)."""
+        watched = self._watched.get(pgid)
+        return 0 if watched is None else watched.peak
 
     def unwatch(self, pgid: int) -> None:
         watched = self._watched.pop(pgid, None)
@@ -82,5 +89,8 @@ class MemoryWatch:
             with contextlib.suppress(OSError):  # no /proc: nothing to go by
                 for pgid, used in (await asyncio.to_thread(resident, groups)).items():
                     watched = self._watched.get(pgid)
-                    if watched is not None and used > watched.limit and not watched.over.done():
+                    if watched is None:
+                        continue
+                    watched.peak = max(watched.peak, used)
+                    if watched.limit and used > watched.limit and not watched.over.done():
                         watched.over.set_result(used)

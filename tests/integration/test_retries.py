@@ -58,6 +58,13 @@ async def test_failed_attempts_are_retried_up_to_the_bound_and_only_they(tmp_pat
         assert events(never) == [(FAILED, 0)]
         assert events(hog) == [(RETRYING, 0), (FAILED, 1)]
         assert "more than the 128 MiB it asked for" in final[hog].previous_end.reason
+        # How much it took, as seen: in each attempt's end, and in the GM's books.
+        assert 128 < final[hog].peak_memory_mb < 400
+        assert 128 < final[hog].previous_end.peak_memory_mb < 400
+        hog_ends = [
+            e for e in fed.events.events if e.task_id == hog and e.state in (RETRYING, FAILED)
+        ]
+        assert all(128 < e.peak_memory_mb < 400 for e in hog_ends)
 
         # The CLI's --retries sets the bound.
         cli = await asyncio.to_thread(

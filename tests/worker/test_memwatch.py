@@ -45,6 +45,7 @@ async def test_a_process_task_over_its_memory_request_is_killed_and_fails() -> N
     assert "more than the 64 MiB it asked for" in result.message, result.message
     held = int(result.message.split("held ")[1].split(" MiB")[0])
     assert 64 < held < 400  # caught on the way to 200, or after
+    assert result.peak_memory_mb == held
     assert not executor.memory._watched  # type: ignore[union-attr]
 
 
@@ -52,10 +53,15 @@ async def test_a_task_within_its_request_or_without_one_or_unwatched_runs_to_its
     watch = MemoryWatch(0.1)
     within = await ProcessExecutor(memory=watch).run(_task(512, HOG.format(0.5)))
     assert within.exit_code == 0, within.message
+    assert 200 <= within.peak_memory_mb < 400  # measured all the same: what it took
     no_request = await ProcessExecutor(memory=watch).run(_task(0, HOG.format(0.5)))
     assert no_request.exit_code == 0, no_request.message
+    assert 200 <= no_request.peak_memory_mb < 400
     unwatched = await ProcessExecutor().run(_task(64, HOG.format(0.5)))
     assert unwatched.exit_code == 0, unwatched.message
+    assert unwatched.peak_memory_mb == 0  # not measured
+    quick = await ProcessExecutor(memory=MemoryWatch(30)).run(_task(512, "pass"))
+    assert quick.peak_memory_mb == 0  # ended before the first look
     assert watch._looking is None  # nothing watched: no loop left behind
 
 

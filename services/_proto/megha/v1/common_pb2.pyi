@@ -831,6 +831,7 @@ class TaskEvent(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     TIMESTAMPS_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
+    PEAK_MEMORY_MB_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     job_id: _builtins.str
     queue: _builtins.str
@@ -840,6 +841,8 @@ class TaskEvent(_message.Message):
     reason: _builtins.str
     """Why the task is in this state, in words a user can act on."""
     attempt: _builtins.int
+    peak_memory_mb: _builtins.int
+    """An ended process task's peak resident memory (TaskReport.peak_memory_mb); 0: not seen."""
     @_builtins.property
     def timestamps(self) -> Global___TaskTimestamps: ...
     def __init__(
@@ -854,10 +857,11 @@ class TaskEvent(_message.Message):
         reason: _builtins.str = ...,
         timestamps: Global___TaskTimestamps | None = ...,
         attempt: _builtins.int = ...,
+        peak_memory_mb: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timestamps", b"timestamps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "job_id", b"job_id", "lm_id", b"lm_id", "node_id", b"node_id", "queue", b"queue", "reason", b"reason", "state", b"state", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "job_id", b"job_id", "lm_id", b"lm_id", "node_id", b"node_id", "peak_memory_mb", b"peak_memory_mb", "queue", b"queue", "reason", b"reason", "state", b"state", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -374,6 +374,7 @@ class TaskStatus(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     PREDICTED_LIFETIME_S_FIELD_NUMBER: _builtins.int
     PREVIOUS_END_FIELD_NUMBER: _builtins.int
+    PEAK_MEMORY_MB_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     state: _common_pb2.TaskState.ValueType
     lm_id: _builtins.str
@@ -388,6 +389,8 @@ class TaskStatus(_message.Message):
     """Task.predicted_lifetime_s: what the predictor sidecar expected at
     submission; 0 = no prediction.
     """
+    peak_memory_mb: _builtins.int
+    """An ended process task's peak resident memory (TaskEvent.peak_memory_mb); 0: not seen."""
     @_builtins.property
     def timestamps(self) -> _common_pb2.TaskTimestamps: ...
     @_builtins.property
@@ -408,10 +411,11 @@ class TaskStatus(_message.Message):
         attempt: _builtins.int = ...,
         predicted_lifetime_s: _builtins.float = ...,
         previous_end: _common_pb2.TaskEvent | None = ...,
+        peak_memory_mb: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["previous_end", b"previous_end", "timestamps", b"timestamps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "lm_id", b"lm_id", "node_id", b"node_id", "pending_reason", b"pending_reason", "predicted_lifetime_s", b"predicted_lifetime_s", "previous_end", b"previous_end", "state", b"state", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "lm_id", b"lm_id", "node_id", b"node_id", "peak_memory_mb", b"peak_memory_mb", "pending_reason", b"pending_reason", "predicted_lifetime_s", b"predicted_lifetime_s", "previous_end", b"previous_end", "state", b"state", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

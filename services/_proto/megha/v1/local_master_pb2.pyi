@@ -633,6 +633,7 @@ class TaskReport(_message.Message):
     MESSAGE_FIELD_NUMBER: _builtins.int
     TIMESTAMPS_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
+    PEAK_MEMORY_MB_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     state: _common_pb2.TaskState.ValueType
     exit_code: _builtins.int
@@ -642,6 +643,10 @@ class TaskReport(_message.Message):
     attempt: _builtins.int
     """The attempt the report is about, so a late report of a killed attempt never
     releases the resources of the re-queued attempt that replaced it.
+    """
+    peak_memory_mb: _builtins.int
+    """For an ended process task: the most memory its processes held resident at once,
+    as the host's memory watch saw it (worker_memory_check_s); 0: not seen.
     """
     @_builtins.property
     def timestamps(self) -> _common_pb2.TaskTimestamps:
@@ -656,10 +661,11 @@ class TaskReport(_message.Message):
         message: _builtins.str = ...,
         timestamps: _common_pb2.TaskTimestamps | None = ...,
         attempt: _builtins.int = ...,
+        peak_memory_mb: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timestamps", b"timestamps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "exit_code", b"exit_code", "message", b"message", "state", b"state", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "exit_code", b"exit_code", "message", b"message", "peak_memory_mb", b"peak_memory_mb", "state", b"state", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
