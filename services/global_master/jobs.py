@@ -187,6 +187,8 @@ class JobBook:
             )
             if status is not None:
                 _carry_previous_end(status, queued, job)
+                queued.earlier.extend(status.earlier)
+                _remember_node(queued, status.attempt, status.lm_id, status.node_id)
             job.store(queued, before=None if status is None else status.state)
             self.open.pop((job.job_id, task.task_id), None)
 
@@ -202,15 +204,20 @@ class JobBook:
             event.state, 0
         ) >= _RANK.get(status.state, 0)
         if not (newer_attempt or same_attempt_later or status.state == 0):
+            # An earlier attempt's event, after a later attempt was heard of.
+            remembered = _remember_node(status, event.attempt, event.lm_id, event.node_id)
             if event.state in _REQUEUED and event.attempt + 1 == status.attempt:
-                # The previous attempt's end, after the next attempt was heard of.
+                # The previous attempt's end.
                 status.previous_end.CopyFrom(event)
                 job.store(status, before)
                 for watcher in job.watchers:
                     watcher.put_nowait(event)
+            elif remembered:
+                job.store(status, before)
             return
         if newer_attempt:
             _carry_previous_end(status, status, job, event.attempt)
+            _remember_node(status, status.attempt, status.lm_id, status.node_id, event.attempt)
         status.state = event.state
         status.lm_id = event.lm_id
         status.node_id = event.node_id
@@ -276,6 +283,28 @@ def _carry_previous_end(
             new.previous_end.CopyFrom(old.previous_end)
     else:
         new.ClearField("previous_end")
+
+
+EARLIER_KEPT = 32  # attempts' nodes a task's status keeps (TaskStatus.earlier)
+
+
+def _remember_node(
+    status: global_master_pb2.TaskStatus,
+    attempt: int,
+    lm_id: str,
+    node_id: str,
+    current: int | None = None,
+) -> bool:
+    """Note in ``status.earlier`` where ``attempt`` ran, if it is before the current
+    attempt (``current``, default the status's own) and ran on a node; whether it did."""
+    current = status.attempt if current is None else current
+    if not node_id or attempt >= current or any(e.attempt == attempt for e in status.earlier):
+        return False
+    status.earlier.add(attempt=attempt, lm_id=lm_id, node_id=node_id)
+    if len(status.earlier) > EARLIER_KEPT:
+        oldest = min(range(len(status.earlier)), key=lambda i: status.earlier[i].attempt)
+        del status.earlier[oldest]
+    return True
 
 
 def _holds(status: global_master_pb2.TaskStatus | None, task: common_pb2.Task) -> bool:

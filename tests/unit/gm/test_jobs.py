@@ -18,9 +18,15 @@ def task(task_id: str, attempt: int = 0) -> common_pb2.Task:
     return common_pb2.Task(task_id=task_id, job_id="j", queue="q", attempt=attempt)
 
 
-def event(task_id: str, state: int, attempt: int = 0) -> common_pb2.TaskEvent:
+def event(task_id: str, state: int, attempt: int = 0, node_id: str = "") -> common_pb2.TaskEvent:
     return common_pb2.TaskEvent(
-        task_id=task_id, job_id="j", queue="q", state=state, attempt=attempt
+        task_id=task_id,
+        job_id="j",
+        queue="q",
+        state=state,
+        attempt=attempt,
+        lm_id="lm-1" if node_id else "",
+        node_id=node_id,
     )
 
 
@@ -264,8 +270,8 @@ _ENDS = [
 @given(st.data())
 def test_whatever_the_order_a_task_ends_with_its_last_attempt_and_the_one_before(data):
     """Events of a task's attempts 0..k reach a GM in any order (the events exchange and
-    the queue are separate paths): the status ends at attempt k's end, and keeps how
-    attempt k-1 ended."""
+    the queue are separate paths): the status ends at attempt k's end, keeps how
+    attempt k-1 ended, and where each earlier attempt ran."""
     attempts = data.draw(st.integers(1, 4), label="attempts")
     ends = [data.draw(st.sampled_from(_ENDS)) for _ in range(attempts - 1)]
     last = data.draw(
@@ -283,10 +289,24 @@ def test_whatever_the_order_a_task_ends_with_its_last_attempt_and_the_one_before
         if kind == "queued":
             book.queued(task("t", attempt=attempt))
         else:
-            book.apply(event("t", state, attempt))
+            book.apply(event("t", state, attempt, node_id=f"n{attempt}"))
     status = book.get("j").status("t")
     assert (status.state, status.attempt) == (last, attempts - 1)
+    assert {e.attempt: (e.lm_id, e.node_id) for e in status.earlier} == {
+        a: ("lm-1", f"n{a}") for a in range(attempts - 1)
+    }
     if attempts > 1:
         assert _previous_end(book)[:2] == (ends[-1], attempts - 2)
     else:
         assert _previous_end(book) is None
+
+
+def test_a_status_keeps_where_its_newest_earlier_attempts_ran_and_no_more():
+    book = JobBook()
+    for attempt in range(40):  # e.g. lost again and again
+        book.queued(task("t", attempt=attempt))
+        book.apply(event("t", S.TASK_STATE_RUNNING, attempt, node_id=f"n{attempt}"))
+        book.apply(event("t", S.TASK_STATE_LOST, attempt, node_id=f"n{attempt}"))
+    earlier = book.get("j").status("t").earlier
+    assert sorted(e.attempt for e in earlier) == list(range(7, 39))  # the newest 32
+    assert all(e.node_id == f"n{e.attempt}" for e in earlier)
