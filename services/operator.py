@@ -359,7 +359,7 @@ async def drain(args: argparse.Namespace, config: FederationConfig) -> int:
     if args.list == bool(args.node_id) or (args.list and (args.undo or args.wait)):
         print("megha: name a NODE_ID, or --list (alone)", file=sys.stderr)
         return 2
-    failed = False
+    failed = found = False
     for lm in [config.lm(args.lm)] if args.lm else config.lms:
         ask = local_master_pb2.DrainNodeRequest(
             node_id=args.node_id, undo=args.undo, query=args.list
@@ -371,17 +371,19 @@ async def drain(args: argparse.Namespace, config: FederationConfig) -> int:
                 if args.list:
                     print(f"{lm.id}: {', '.join(reply.draining_node_ids) or 'no node draining'}")
                     continue
+                found = True
                 return await _drained(stub, ask, reply, lm.id, args)
         except grpc.aio.AioRpcError as err:
             if err.code() == grpc.StatusCode.NOT_FOUND and not args.lm:
                 continue  # another LM's node
             print(f"megha: {lm.id}: {err.code().name}: {err.details()}", file=sys.stderr)
             failed = True
-            if not args.list:
+            if args.lm or found:
                 return 1
     if args.list:
         return 1 if failed else 0
-    print(f"megha: no LM has a node {args.node_id!r}", file=sys.stderr)
+    also = " (and not every LM answered)" if failed else ""
+    print(f"megha: no LM has a node {args.node_id!r}{also}", file=sys.stderr)
     return 1
 
 
@@ -399,7 +401,12 @@ async def _drained(stub, ask, reply, lm_id: str, args: argparse.Namespace) -> in
             return 0
         await asyncio.sleep(DRAIN_POLL_S)
         ask.query = True  # only asks: an --undo meanwhile is not undone
-        reply = await stub.DrainNode(ask, timeout=10)
+        try:
+            reply = await stub.DrainNode(ask, timeout=10)
+        except grpc.aio.AioRpcError as err:  # e.g. the LM restarting: ask again
+            if err.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise
+            continue
         if not reply.draining:
             print(f"megha: {node} was let take tasks again meanwhile", file=sys.stderr)
             return 1

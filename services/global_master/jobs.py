@@ -187,7 +187,7 @@ class JobBook:
             )
             if status is not None:
                 _carry_previous_end(status, queued, job)
-                queued.earlier.extend(status.earlier)
+                queued.earlier_attempts.extend(status.earlier_attempts)
                 _remember_node(queued, status.attempt, status.lm_id, status.node_id)
             job.store(queued, before=None if status is None else status.state)
             self.open.pop((job.job_id, task.task_id), None)
@@ -285,7 +285,7 @@ def _carry_previous_end(
         new.ClearField("previous_end")
 
 
-EARLIER_KEPT = 32  # attempts' nodes a task's status keeps (TaskStatus.earlier)
+EARLIER_KEPT = 32  # attempts' nodes a task's status keeps (TaskStatus.earlier_attempts)
 
 
 def _remember_node(
@@ -295,15 +295,16 @@ def _remember_node(
     node_id: str,
     current: int | None = None,
 ) -> bool:
-    """Note in ``status.earlier`` where ``attempt`` ran, if it is before the current
-    attempt (``current``, default the status's own) and ran on a node; whether it did."""
+    """Note in ``status.earlier_attempts`` where ``attempt`` ran, if it is before the
+    current attempt (``current``, default the status's own) and ran on a node; whether
+    it did."""
     current = status.attempt if current is None else current
-    if not node_id or attempt >= current or any(e.attempt == attempt for e in status.earlier):
+    earlier = status.earlier_attempts
+    if not node_id or attempt >= current or any(e.attempt == attempt for e in earlier):
         return False
-    status.earlier.add(attempt=attempt, lm_id=lm_id, node_id=node_id)
-    if len(status.earlier) > EARLIER_KEPT:
-        oldest = min(range(len(status.earlier)), key=lambda i: status.earlier[i].attempt)
-        del status.earlier[oldest]
+    earlier.add(attempt=attempt, lm_id=lm_id, node_id=node_id)
+    if len(earlier) > EARLIER_KEPT:
+        del earlier[min(range(len(earlier)), key=lambda i: earlier[i].attempt)]
     return True
 
 

@@ -292,7 +292,7 @@ def test_whatever_the_order_a_task_ends_with_its_last_attempt_and_the_one_before
             book.apply(event("t", state, attempt, node_id=f"n{attempt}"))
     status = book.get("j").status("t")
     assert (status.state, status.attempt) == (last, attempts - 1)
-    assert {e.attempt: (e.lm_id, e.node_id) for e in status.earlier} == {
+    assert {e.attempt: (e.lm_id, e.node_id) for e in status.earlier_attempts} == {
         a: ("lm-1", f"n{a}") for a in range(attempts - 1)
     }
     if attempts > 1:
@@ -307,6 +307,6 @@ def test_a_status_keeps_where_its_newest_earlier_attempts_ran_and_no_more():
         book.queued(task("t", attempt=attempt))
         book.apply(event("t", S.TASK_STATE_RUNNING, attempt, node_id=f"n{attempt}"))
         book.apply(event("t", S.TASK_STATE_LOST, attempt, node_id=f"n{attempt}"))
-    earlier = book.get("j").status("t").earlier
+    earlier = book.get("j").status("t").earlier_attempts
     assert sorted(e.attempt for e in earlier) == list(range(7, 39))  # the newest 32
     assert all(e.node_id == f"n{e.attempt}" for e in earlier)

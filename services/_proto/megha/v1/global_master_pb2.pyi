@@ -375,7 +375,7 @@ class TaskStatus(_message.Message):
     PREDICTED_LIFETIME_S_FIELD_NUMBER: _builtins.int
     PREVIOUS_END_FIELD_NUMBER: _builtins.int
     PEAK_MEMORY_MB_FIELD_NUMBER: _builtins.int
-    EARLIER_FIELD_NUMBER: _builtins.int
+    EARLIER_ATTEMPTS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     state: _common_pb2.TaskState.ValueType
     lm_id: _builtins.str
@@ -401,7 +401,7 @@ class TaskStatus(_message.Message):
         """
 
     @_builtins.property
-    def earlier(self) -> _containers.RepeatedCompositeFieldContainer[Global___AttemptNode]:
+    def earlier_attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___AttemptNode]:
         """Where the attempts before this one ran (the newest 32 that reached a node), so that
         megha logs --attempt N reads an older attempt's output on its own host.
         """
@@ -419,11 +419,11 @@ class TaskStatus(_message.Message):
         predicted_lifetime_s: _builtins.float = ...,
         previous_end: _common_pb2.TaskEvent | None = ...,
         peak_memory_mb: _builtins.int = ...,
-        earlier: _abc.Iterable[Global___AttemptNode] | None = ...,
+        earlier_attempts: _abc.Iterable[Global___AttemptNode] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["previous_end", b"previous_end", "timestamps", b"timestamps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "earlier", b"earlier", "lm_id", b"lm_id", "node_id", b"node_id", "peak_memory_mb", b"peak_memory_mb", "pending_reason", b"pending_reason", "predicted_lifetime_s", b"predicted_lifetime_s", "previous_end", b"previous_end", "state", b"state", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "earlier_attempts", b"earlier_attempts", "lm_id", b"lm_id", "node_id", b"node_id", "peak_memory_mb", b"peak_memory_mb", "pending_reason", b"pending_reason", "predicted_lifetime_s", b"predicted_lifetime_s", "previous_end", b"previous_end", "state", b"state", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
