@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 
 __all__ = [
+    "ENV_NAME",
     "bounded",
     "env_pair",
     "fraction",
@@ -72,13 +73,13 @@ def number_list(item: Callable[[str], int | float]) -> Callable[[str], tuple]:
     return parse
 
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a variable name, as shells take it
 
 
 def env_pair(text: str) -> tuple[str, str]:
     """``NAME=VALUE`` for an environment variable (the value may be empty)."""
     name, equals, value = text.partition("=")
-    if not equals or not _ENV_NAME.fullmatch(name):
+    if not equals or not ENV_NAME.fullmatch(name):
         raise argparse.ArgumentTypeError(
             f"expected NAME=VALUE (NAME: letters, digits, _), got {text!r}"
         )

@@ -24,7 +24,6 @@ is (``tasks[2].resources: ...``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,13 +31,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from services.client import TaskTemplate
+from services.common.argtypes import ENV_NAME
 from services.common.convert import MAX_RETRIES
 from services.core.constraints import ConstraintError, from_mask, parse_constraints
 from services.core.resources import ResourceError, parse_resources
 
 DEFAULT_RESOURCES = "cpu=1,mem=512Mi"  # megha submit's own default
 MAX_TASKS = 100_000  # tasks in one job file (count included)
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class JobFileError(ValueError):
@@ -87,7 +86,7 @@ class TaskSpec(BaseModel):
     @classmethod
     def _env(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         for name in value or {}:
-            if not _ENV_NAME.fullmatch(name):
+            if not ENV_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not a variable name (letters, digits, _)")
         return value
 
