@@ -36,11 +36,11 @@ from services._proto.megha.v1 import (
 )
 from services.client import STATE_NAMES, FollowStalled, GlobalMasterClient, TaskTemplate
 from services.common.config import FederationConfig, default_config, load_config, parse_config
-from services.common.jobfile import DEFAULT_RESOURCES, JobFileError, load_job
+from services.common.jobfile import JobFileError, TaskSpec, build_template, load_job
 from services.common.runner import endpoints, wait_all_healthy
 from services.common.server import channel, use_tls
-from services.core.constraints import ConstraintError, from_mask, parse_constraints
-from services.core.resources import ResourceError, format_resources, parse_resources
+from services.core.constraints import ConstraintError
+from services.core.resources import ResourceError, format_resources
 from services.global_master.jobs import TERMINAL
 
 
@@ -422,35 +422,27 @@ _TASK_OPTIONS += ("constraints", "retries")
 async def _submit(client: GlobalMasterClient, args, config: FederationConfig) -> int:
     if args.file:
         return await _submit_file(client, args, config)
-    try:
-        request = parse_resources(args.resources or DEFAULT_RESOURCES)
-        mask = parse_constraints(args.constraints or "", config.num_constraints)
-    except (ResourceError, ConstraintError) as err:
-        print(f"megha: {err}", file=sys.stderr)
-        return 2
     if args.env and not (args.argv or args.image):
         print("megha: --env is for a process (--command) or a container (--image)", file=sys.stderr)
         return 2
-    template = TaskTemplate(
-        request,
-        1.0 if args.duration is None else args.duration,
-        args.argv,
-        args.image,
-        args.timeout or 0.0,
-        from_mask(mask),
-        args.retries or 0,
-        dict(args.env),
+    spec = TaskSpec(
+        command=args.argv or None,
+        image=args.image or None,
+        duration=args.duration,
+        resources=args.resources,
+        constraints=args.constraints,
+        timeout=args.timeout,
+        retries=args.retries,
+        env=dict(args.env) or None,
     )
-    count = args.count or 1
-    reply = await client.submit(
-        [template.build() for _ in range(count)], queue=args.queue, job_id=args.job_id
-    )
-    print(
-        f"job {reply.job_id}: {len(reply.task_ids)} tasks queued ({format_resources(request)} each)"
-    )
-    if args.wait:
-        return await _follow(client, reply.job_id, reply.task_ids)
-    return 0
+    try:
+        template = build_template(spec, config.num_constraints)
+    except (ResourceError, ConstraintError) as err:
+        print(f"megha: {err}", file=sys.stderr)
+        return 2
+    tasks = [template] * (args.count or 1)
+    each = f"{format_resources(template.resources)} each"
+    return await _queue_job(client, args, tasks, args.queue, args.job_id, each)
 
 
 async def _submit_file(client: GlobalMasterClient, args, config: FederationConfig) -> int:
@@ -474,13 +466,23 @@ async def _submit_file(client: GlobalMasterClient, args, config: FederationConfi
         for line in str(err).splitlines():
             print(f"megha: {name}: {line}", file=sys.stderr)
         return 2
-    reply = await client.submit(
-        [template.build() for template in templates],
-        queue=args.queue or job.queue,
-        job_id=args.job_id or job.job_id,
+    kinds = _by_state(Counter(_kind(template) for template in templates))
+    return await _queue_job(
+        client, args, templates, args.queue or job.queue, args.job_id or job.job_id, kinds
     )
-    kinds = Counter(_kind(template) for template in templates)
-    print(f"job {reply.job_id}: {len(reply.task_ids)} tasks queued ({_by_state(kinds)})")
+
+
+async def _queue_job(
+    client: GlobalMasterClient,
+    args,
+    templates: list[TaskTemplate],
+    queue: str,
+    job_id: str,
+    what: str,
+) -> int:
+    """Submit a task for each template, say so, and with ``--wait`` follow the job."""
+    reply = await client.submit([t.build() for t in templates], queue=queue, job_id=job_id)
+    print(f"job {reply.job_id}: {len(reply.task_ids)} tasks queued ({what})")
     if args.wait:
         return await _follow(client, reply.job_id, reply.task_ids)
     return 0

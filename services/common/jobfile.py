@@ -119,7 +119,7 @@ def load_job(text: str, num_constraints: int) -> tuple[JobFile, list[TaskTemplat
     problems: list[str] = []
     for i, spec in enumerate(job.tasks):
         try:
-            template = _template(job.defaults, spec, num_constraints)
+            template = build_template(spec, num_constraints, job.defaults)
         except (ResourceError, ConstraintError, ValueError) as err:
             problems.append(f"tasks[{i}]: {err}")
             continue
@@ -131,7 +131,13 @@ def load_job(text: str, num_constraints: int) -> tuple[JobFile, list[TaskTemplat
     return job, templates
 
 
-def _template(defaults: TaskSpec, spec: TaskSpec, num_constraints: int) -> TaskTemplate:
+def build_template(
+    spec: TaskSpec, num_constraints: int, defaults: TaskSpec | None = None
+) -> TaskTemplate:
+    """What ``megha submit`` builds its tasks from, for a task of a job file under its
+    ``defaults``, or for the task the command line describes; ``ResourceError``,
+    ``ConstraintError`` or ``ValueError`` say what is wrong."""
+    defaults = TaskSpec() if defaults is None else defaults
     command = _pick(spec, defaults, "command") or []
     image = _pick(spec, defaults, "image") or ""
     if spec.env and not (command or image):
