@@ -22,7 +22,6 @@ import uuid
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import grpc
 import numpy as np
@@ -477,14 +476,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 f"no task {request.task_id!r} of job {request.job_id!r} known here",
             )
         attempt = status.attempt if request.latest_attempt else request.attempt
-        # Where that attempt ran: the latest node, the previous attempt's (kept with its
-        # end), or an older one's (kept in ``earlier_attempts``); an attempt this GM never heard
+        # Where that attempt ran: the latest node, or an earlier attempt's (kept in
+        # ``earlier_attempts``, the previous one's too); an attempt this GM never heard
         # ran is looked for on the latest node's host.
-        where: Any = status
-        if status.HasField("previous_end") and status.previous_end.attempt == attempt:
-            where = status.previous_end
-        elif attempt != status.attempt:
-            where = next((e for e in status.earlier_attempts if e.attempt == attempt), status)
+        where = next((e for e in status.earlier_attempts if e.attempt == attempt), status)
         if not where.lm_id or not where.node_id or where.lm_id not in self._stubs:
             if status.state in TERMINAL:  # ended (cancelled, rejected) without running
                 return common_pb2.GetTaskOutputResponse(attempt=attempt, state=status.state)
