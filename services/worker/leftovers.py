@@ -33,7 +33,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,13 +78,16 @@ def group_running(pgid: int) -> bool:
         return True
     if not os.path.isdir("/proc"):
         return True  # no cheap way to tell zombies apart
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            fields = proc_stat(entry.name)
-            # fields: state, ppid, pgrp, ...
-            if fields is not None and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-                return True
-    return False
+    # fields: state, ppid, pgrp, ...
+    return any(int(f[2]) == pgid and f[0] not in (b"Z", b"X") for f in proc_stats())
+
+
+def proc_stats() -> Iterator[list[bytes]]:
+    """``proc_stat`` of every process now running, in one pass over ``/proc``."""
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if entry.name.isdigit() and (fields := proc_stat(entry.name)) is not None:
+                yield fields
 
 
 class GroupLedger:

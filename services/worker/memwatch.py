@@ -21,7 +21,7 @@ import os
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from services.worker.leftovers import proc_stat
+from services.worker.leftovers import proc_stats
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 _RSS = 21  # field 24 of stat(5), counted from field 3 (state) as proc_stat returns them
@@ -31,13 +31,9 @@ def resident(pgids: Collection[int]) -> dict[int, int]:
     """Bytes resident in memory, for each process group of ``pgids``: the sum over its
     processes (a zombie holds none), in one pass over ``/proc``."""
     totals = dict.fromkeys(pgids, 0)
-    with os.scandir("/proc") as entries:
-        for entry in entries:
-            if not entry.name.isdigit():
-                continue
-            fields = proc_stat(entry.name)
-            if fields is not None and int(fields[2]) in totals:
-                totals[int(fields[2])] += int(fields[_RSS]) * PAGE_BYTES
+    for fields in proc_stats():
+        if int(fields[2]) in totals:
+            totals[int(fields[2])] += int(fields[_RSS]) * PAGE_BYTES
     return totals
 
 
