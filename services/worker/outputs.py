@@ -136,11 +136,10 @@ class TaskOutputs:
             done = self._open.pop(fd, None)
             if done is not None:
                 self._cap(fd, done.dropped)
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError):  # _trim leaves files being written
                     used = os.fstat(fd).st_blocks * 512
-                    if done.stem in self._kept:  # else deleted while it was written
-                        self._disk[done.name] = used
-                        self._total += used
+                    self._disk[done.name] = used
+                    self._total += used
             with contextlib.suppress(OSError):
                 os.close(fd)
             if done is not None:
