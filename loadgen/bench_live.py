@@ -44,6 +44,7 @@ from loadgen.queues import (
     QueueSpec,
     check_gms,
     measured_shares,
+    peak_held,
     summary_queues,
 )
 from loadgen.queues import render as render_queues
@@ -206,7 +207,8 @@ def bench_config(options: BenchOptions, base_port: int, prefix: str) -> Federati
         data["rabbitmq_url"] = options.rabbitmq_url
     if options.queues == "file":
         data["queues"] = [
-            {"name": q.name, "share": q.share, "gm": q.gm_id} for q in options.queue_specs
+            {"name": q.name, "share": q.share, "gm": q.gm_id, "limit": q.limit}
+            for q in options.queue_specs
         ]
     elif options.queues == "per-gm":
         share = 1.0 / options.gms
@@ -733,14 +735,14 @@ def add_queue_report(
     """summary.json's ``"queues"`` (replacing the mode keyword ``file``): configured vs
     measured share while every queue was backlogged."""
     total = sum((parse_resources(g.capacity) * g.count for g in config.workers), start=0)
-    measured, window = measured_shares(
-        attempts.attempts(options.cpu_milli, options.memory_mb),
-        attempts.queues,
-        float(total[0]),
-        float(total[1]),
-    )
+    rows = attempts.attempts(options.cpu_milli, options.memory_mb)
+    measured, window = measured_shares(rows, attempts.queues, float(total[0]), float(total[1]))
     summary["queues"] = summary_queues(
-        options.queue_specs, measured, attempts.preempted, attempts.tasks_per_queue()
+        options.queue_specs,
+        measured,
+        attempts.preempted,
+        attempts.tasks_per_queue(),
+        peak_held(rows, attempts.queues),
     )
     summary["queues_backlogged_s"] = window
 

@@ -1,10 +1,11 @@
 """User queues for fairness runs (``--queues FILE``) and the shares they really got.
 
-    FILE (YAML list of name, share, gm) ──load_queues──▶ QueueSpec per queue
+    FILE (YAML list of name, share, gm[, limit]) ──load_queues──▶ QueueSpec per queue
     trace jobs ──assign_queues──▶ a queue per task: the job's user when the trace names
         users, else round-robin over the queues, task by task
     enqueues, starts, ends (sim task log or live events) ──measured_shares──▶ per queue the
         time-averaged dominant share while every queue had waiting tasks
+    the same ──peak_held──▶ per queue the most CPU and memory its running tasks held at once
 
 ``megha-loadgen simulate`` and ``bench-live`` both write what ``summary_queues`` returns
 under ``"queues"`` in summary.json, so a live run and a simulation compare key by key.
@@ -21,6 +22,9 @@ from typing import Any
 import numpy as np
 import yaml
 
+from services.core.limits import parse_limit
+from services.core.resources import ResourceError
+
 _GM_ID = re.compile(r"^gm-?(\d+)$")
 
 
@@ -36,6 +40,9 @@ class QueueSpec:
     """Configured dominant-resource share of the federation, in (0, 1]."""
     gm: int
     """The GM that serves the queue, numbered from 1 (``gm-1`` in a federation file)."""
+    limit: str = ""
+    """The most the queue may hold at once (``cpu=16,mem=64Gi``; empty: no limit), as the
+    federation file's ``queues[].limit``."""
 
     @property
     def gm_id(self) -> str:
@@ -44,7 +51,8 @@ class QueueSpec:
 
 
 def parse_queues(data: Any, where: str = "queues") -> tuple[QueueSpec, ...]:
-    """Validate a list of ``{name, share, gm}``; ``gm`` is ``gm-N`` or the number N."""
+    """Validate a list of ``{name, share, gm[, limit]}``; ``gm`` is ``gm-N`` or the number
+    N, ``limit`` as in a federation file."""
     if isinstance(data, dict) and "queues" in data:
         data = data["queues"]
     if not isinstance(data, list) or not data:
@@ -54,16 +62,27 @@ def parse_queues(data: Any, where: str = "queues") -> tuple[QueueSpec, ...]:
         at = f"{where}: queue {i}"
         if not isinstance(entry, dict):
             raise QueueFileError(f"{at}: expected a mapping with name, share and gm")
-        unknown = set(entry) - {"name", "share", "gm"}
+        unknown = set(entry) - {"name", "share", "gm", "limit"}
         if unknown:
-            raise QueueFileError(f"{at}: unknown keys {sorted(unknown)}; use name, share, gm")
+            raise QueueFileError(
+                f"{at}: unknown keys {sorted(unknown)}; use name, share, gm, limit"
+            )
         name = entry.get("name")
         if not isinstance(name, str) or not name:
             raise QueueFileError(f"{at}: 'name' must be a non-empty string")
         share = entry.get("share")
         if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
             raise QueueFileError(f"{at} ({name}): 'share' must be a number in (0, 1]")
-        out.append(QueueSpec(name, float(share), _gm_number(entry.get("gm"), f"{at} ({name})")))
+        limit = entry.get("limit", "")
+        try:
+            if not isinstance(limit, str):
+                raise ResourceError("expected a string such as cpu=16,mem=64Gi")
+            if limit.strip():
+                parse_limit(limit)
+        except ResourceError as err:
+            raise QueueFileError(f"{at} ({name}): 'limit' {limit!r}: {err}") from None
+        gm = _gm_number(entry.get("gm"), f"{at} ({name})")
+        out.append(QueueSpec(name, float(share), gm, limit))
     names = [q.name for q in out]
     if len(set(names)) != len(names):
         raise QueueFileError(f"{where}: queue names must be unique, got {names}")
@@ -178,24 +197,54 @@ def measured_shares(
     return [round(float(s), 4) for s in averaged], round(window / 1e9, 3)
 
 
+def peak_held(attempts: Attempts, queues: int) -> np.ndarray:
+    """Per queue, the most CPU (millicores) and memory (MiB) its running attempts held at
+    one moment, shape ``(queues, 2)``. An attempt counts from its start to its end (to the
+    end of the run if it never ended); at equal stamps ends count before starts."""
+    a = attempts
+    started = a.started > 0
+    if not started.any():
+        return np.zeros((queues, 2), dtype=np.int64)
+    horizon = max(int(a.ended.max(initial=0)), int(a.started.max(initial=0)))
+    ended = np.where(a.ended > 0, a.ended, horizon)[started]
+    times = np.concatenate([ended, a.started[started]])
+    order = np.lexsort((np.repeat([0, 1], started.sum()), times))  # ends first on ties
+    q = np.tile(a.queue[started].astype(np.int64), 2)[order]
+    sign = np.repeat([-1, 1], started.sum())[order]
+    peaks = np.zeros((queues, 2), dtype=np.int64)
+    for k, amount in enumerate((a.cpu_milli, a.memory_mb)):
+        delta = sign * np.tile(np.asarray(amount)[started].astype(np.int64), 2)[order]
+        for queue in range(queues):
+            mine = delta[q == queue]
+            if mine.size:
+                peaks[queue, k] = max(int(np.cumsum(mine).max()), 0)
+    return peaks
+
+
 def summary_queues(
     queues: Sequence[QueueSpec],
     measured: Sequence[float | None],
     preempted: Sequence[int],
     tasks: Sequence[int],
+    peaks: np.ndarray | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The ``"queues"`` entry of summary.json. ``preemptions``: the queue's task attempts
-    that were preempted (the victims it gave up)."""
-    return {
-        q.name: {
+    that were preempted (the victims it gave up); ``peak_cpu_milli`` and
+    ``peak_memory_mb``: ``peak_held``, to set beside ``limit``."""
+    out = {}
+    for i, q in enumerate(queues):
+        row: dict[str, Any] = {
             "share": q.share,
             "measured_share": measured[i],
             "preemptions": int(preempted[i]),
             "gm": q.gm_id,
             "tasks": int(tasks[i]),
+            "limit": q.limit or None,
         }
-        for i, q in enumerate(queues)
-    }
+        if peaks is not None:
+            row["peak_cpu_milli"], row["peak_memory_mb"] = (int(v) for v in peaks[i])
+        out[q.name] = row
+    return out
 
 
 def render(summary_entry: dict[str, dict[str, Any]], backlogged_s: float) -> str:
@@ -204,10 +253,16 @@ def render(summary_entry: dict[str, dict[str, Any]], backlogged_s: float) -> str
     for name, q in summary_entry.items():
         measured = q["measured_share"]
         got = "-" if measured is None else f"{measured:.1%}"
-        lines.append(
+        line = (
             f"  {name:<12} {q['gm']:<6} share {q['share']:.0%}  measured {got:>6}  "
             f"preempted {q['preemptions']}"
         )
+        if q.get("limit"):
+            line += (
+                f"  limit {q['limit']}: held at most cpu={q['peak_cpu_milli'] / 1000:g} "
+                f"mem={q['peak_memory_mb']}Mi"
+            )
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -36,10 +36,12 @@ from services._proto.megha.v1 import (
 )
 from services.client import STATE_NAMES, FollowStalled, GlobalMasterClient, TaskTemplate
 from services.common.config import FederationConfig, default_config, load_config, parse_config
+from services.common.convert import resources_from_proto
 from services.common.jobfile import JobFileError, TaskSpec, build_template, load_job
 from services.common.runner import endpoints, wait_all_healthy
 from services.common.server import channel, use_tls
 from services.core.constraints import ConstraintError
+from services.core.limits import describe_held, limit_from_wire
 from services.core.resources import ResourceError, format_resources
 from services.global_master.jobs import TERMINAL
 
@@ -720,11 +722,18 @@ async def _status(client: GlobalMasterClient) -> int:
             for p in lm.partitions
         )
         print(f"{lm.lm_id:<10} {lm.version:>8} {lm.age_s:>6.1f}  {parts}")
-    print(f"\n{'queue':<12} {'gm':<8} {'share':>6} {'usage':>6} {'pending':>8} {'running':>8}")
+    print(
+        f"\n{'queue':<12} {'gm':<8} {'share':>6} {'usage':>6} {'pending':>8} {'running':>8}"
+        "  limit (held/limit)"
+    )
     for q in view.queues:
+        limit = "-"
+        if q.HasField("limit"):
+            wanted = limit_from_wire(resources_from_proto(q.limit))
+            limit = describe_held(resources_from_proto(q.held), wanted)
         print(
             f"{q.queue:<12} {q.gm_id:<8} {q.share:>6.0%} {q.usage_share:>6.0%} "
-            f"{q.pending_tasks:>8} {q.running_tasks:>8}"
+            f"{q.pending_tasks:>8} {q.running_tasks:>8}  {limit}"
         )
     times = view.recent_allocation_times
     if times.count:

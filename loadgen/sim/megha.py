@@ -25,7 +25,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from loadgen.queues import Attempts, QueueSpec, assign_queues, measured_shares, summary_queues
+from loadgen.queues import (
+    Attempts,
+    QueueSpec,
+    assign_queues,
+    measured_shares,
+    peak_held,
+    summary_queues,
+)
 from loadgen.sim.config import SimConfig, ns
 from loadgen.sim.engine import Engine
 from loadgen.sim.workload import TaskLog, Workload
@@ -33,6 +40,7 @@ from services.core.cluster_state import ClusterState
 from services.core.constraints import DEFAULT_NUM_CONSTRAINTS
 from services.core.fairness import FairShare, QueueShare, usage_by_queue
 from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
+from services.core.limits import LimitLedger, QueueLimits
 from services.core.match import make_policy
 from services.core.resources import resources
 from services.core.snapshot import Snapshot
@@ -149,6 +157,7 @@ class MeghaSim:
             self.queue_gm = np.arange(config.gms, dtype=np.int32)
             self.queue_of = None
         self.queue_names = names
+        self.limits = QueueLimits.parse((q.name, q.limit) for q in config.queues)
         self.fair = FairShare(
             [
                 QueueShare(n, s, gm_ids[g])
@@ -275,6 +284,9 @@ class MeghaSim:
         matches = 0
         lm_index = {lm.state.lm_id: lm.index for lm in self.lms}
         popped: deque[tuple[str, TaskRun]] = deque()  # one run from each queue of the GM
+        # Queue limits as the live GM checks them (there, a GM that has not heard from
+        # every LM waits; the simulated GMs know every LM from the start).
+        ledger = LimitLedger(self.limits, view.queue_usage()) if self.limits else None
         while budget > 0:
             if not popped:
                 popped.extend(queues.pop_round(1))
@@ -284,9 +296,13 @@ class MeghaSim:
             if (queue, run.shape) in failed:
                 self._park(gm, queue, run, no_node=True)
                 continue
+            at_limit = False
             while budget > 0 and run.pos < len(run.tasks):
                 task = run.tasks[run.pos]
                 spec = specs[task]
+                if ledger is not None and ledger.check(queue, spec.resources) is not None:
+                    at_limit = True
+                    break
                 matches += 1
                 placement = view.match(spec)
                 if placement is None:
@@ -294,6 +310,8 @@ class MeghaSim:
                     if plan is None:
                         failed.add((queue, int(shape_of[task])))
                         break
+                    if ledger is not None:
+                        ledger.take(queue, spec.resources)
                     run.pos += 1
                     budget -= 1
                     dequeued[task] = now
@@ -301,6 +319,8 @@ class MeghaSim:
                     preempts.append((task, spec, plan))
                     continue
                 view.reserve(placement, spec)
+                if ledger is not None:
+                    ledger.take(queue, spec.resources)
                 run.pos += 1
                 budget -= 1
                 dequeued[task] = now
@@ -311,6 +331,8 @@ class MeghaSim:
             if run.pos < len(run.tasks):
                 if (queue, run.shape) in failed:
                     self._park(gm, queue, run, no_node=True)
+                elif at_limit:  # until a task of the queue ends (a view change)
+                    self._park(gm, queue, run, no_node=False)
                 else:
                     queues.push_front(queue, run)
         for queue, run in reversed(popped):  # popped, but the budget ran out first
@@ -657,4 +679,5 @@ class MeghaSim:
             QueueSpec(name, 1 / len(self.gms), g + 1) for g, name in enumerate(self.queue_names)
         )
         counts = np.bincount(queue_of, minlength=len(self.queue_names))
-        return summary_queues(specs, measured, self.preempted_by_queue, counts), window
+        peaks = peak_held(attempts, len(self.queue_names))
+        return summary_queues(specs, measured, self.preempted_by_queue, counts, peaks), window

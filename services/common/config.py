@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from services.core.cluster_state import ENDED_KEPT
 from services.core.constraints import DEFAULT_NUM_CONSTRAINTS, MAX_CONSTRAINTS
+from services.core.limits import parse_limit
 from services.core.match import PlacementPolicy, make_policy
 from services.core.resources import ResourceError, parse_resources
 
@@ -90,6 +91,22 @@ class QueueConfig(_Model):
     name: str = Field(..., min_length=1, description="User queue name.")
     share: float = Field(1.0, gt=0, le=1, description="Dominant-resource share of the pool.")
     gm: str = Field(..., description="The one GM that serves this queue.")
+    limit: str = Field(
+        "",
+        description="The most the queue may hold across the federation at any time, e.g. "
+        "'cpu=16,mem=64Gi' (resources left out are unlimited; empty = no limit). Its tasks "
+        "wait while it is reached, and a task asking for more is refused at submission.",
+    )
+
+    @field_validator("limit")
+    @classmethod
+    def _limit_parses(cls, value: str) -> str:
+        if value.strip():
+            try:
+                parse_limit(value)
+            except ResourceError as err:
+                raise ValueError(f"limit {value!r}: {err}") from None
+        return value
 
 
 class TlsConfig(_Model):

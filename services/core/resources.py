@@ -98,6 +98,14 @@ def parse_resources(text: str) -> np.ndarray:
     suffixes (``512Mi``, ``2Gi``, ``1G``; a bare number is MiB); network takes bit-rate
     suffixes (``100M``, ``1G``; a bare number is Mbit/s). Quantities round up.
     """
+    vector, _ = parse_quantities(text)
+    validate_request(vector)
+    return vector
+
+
+def parse_quantities(text: str) -> tuple[np.ndarray, tuple[int, ...]]:
+    """``parse_resources`` without the checks of a request: the vector and the indices
+    of the quantities the text names (a queue limit leaves the others unlimited)."""
     vector = zeros()
     seen: set[int] = set()
     for raw in text.split(","):
@@ -124,8 +132,7 @@ def parse_resources(text: str) -> np.ndarray:
             vector[index] = _parse_scaled(value, name, _BYTES_PER_UNIT, 1024**2)
     if not seen:
         raise ResourceError("no resources given; use e.g. cpu=1,mem=512Mi")
-    validate_request(vector)
-    return vector
+    return vector, tuple(sorted(seen))
 
 
 def format_resources(vector: Iterable[int]) -> str:

@@ -48,6 +48,7 @@ from services.common.server import channel
 from services.core.cancels import CancelledJobs
 from services.core.fairness import FairShare, QueueShare, dominant_share
 from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
+from services.core.limits import LimitLedger, QueueLimits, limit_to_wire
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
@@ -165,6 +166,12 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             [QueueShare(q.name, q.share, q.gm) for q in config.effective_queues()]
         )
         self.my_queues = [q.name for q in config.queues_of(gm_id)]
+        # Every queue's limit: checked at submission here whatever GM serves the queue,
+        # enforced when placing by the one that does.
+        self.limits = QueueLimits.parse((q.name, q.limit) for q in config.effective_queues())
+        self._limited_here = any(q in self.limits for q in self.my_queues)
+        self._started_at = time.monotonic()
+        self._settle_timer: asyncio.TimerHandle | None = None
         self.queues: UserQueues[Pending] = UserQueues(self.my_queues)
         self.jobs = JobBook(max_tasks=config.gm_job_history_tasks)
         # Jobs submitted here to our own queues, scheduled from memory, whose broker
@@ -229,6 +236,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         if self._closed:
             return
         self._closed = True
+        if self._settle_timer is not None:
+            self._settle_timer.cancel()
         for sub in self._subscriptions:
             with contextlib.suppress(Exception):
                 await sub.cancel()
@@ -352,7 +361,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 spec = parse_task(task, self.config.num_constraints)
             except InvalidTask as err:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
-            never = self.view.infeasible(spec)
+            never = self.limits.never_fits(queue, spec.resources) or self.view.infeasible(spec)
             if never is not None and not self.view.restarted(time.monotonic(), RESTART_SETTLE_S):
                 # (Right after an LM restart its nodes come back one by one: the task
                 # waits for them rather than being refused.)
@@ -575,19 +584,25 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     node_count=int(sizes[p]),
                     free=resources_to_proto(free[p]),
                 )
-        shares = self._reported_shares()
+        usage, total = self.view.queue_usage(accepted=True), self.view.total_capacity()
         running: dict[str, int] = defaultdict(int)
         for allocation in self.view.allocations(accepted=True):
             running[allocation.queue] += 1
         for q in self.config.effective_queues():
-            reply.queues.add(
+            held = usage.get(q.name)
+            status = reply.queues.add(
                 queue=q.name,
                 gm_id=q.gm,
                 share=q.share,
-                usage_share=shares.get(q.name, 0.0),
+                usage_share=dominant_share(held, total) if held is not None else 0.0,
                 pending_tasks=self.queues.pending(q.name),
                 running_tasks=running[q.name],
             )
+            if held is not None:
+                status.held.CopyFrom(resources_to_proto(held))
+            limit = self.limits.get(q.name)
+            if limit is not None:
+                status.limit.CopyFrom(resources_to_proto(limit_to_wire(limit)))
         if self.recent.values:
             values = np.fromiter(self.recent.values, dtype=float)
             p50, p90, p99 = np.percentile(values, [50, 90, 99])
@@ -947,10 +962,14 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # shape because what fairness decides depends on it.
         failed: dict[tuple[str, int, bytes], str] = {}
         now = time.time_ns()
+        ledger = self._limit_ledger()
         for queue, item in round_:
             if self._dropped_if_refused(item) or self._dropped_if_cancelled(item):
                 continue
             item.task.timestamps.dequeued_unix_nanos = now
+            if ledger is not None and (why := ledger.check(queue, item.spec.resources)):
+                self._wait(queue, item, why)
+                continue
             shape = (queue, item.spec.constraint_mask, item.spec.resources.tobytes())
             if shape in failed:
                 self._wait(queue, item, failed[shape])
@@ -960,13 +979,53 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 reason = self._unplaceable(queue, item)
                 if reason is not None:
                     failed[shape] = reason
+                elif ledger is not None:  # a preemption makes room for it
+                    ledger.take(queue, item.spec.resources)
                 continue
             self.view.reserve(placement, item.spec, now=time.monotonic())
+            if ledger is not None:
+                ledger.take(queue, item.spec.resources)
             item.task.timestamps.decided_unix_nanos = now
             groups[(placement.lm_id, placement.repartition)].append((item, placement))
             metrics.SCHEDULE_ATTEMPTS.labels(self.gm_id, "placed").inc()
         for (lm_id, repartition), items in groups.items():
             self._spawn_launch([item for item, _ in items], self._send(lm_id, repartition, items))
+
+    def _limit_ledger(self) -> LimitLedger | None:
+        """What the limited queues served here hold, for one round (None: no limit here).
+
+        Until every LM has been heard from, what a queue holds is not known: a GM that
+        just started would count only part of it and overshoot. So its limited queues
+        wait for the LMs, up to ``limit_settle_s`` after the start; then what the LMs
+        heard from hold is taken as all (an LM may be down for long).
+        """
+        if not self._limited_here:
+            return None
+        unknown = None
+        unheard = sorted(set(self._stubs) - set(self.view.lms))
+        left = self._started_at + self.limit_settle_s - time.monotonic()
+        if unheard and left > 0:
+            unknown = (
+                f"this GM has not heard from {', '.join(unheard)} yet, so it does not know "
+                f"what the queue holds against its limit; waiting at most {left:.0f} s more"
+            )
+            # Nothing may change in the view meanwhile, so wake up by the clock too.
+            if self._settle_timer is None:
+                self._settle_timer = asyncio.get_running_loop().call_later(
+                    left + 0.05, self._unpark_all
+                )
+        return LimitLedger(self.limits, self.view.queue_usage(), unknown)
+
+    @property
+    def limit_settle_s(self) -> float:
+        """How long a started GM waits to hear from every LM before it places tasks of a
+        limited queue: three full states."""
+        return 3 * self.config.full_state_every * self.config.heartbeat_interval_s
+
+    def _unpark_all(self) -> None:
+        self._settle_timer = None
+        if self.queues.unpark():
+            self._wake.set()
 
     def _unplaceable(self, queue: str, item: Pending) -> str | None:
         """No node internal or external: fairness (Alg. 2), else wait for room.

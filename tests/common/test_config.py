@@ -43,6 +43,11 @@ def test_toml_and_environment_overrides(tmp_path):
         ({"workers": [{"lm": "lm-1", "constraints": [30]}]}, "outside 0..20"),
         ({"queues": [{"name": "q", "gm": "gm-7"}]}, "unknown GM 'gm-7'"),
         (
+            {"queues": [{"name": "q", "gm": "gm-1", "limit": "cpu=0,mem=1Gi"}]},
+            "limit 'cpu=0,mem=1Gi': a limit must be above 0: cpu is 0",
+        ),
+        ({"queues": [{"name": "q", "gm": "gm-1", "limit": "gpu=1"}]}, "unknown resource 'gpu'"),
+        (
             {
                 "queues": [
                     {"name": "a", "share": 0.7, "gm": "gm-1"},

@@ -233,15 +233,21 @@ def by_node(events: list[common_pb2.TaskEvent]) -> dict[str, list[str]]:
 
 
 @contextlib.asynccontextmanager
-async def embedded_federation(prefix: str, hosts: list | None = None, **overrides):
+async def embedded_federation(
+    prefix: str, hosts: list | None = None, silent_lms: int = 0, **overrides
+):
     """In this process on the in-memory bus (as ``megha up --embedded``): one GM, one LM
     with two workers of 4 CPUs. Yields (config, the GM, the GM's bus, a client).
-    ``overrides`` go into the config; ``hosts``, when given, receives the worker host."""
-    gm_port, lm_port = free_ports(2)
+    ``overrides`` go into the config; ``hosts``, when given, receives the worker host;
+    ``silent_lms`` more LMs (lm-2, ...) are in the config but never run."""
+    gm_port, lm_port, *silent = free_ports(2 + silent_lms)
     config = parse_config(
         {
             "gms": [{"id": "gm-1", "port": gm_port}],
-            "lms": [{"id": "lm-1", "port": lm_port}],
+            "lms": [
+                {"id": "lm-1", "port": lm_port},
+                *({"id": f"lm-{i + 2}", "port": port} for i, port in enumerate(silent)),
+            ],
             "workers": [{"lm": "lm-1", "count": 2, "capacity": "cpu=4,mem=8Gi"}],
             "heartbeat_interval_s": 0.2,
             "exchange_prefix": prefix,

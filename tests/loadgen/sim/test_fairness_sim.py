@@ -103,3 +103,20 @@ def test_fig10_is_registered_with_the_paper_sizes():
     runs = EXPERIMENTS["fig10"].runs()
     assert [c.workers for c in runs.values()] == [200, 500, 1500]
     assert all(c.queues == PAPER and c.fair_share and c.gms == 3 for c in runs.values())
+
+
+def test_a_queue_limit_caps_what_the_queue_holds_in_the_simulator_as_live():
+    """Two queues on two GMs, 60 cores, enough work to fill them all: the capped queue
+    never holds more than 12 cores at once (without the limit it held far more), the
+    other one takes the rest, and every task still runs."""
+    queues = (QueueSpec("capped", 0.5, 1, "cpu=12"), QueueSpec("open", 0.5, 2))
+    config = SimConfig(workers=60, gms=2, lms=2, fair_share=True, queues=queues, seed=1)
+    s = simulate(config, backlog(jobs=10)).summary
+    assert s["completed"] == s["tasks"] == 400
+    capped, open_ = s["queues"]["capped"], s["queues"]["open"]
+    assert capped["limit"] == "cpu=12" and open_["limit"] is None
+    assert capped["peak_cpu_milli"] == 12_000
+    assert open_["peak_cpu_milli"] > 40_000
+    unlimited = (QueueSpec("capped", 0.5, 1), QueueSpec("open", 0.5, 2))
+    config = SimConfig(workers=60, gms=2, lms=2, fair_share=True, queues=unlimited, seed=1)
+    assert simulate(config, backlog(jobs=10)).summary["queues"]["capped"]["peak_cpu_milli"] > 24_000

@@ -783,6 +783,8 @@ class QueueStatus(_message.Message):
     USAGE_SHARE_FIELD_NUMBER: _builtins.int
     PENDING_TASKS_FIELD_NUMBER: _builtins.int
     RUNNING_TASKS_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    HELD_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     gm_id: _builtins.str
     """The GM that serves the queue (each queue has exactly one)."""
@@ -796,6 +798,16 @@ class QueueStatus(_message.Message):
     """
     pending_tasks: _builtins.int
     running_tasks: _builtins.int
+    @_builtins.property
+    def limit(self) -> Global___Resources:
+        """The queue's limit (federation.yaml: queues[].limit): the most it may hold across
+        the federation. Unset: no limit; a field of 0: that resource is not limited.
+        """
+
+    @_builtins.property
+    def held(self) -> Global___Resources:
+        """What the queue holds now, counted as usage_share is."""
+
     def __init__(
         self,
         *,
@@ -805,10 +817,12 @@ class QueueStatus(_message.Message):
         usage_share: _builtins.float = ...,
         pending_tasks: _builtins.int = ...,
         running_tasks: _builtins.int = ...,
+        limit: Global___Resources | None = ...,
+        held: Global___Resources | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "limit", b"limit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "pending_tasks", b"pending_tasks", "queue", b"queue", "running_tasks", b"running_tasks", "share", b"share", "usage_share", b"usage_share"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "held", b"held", "limit", b"limit", "pending_tasks", b"pending_tasks", "queue", b"queue", "running_tasks", b"running_tasks", "share", b"share", "usage_share", b"usage_share"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
