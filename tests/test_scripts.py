@@ -71,3 +71,17 @@ def test_slow_tasks_groups_the_slow_ones_into_episodes(tmp_path):
     assert lines[0] == "1 of 3 allocated tasks over 50 ms"
     assert lines[1].startswith("at      5 s:    1 tasks of 1 jobs (j2; gm-1), 0 later attempts")
     assert "broker 80.0" in lines[2]
+
+
+def test_limits_bench_times_the_round_ledger_and_the_recount():
+    args = ["--lms", "2", "--tasks", "50", "--rounds", "3"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "limits_bench.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("2 LMs x 50 tasks: ledger ") and lines[0].endswith(" µs a round")
+    assert lines[1].startswith("set+pop of one allocation, HeldAllocations: ")

@@ -12,7 +12,7 @@ state overwrites the deduction with the truth either way.
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +20,7 @@ from bitarray import bitarray
 from bitarray.util import ones
 
 from services.core.constraints import DEFAULT_NUM_CONSTRAINTS
-from services.core.fairness import FairShare, Victims, pick_victims, usage_by_queue
+from services.core.fairness import FairShare, Victims, pick_victims
 from services.core.gpa import task_usage
 from services.core.match import NO_NODE, FirstFit, PlacementPolicy, assess, match
 from services.core.node_table import NodeTable
@@ -51,6 +51,76 @@ class PreemptionPlan:
     victims: Victims
 
 
+class HeldAllocations(dict[str, Allocation]):
+    """Task id -> ``Allocation``, keeping what each queue holds up to date as tasks come
+    and go, so the queues' usage costs O(queues), not O(tasks): a GM with a queue limit
+    asks for it every scheduling round (``LimitLedger``), fairness on every preemption.
+
+    Only ``[]=``, ``del``, ``pop`` and ``clear`` change it (the rest of dict's mutators
+    would bypass the sums and raise).
+    """
+
+    __slots__ = ("_count", "held")
+
+    def __init__(self, allocations: Iterable[Allocation] = ()):
+        super().__init__()
+        self.held: dict[str, np.ndarray] = {}  # queue -> resources its allocations hold
+        self._count: dict[str, int] = {}
+        for allocation in allocations:
+            self[allocation.task_id] = allocation
+
+    def _add(self, allocation: Allocation) -> None:
+        queue = allocation.queue
+        held = self.held.get(queue)
+        if held is None:
+            self.held[queue] = allocation.resources.astype(np.int64)  # a copy
+            self._count[queue] = 1
+        else:
+            held += allocation.resources
+            self._count[queue] += 1
+
+    def _sub(self, allocation: Allocation) -> None:
+        queue = allocation.queue
+        if self._count[queue] == 1:
+            del self.held[queue], self._count[queue]
+        else:
+            self.held[queue] -= allocation.resources
+            self._count[queue] -= 1
+
+    def __setitem__(self, task_id: str, allocation: Allocation) -> None:
+        old = dict.get(self, task_id)
+        if old is allocation:
+            return
+        if old is not None:
+            self._sub(old)
+        dict.__setitem__(self, task_id, allocation)
+        self._add(allocation)
+
+    def __delitem__(self, task_id: str) -> None:
+        self._sub(dict.pop(self, task_id))
+
+    _MISSING = object()
+
+    def pop(self, task_id: str, default=_MISSING):  # type: ignore[override]
+        if task_id in self:
+            allocation = dict.pop(self, task_id)
+            self._sub(allocation)
+            return allocation
+        if default is HeldAllocations._MISSING:
+            raise KeyError(task_id)
+        return default
+
+    def clear(self) -> None:
+        dict.clear(self)
+        self.held.clear()
+        self._count.clear()
+
+    def _refuse(self, *_args, **_kwargs):
+        raise TypeError("HeldAllocations changes only through []=, del, pop and clear")
+
+    update = setdefault = popitem = __ior__ = _refuse  # type: ignore[assignment]
+
+
 @dataclass(slots=True, eq=False)
 class LMView:
     """What one GM believes about one LM."""
@@ -63,7 +133,7 @@ class LMView:
     updated_at: float
     incarnation: int = 0  # the LM's life that ``version`` counts in (Snapshot.incarnation)
     restarted_at: float | None = None  # when this GM first heard of this life, if not the first
-    allocations: dict[str, Allocation] = field(default_factory=dict)
+    allocations: HeldAllocations = field(default_factory=HeldAllocations)
     internal: bitarray | None = None
     external: bitarray | None = None
     # What this GM knows that a snapshot may predate (see GlobalView._reconcile), with
@@ -78,17 +148,10 @@ class LMView:
     # federation otherwise re-scans every full partition for every task).
     misses: set[tuple] = field(default_factory=set)
     miss_at: tuple[NodeTable | None, int] = (None, -1)  # (table, its version)
-    # Resources held per queue on this LM, as of ``usage_at``: every change to the
-    # allocations comes with a change to the table, so its version dates the sums.
-    usage: dict[str, np.ndarray] = field(default_factory=dict)
-    usage_at: tuple[NodeTable | None, int] = (None, -1)
 
     def queue_usage(self) -> dict[str, np.ndarray]:
-        stamp = (self.table, self.table.version)  # NodeTable compares by identity
-        if self.usage_at != stamp:
-            self.usage = usage_by_queue(self.allocations.values())
-            self.usage_at = stamp
-        return self.usage
+        """Resources held per queue on this LM (the view's own arrays: do not change)."""
+        return self.allocations.held
 
     def refresh_masks(self) -> None:
         self.misses.clear()
@@ -228,7 +291,7 @@ class GlobalView:
             version=snapshot.version,
             partition=gm_ids.index(self.gm_id) if self.gm_id in gm_ids else None,
             updated_at=now,
-            allocations={a.task_id: a for a in snapshot.allocations},
+            allocations=HeldAllocations(snapshot.allocations),
             incarnation=snapshot.incarnation,
         )
         view.refresh_masks()

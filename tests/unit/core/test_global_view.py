@@ -1,8 +1,13 @@
 import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from services.core.cluster_state import ClusterState
-from services.core.fairness import FairShare, QueueShare
-from services.core.global_view import ApplyResult, GlobalView, PreemptionPlan
+from services.core.fairness import FairShare, QueueShare, usage_by_queue
+from services.core.global_view import ApplyResult, GlobalView, HeldAllocations, PreemptionPlan
+from services.core.resources import resources
+from services.core.snapshot import Allocation
 from services.core.status import Schedulability
 from tests.builders import NODE, task
 
@@ -229,10 +234,8 @@ def test_a_snapshot_showing_an_unanswered_launch_counts_it():
 
 
 # ------------------------------------------------------------------ the miss cache
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
-from services.core.fairness import usage_by_queue  # noqa: E402
 from services.core.match import candidates  # noqa: E402
 
 _OPS = st.lists(
@@ -322,7 +325,6 @@ def test_a_shape_that_missed_matches_again_once_a_task_ends():
 
 # ------------------------------------------------------------ the feasibility cache
 from services.core.constraints import to_mask  # noqa: E402
-from services.core.resources import resources  # noqa: E402
 
 _GROWTH = st.lists(
     st.tuples(
@@ -413,3 +415,42 @@ def test_what_a_gm_learnt_about_an_lms_earlier_life_is_dropped_with_it():
     assert not lmv.inflight and not lmv.ended and not lmv.unanswered
     # the launch no snapshot of the new life shows is not booked on whatever row it named
     np.testing.assert_array_equal(lmv.table.free, new.table.free)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["set", "del", "pop", "pop_missing", "clear"]),
+            st.integers(0, 7),  # task id
+            st.sampled_from(["a", "b", "c"]),  # queue
+            st.integers(0, 5000),  # cpu
+        ),
+        max_size=60,
+    )
+)
+def test_held_allocations_keep_each_queue_sum_whatever_comes_and_goes(ops):
+    """The sums kept as allocations come and go equal a sum over what is there now."""
+    held = HeldAllocations()
+    model: dict[str, Allocation] = {}
+    for op, key, queue, cpu in ops:
+        task_id = f"t{key}"
+        if op == "set":
+            allocation = Allocation(task_id, queue, 0, resources(cpu, cpu // 2), 0, False, 0)
+            held[task_id] = model[task_id] = allocation
+        elif op == "del" and task_id in model:
+            del held[task_id], model[task_id]
+        elif op == "pop":
+            assert held.pop(task_id, None) is model.pop(task_id, None)
+        elif op == "pop_missing" and task_id not in model:
+            with pytest.raises(KeyError):
+                held.pop(task_id)
+        elif op == "clear":
+            held.clear()
+            model.clear()
+        assert dict(held) == model
+        expected = usage_by_queue(model.values())
+        assert held.held.keys() == expected.keys()
+        for q, vector in expected.items():
+            assert (held.held[q] == vector).all()
+    with pytest.raises(TypeError):
+        held.update({})
