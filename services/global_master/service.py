@@ -361,10 +361,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 spec = parse_task(task, self.config.num_constraints)
             except InvalidTask as err:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
-            never = self.limits.never_fits(queue, spec.resources) or self.view.infeasible(spec)
-            if never is not None and not self.view.restarted(time.monotonic(), RESTART_SETTLE_S):
-                # (Right after an LM restart its nodes come back one by one: the task
-                # waits for them rather than being refused.)
+            never = self.view.infeasible(spec)
+            if never is not None and self.view.restarted(time.monotonic(), RESTART_SETTLE_S):
+                # Right after an LM restart its nodes come back one by one: the task
+                # waits for them rather than being refused.
+                never = None
+            never = self.limits.never_fits(queue, spec.resources) or never
+            if never is not None:
                 raise Refused(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"task {task.task_id} can never run here: {never}",
@@ -658,9 +661,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 continue
             try:
                 spec = parse_task(task, self.config.num_constraints)
+                # Queued before its queue's limit was lowered below it: it would wait for ever.
+                never = self.limits.never_fits(batch_msg.queue or task.queue, spec.resources)
+                if never is not None:
+                    raise InvalidTask(f"can never run here: {never}")
             except InvalidTask as err:
                 log.error("dropping invalid queued task", extra={"task_id": task.task_id})
-                self._event(task, common_pb2.TASK_STATE_REJECTED, str(err))
+                self._publish_ends([self._event(task, common_pb2.TASK_STATE_REJECTED, str(err))])
                 await self._launched(batch)
                 continue
             self.jobs.queued(task)
@@ -755,8 +762,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self._spawn(delivery.ack())
 
     def _publish_ends(self, events: list[common_pb2.TaskEvent]) -> None:
-        """Ends decided here, not on an LM (queued tasks cancelled): on the events
-        exchange too, for the other GMs and whoever watches the federation."""
+        """Ends decided here, not on an LM (queued tasks cancelled, or rejected when they
+        came off the broker): on the events exchange too, for the other GMs and whoever
+        watches the federation."""
 
         async def publish() -> None:
             try:

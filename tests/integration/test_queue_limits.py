@@ -120,3 +120,33 @@ async def test_a_gm_that_has_not_heard_from_every_lm_holds_a_limited_queue_a_whi
                 break
             assert time.monotonic() < deadline, tasks
             await asyncio.sleep(0.1)
+
+
+async def test_a_queued_task_over_a_lowered_limit_is_rejected_when_its_gm_comes_back(tmp_path):
+    """A task queued while its queue's limit allowed it, then the limit lowered below it
+    (edit the file, restart the GM serving the queue): it could never run, so the GM
+    rejects it, with the reason, instead of holding it for ever."""
+    queues = [
+        {"name": "capped", "share": 0.5, "gm": "gm-1", "limit": "cpu=4"},
+        {"name": "open", "share": 0.5, "gm": "gm-2"},
+    ]
+    async with Federation(tmp_path, gms=2, lms=1, workers_per_lm=2, queues=queues) as fed:
+        fed.children.kill("gm-gm-1")  # the message waits on the broker meanwhile
+        job = await fed.gm("gm-2").submit(sim_tasks(2, 0.2, cpu_milli=3000), queue="capped")
+        lowered = fed.config_path.read_text().replace("limit: cpu=4", "limit: cpu=2")
+        assert lowered != fed.config_path.read_text()
+        fed.config_path.write_text(lowered)
+        fed.children.restart("gm-gm-1")
+        ended = {f"{job.job_id}.0", f"{job.job_id}.1"}
+        deadline = time.monotonic() + 30
+        while not ended <= set(fed.events.states(common_pb2.TASK_STATE_REJECTED)):
+            assert time.monotonic() < deadline, "the tasks were not rejected"
+            await asyncio.sleep(0.1)
+        (reason,) = {
+            e.reason for e in fed.events.events if e.state == common_pb2.TASK_STATE_REJECTED
+        }
+        assert reason == (
+            "can never run here: it asks for more than queue 'capped' may ever hold (cpu 3 > 2)"
+        )
+        states = {t.state for t in (await fed.gm("gm-1").job(job.job_id)).tasks}
+        assert states == {common_pb2.TASK_STATE_REJECTED}
