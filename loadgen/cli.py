@@ -86,8 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="per-gm",
         metavar="{per-gm,default,FILE}",
         help="per-gm: one user queue per GM (every GM schedules); default: one queue, "
-        "scheduled by the first GM; FILE: a YAML list of name, share, gm (gm-1 or 1), jobs "
-        "round-robin over the queues, summary.json gets each queue's measured share",
+        "scheduled by the first GM; FILE: a YAML list of name, share, gm (gm-1 or 1) and "
+        "optionally limit (cpu=8,mem=16Gi), jobs round-robin over the queues, summary.json "
+        "gets each queue's measured share and peak",
     )
     bench.add_argument(
         "--cpu-milli", type=positive_int, default=1000, help="CPU each task requests"

@@ -79,9 +79,9 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         "--queues",
         type=Path,
         metavar="FILE",
-        help="user queues: a YAML list of name, share, gm (gm-1 or 1); tasks go round-robin "
-        "over them unless the trace names users; implies --fair-share; summary.json gets "
-        "each queue's measured share",
+        help="user queues: a YAML list of name, share, gm (gm-1 or 1) and optionally limit "
+        "(cpu=8,mem=16Gi); tasks go round-robin over them unless the trace names users; "
+        "implies --fair-share; summary.json gets each queue's measured share and peak",
     )
     parser.add_argument("--out", type=Path, help="write summary.json, tasks.csv and a CDF here")
     parser.add_argument("--quiet", action="store_true", help="no progress line")

@@ -24,6 +24,17 @@ QUEUE_USAGE_SHARE = Gauge(
     "Dominant share of the federation a queue holds (tasks the LMs hold or accepted).",
     ["queue"],
 )
+QUEUE_HELD = Gauge(
+    "megha_queue_held",
+    "What a queue holds (tasks the LMs hold or accepted), per resource in its base unit "
+    "(cpu_milli, memory_mb, disk_mb, net_mbps): a queue with a limit only.",
+    ["queue", "resource"],
+)
+QUEUE_LIMIT = Gauge(
+    "megha_queue_limit",
+    "A queue's limit per resource it limits, in the same units as megha_queue_held.",
+    ["queue", "resource"],
+)
 INCONSISTENCIES = Counter(
     "megha_inconsistencies_total",
     "GM requests an LM rejected because the GM's view was stale.",

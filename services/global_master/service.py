@@ -48,7 +48,8 @@ from services.common.server import channel
 from services.core.cancels import CancelledJobs
 from services.core.fairness import FairShare, QueueShare, dominant_share
 from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
-from services.core.limits import LimitLedger, QueueLimits, limit_to_wire
+from services.core.limits import UNLIMITED, LimitLedger, QueueLimits, limit_to_wire
+from services.core.resources import NUM_RESOURCES, RESOURCE_NAMES
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
@@ -935,19 +936,22 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             await enqueue_next_attempt(self.bus, task)
             log.warning("re-queued a task its LM lost", extra={"lm": lm_id, "task_id": task_id})
 
-    def _reported_shares(self) -> dict[str, float]:
-        """Each queue's dominant share as reported (status, gauge): what the LMs hold or
-        have accepted, not the launches they have not answered yet."""
-        usage, total = self.view.queue_usage(accepted=True), self.view.total_capacity()
-        return {queue: dominant_share(held, total) for queue, held in usage.items()}
-
     async def _gauge_loop(self) -> None:
-        """Queue gauges for Prometheus: this GM's queues' pending tasks and usage share."""
+        """Queue gauges for Prometheus: this GM's queues' pending tasks and usage share,
+        and what its limited queues hold against their limits."""
         while True:
-            shares = self._reported_shares()
+            usage, total = self.view.queue_usage(accepted=True), self.view.total_capacity()
             for queue in self.my_queues:
-                metrics.QUEUE_USAGE_SHARE.labels(queue).set(shares.get(queue, 0.0))
+                held = usage.get(queue, np.zeros(NUM_RESOURCES, dtype=np.int64))
+                metrics.QUEUE_USAGE_SHARE.labels(queue).set(dominant_share(held, total))
                 metrics.QUEUE_PENDING.labels(queue).set(self.queues.pending(queue))
+                limit = self.limits.get(queue)
+                if limit is None:
+                    continue
+                for i, name in enumerate(RESOURCE_NAMES):
+                    if limit[i] < UNLIMITED:
+                        metrics.QUEUE_HELD.labels(queue, name).set(int(held[i]))
+                        metrics.QUEUE_LIMIT.labels(queue, name).set(int(limit[i]))
             await asyncio.sleep(1.0)
 
     # ------------------------------------------------------------ scheduling

@@ -40,7 +40,13 @@ def most_at_once(events: list[common_pb2.TaskEvent], task_ids: set[str]) -> int:
 async def test_a_queue_never_holds_more_than_its_limit_and_others_are_not_held_back(tmp_path):
     # 2 LMs x 2 nodes x 4 CPUs = 16 CPUs: without the limit all 12 tasks run at once.
     async with Federation(
-        tmp_path, gms=2, lms=2, workers_per_lm=2, capacity="cpu=4,mem=8Gi", queues=QUEUES
+        tmp_path,
+        gms=2,
+        lms=2,
+        workers_per_lm=2,
+        capacity="cpu=4,mem=8Gi",
+        queues=QUEUES,
+        metrics=True,
     ) as fed:
         # Submitted through gm-2, which does not serve the queue: gm-1 places them.
         capped = await fed.gm("gm-2").submit(sim_tasks(12, 0.6), queue="capped")
@@ -63,6 +69,18 @@ async def test_a_queue_never_holds_more_than_its_limit_and_others_are_not_held_b
         (row,) = (q for q in status.queues if q.queue == "capped")
         assert row.limit.cpu_milli == 3000 and row.limit.memory_mb == 0
         assert 0 < row.held.cpu_milli <= 3000
+
+        # Prometheus: the limit, and what the queue holds of it (a gauge set every second).
+        limit = 'megha_queue_limit{queue="capped",resource="cpu_milli"}'
+        held = 'megha_queue_held{queue="capped",resource="cpu_milli"}'
+        deadline = time.monotonic() + 5
+        while await fed.metric("gm-1", limit) != 3000:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
+        assert 0 <= await fed.metric("gm-1", held) <= 3000
+        assert (
+            await fed.metric("gm-1", 'megha_queue_limit{queue="capped",resource="memory_mb"}') == 0
+        )
 
         await fed.events.wait_succeeded({*capped.task_ids, *open_.task_ids}, timeout_s=60)
         assert most_at_once(fed.events.events, set(capped.task_ids)) == 3
