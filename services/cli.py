@@ -130,7 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
         "MEGHA_ATTEMPT, MEGHA_CPU_MILLI and MEGHA_MEMORY_MB",
     )
     submit.add_argument("--timeout", type=non_negative_float, help="seconds (default: none)")
-    submit.add_argument("--constraints", help="e.g. 1,4,7")
+    submit.add_argument(
+        "--constraints", help="ids or the config's constraint_names, e.g. 1,4,7 or ssd,gpu"
+    )
     submit.add_argument("--queue", default="", help="user queue (default: the first)")
     submit.add_argument(
         "--job-id",

@@ -438,7 +438,7 @@ async def _submit(client: GlobalMasterClient, args, config: FederationConfig) ->
         env=dict(args.env) or None,
     )
     try:
-        template = build_template(spec, config.num_constraints)
+        template = build_template(spec, config.num_constraints, None, config.constraint_names)
     except (ResourceError, ConstraintError) as err:
         print(f"megha: {err}", file=sys.stderr)
         return 2
@@ -463,7 +463,7 @@ async def _submit_file(client: GlobalMasterClient, args, config: FederationConfi
         print(f"megha: cannot read {name}: {why}", file=sys.stderr)
         return 2
     try:
-        job, templates = load_job(text, config.num_constraints)
+        job, templates = load_job(text, config.num_constraints, config.constraint_names)
     except JobFileError as err:
         for line in str(err).splitlines():
             print(f"megha: {name}: {line}", file=sys.stderr)

@@ -17,7 +17,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from services.core.cluster_state import ENDED_KEPT
-from services.core.constraints import DEFAULT_NUM_CONSTRAINTS, MAX_CONSTRAINTS
+from services.core.constraints import (
+    CONSTRAINT_NAME,
+    DEFAULT_NUM_CONSTRAINTS,
+    MAX_CONSTRAINTS,
+    ConstraintError,
+    constraint_ids,
+)
 from services.core.limits import parse_limit
 from services.core.match import PlacementPolicy, make_policy
 from services.core.resources import ResourceError, parse_resources
@@ -72,7 +78,10 @@ class WorkerGroup(_Model):
     lm: str = Field(..., description="Id of the LM the agents register with.")
     count: int = Field(8, ge=1, le=10_000, description="Agents (nodes) in the process.")
     capacity: str = Field("cpu=4,mem=8Gi,disk=50Gi,net=1G", description="Per agent.")
-    constraints: list[int] = Field(default_factory=list, description="Constraints each has.")
+    constraints: list[int] = Field(
+        default_factory=list,
+        description="Constraints each has: ids, or names from constraint_names.",
+    )
     executor: Literal["sim", "process", "docker"] = Field("sim", description="Default executor.")
     name_prefix: str = Field("", description="Node id prefix; default '<lm>-w'.")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port; 0 = none.")
@@ -237,12 +246,56 @@ class FederationConfig(_Model):
         "exceeds its capacity (only read when policy is gpa).",
     )
     exchange_prefix: str = Field("megha", description="Namespace for exchanges and queues.")
+    constraint_names: dict[str, int] = Field(
+        default_factory=dict,
+        description="Names for constraint ids, e.g. {ssd: 3, gpu: 7}: worker groups, job files "
+        "and megha submit --constraints may then say ssd,gpu; reasons name them too.",
+    )
     gms: list[GlobalMasterConfig] = Field(..., min_length=1)
     lms: list[LocalMasterConfig] = Field(..., min_length=1)
     workers: list[WorkerGroup] = Field(default_factory=list)
     queues: list[QueueConfig] = Field(default_factory=list)
     predictor: Endpoint | None = None
     tls: TlsConfig | None = Field(None, description="Mutual TLS; none (plaintext) by default.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_worker_constraints(cls, data: Any) -> Any:
+        """Worker groups may list constraint names: ids before the fields are checked."""
+        if not isinstance(data, dict):
+            return data
+        names = data.get("constraint_names") or {}
+        workers = data.get("workers")
+        if not isinstance(names, dict) or not isinstance(workers, list):
+            return data
+        out = []
+        for group in workers:
+            listed = group.get("constraints") if isinstance(group, dict) else None
+            if isinstance(listed, list):
+                try:
+                    group = {**group, "constraints": constraint_ids(listed, names)}
+                except ConstraintError as err:
+                    raise ValueError(f"worker group of {group.get('lm')!r}: {err}") from None
+            out.append(group)
+        return {**data, "workers": out}
+
+    @field_validator("constraint_names")
+    @classmethod
+    def _constraint_names(cls, value: dict[str, int]) -> dict[str, int]:
+        for name in value:
+            if not CONSTRAINT_NAME.fullmatch(name):
+                raise ValueError(
+                    f"constraint name {name!r}: letters, digits, _ . - and not a digit first"
+                )
+        ids = list(value.values())
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"two constraint names for one id: {value}")
+        return value
+
+    @property
+    def constraint_labels(self) -> dict[int, str]:
+        """Id -> name, for messages."""
+        return {c: name for name, c in self.constraint_names.items()}
 
     @model_validator(mode="after")
     def _consistent(self) -> FederationConfig:
@@ -251,6 +304,11 @@ class FederationConfig(_Model):
         for kind, ids in (("GM", gm_ids), ("LM", lm_ids)):
             if len(set(ids)) != len(ids):
                 raise ValueError(f"{kind} ids must be unique, got {ids}")
+        bad_names = {
+            n: c for n, c in self.constraint_names.items() if not 0 <= c < self.num_constraints
+        }
+        if bad_names:
+            raise ValueError(f"constraint_names {bad_names} outside 0..{self.num_constraints - 1}")
         for group in self.workers:
             if group.lm not in lm_ids:
                 raise ValueError(f"worker group names unknown LM {group.lm!r}; LMs: {lm_ids}")

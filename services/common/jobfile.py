@@ -53,7 +53,7 @@ class TaskSpec(BaseModel):
     image: str | None = None
     duration: float | None = Field(None, ge=0)
     resources: str | None = None
-    constraints: str | None = None  # "1,4,7", or a list of them
+    constraints: str | None = None  # "1,4,7" or "ssd,gpu" (constraint_names), or a list
     timeout: float | None = Field(None, ge=0)
     retries: int | None = Field(None, ge=0, le=MAX_RETRIES)
     env: dict[str, str] | None = None
@@ -77,8 +77,8 @@ class TaskSpec(BaseModel):
         if isinstance(value, int) and not isinstance(value, bool):
             return str(value)
         if isinstance(value, list):
-            if not all(isinstance(c, int) and not isinstance(c, bool) for c in value):
-                raise ValueError(f"constraints are numbers, got {value!r}")
+            if not all(isinstance(c, int | str) and not isinstance(c, bool) for c in value):
+                raise ValueError(f"constraints are ids or names, got {value!r}")
             return ",".join(str(c) for c in value)
         return value
 
@@ -100,9 +100,12 @@ class JobFile(BaseModel):
     tasks: list[TaskSpec] = Field(min_length=1)
 
 
-def load_job(text: str, num_constraints: int) -> tuple[JobFile, list[TaskTemplate]]:
+def load_job(
+    text: str, num_constraints: int, constraint_names: Mapping[str, int] | None = None
+) -> tuple[JobFile, list[TaskTemplate]]:
     """The job a file describes, and one template per task (``count`` expanded);
-    ``JobFileError`` says everything that is wrong with it."""
+    ``JobFileError`` says everything that is wrong with it. ``constraint_names``: the
+    federation's, for constraints given by name."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -119,7 +122,7 @@ def load_job(text: str, num_constraints: int) -> tuple[JobFile, list[TaskTemplat
     problems: list[str] = []
     for i, spec in enumerate(job.tasks):
         try:
-            template = build_template(spec, num_constraints, job.defaults)
+            template = build_template(spec, num_constraints, job.defaults, constraint_names)
         except (ResourceError, ConstraintError, ValueError) as err:
             problems.append(f"tasks[{i}]: {err}")
             continue
@@ -132,7 +135,10 @@ def load_job(text: str, num_constraints: int) -> tuple[JobFile, list[TaskTemplat
 
 
 def build_template(
-    spec: TaskSpec, num_constraints: int, defaults: TaskSpec | None = None
+    spec: TaskSpec,
+    num_constraints: int,
+    defaults: TaskSpec | None = None,
+    constraint_names: Mapping[str, int] | None = None,
 ) -> TaskTemplate:
     """What ``megha submit`` builds its tasks from, for a task of a job file under its
     ``defaults``, or for the task the command line describes; ``ResourceError``,
@@ -153,7 +159,7 @@ def build_template(
         command,
         image,
         _pick(spec, defaults, "timeout") or 0.0,
-        from_mask(parse_constraints(constraints, num_constraints)),
+        from_mask(parse_constraints(constraints, num_constraints, constraint_names)),
         _pick(spec, defaults, "retries") or 0,
         env,
     )

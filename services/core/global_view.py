@@ -12,7 +12,7 @@ state overwrites the deduction with the truth either way.
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -182,10 +182,12 @@ class GlobalView:
         gm_id: str,
         policy: PlacementPolicy | None = None,
         num_constraints: int = DEFAULT_NUM_CONSTRAINTS,
+        constraint_labels: Mapping[int, str] | None = None,
     ):
         self.gm_id = gm_id
         self.policy: PlacementPolicy = policy or FirstFit()
         self.num_constraints = num_constraints
+        self.constraint_labels = dict(constraint_labels or {})  # id -> name, for reasons
         self.lms: dict[str, LMView] = {}
         self._order: list[str] = []
         # Shape -> why it can never run (None: it can), valid while no LM's nodes,
@@ -423,7 +425,8 @@ class GlobalView:
 
     def assess(self, task: TaskSpec) -> Verdict:
         """Placeable now, later (with why), or never, judged on this view."""
-        return assess((v.table for v in self.lms.values()), task, self.policy)
+        tables = (v.table for v in self.lms.values())
+        return assess(tables, task, self.policy, self.constraint_labels)
 
     def infeasible(self, task: TaskSpec) -> str | None:
         """Why no node of this view could ever hold ``task``, or None if one could.

@@ -11,14 +11,14 @@ from state, never from code.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 import numpy as np
 from bitarray import bitarray
 from bitarray.util import ones, zeros
 
-from services.core.constraints import from_mask
+from services.core.constraints import describe_constraints, from_mask
 from services.core.gpa import DEFAULT_RHO, GpaPolicy
 from services.core.node_table import NodeTable, bools_from_bits
 from services.core.resources import RESOURCE_NAMES, format_resources
@@ -158,14 +158,18 @@ def match(
 
 # --------------------------------------------------------------------------- explaining
 def assess(
-    tables: Iterable[NodeTable], task: TaskSpec, policy: PlacementPolicy | None = None
+    tables: Iterable[NodeTable],
+    task: TaskSpec,
+    policy: PlacementPolicy | None = None,
+    labels: Mapping[int, str] | None = None,
 ) -> Verdict:
     """Can ``task`` be placed now, later, or never? With the reason a user can act on.
 
     Never (INFEASIBLE): no registered node, alive or not, has the constraints and the
     capacity. Later (UNSCHEDULABLE): some node could hold it but none has room now.
     "Now" is strict (free >= request) unless ``policy`` is given, which then decides
-    (GPA may place where free cpu is short, or refuse where it is not).
+    (GPA may place where free cpu is short, or refuse where it is not). ``labels``: the
+    federation's names of constraint ids, for the reasons.
     """
     tables = list(tables)
     request = task.resources
@@ -194,12 +198,12 @@ def assess(
                 best_free = free_best
     missing = task.constraint_mask & ~has_constraint
     if missing:
-        names = ", ".join(str(c) for c in from_mask(missing))
+        names = describe_constraints(from_mask(missing), labels)
         return Verdict(Schedulability.INFEASIBLE, f"no node has constraint {names}")
     if not any_match and not task.constraint_mask:
         return Verdict(Schedulability.INFEASIBLE, "no worker node has registered")
     if not any_match:
-        wanted = ", ".join(str(c) for c in from_mask(task.constraint_mask))
+        wanted = describe_constraints(from_mask(task.constraint_mask), labels)
         return Verdict(Schedulability.INFEASIBLE, f"no node has constraints {wanted} together")
     assert best_capacity is not None
     if best_capacity[0] < 1.0:

@@ -162,7 +162,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self.config = config
         self.gm_id = gm_id
         self.bus = bus
-        self.view = GlobalView(gm_id, config.placement_policy(), config.num_constraints)
+        self.view = GlobalView(
+            gm_id, config.placement_policy(), config.num_constraints, config.constraint_labels
+        )
         self.fair = FairShare(
             [QueueShare(q.name, q.share, q.gm) for q in config.effective_queues()]
         )

@@ -12,6 +12,16 @@ def test_the_documented_example_is_valid():
     assert config.gm_ids == ["gm-1", "gm-2"]
     assert [q.name for q in config.queues_of("gm-1")] == ["research"]
     assert config.lm("lm-2").target == "127.0.0.1:50053"
+    assert config.workers[0].constraints == [0, 3]  # [ssd, gpu]
+    assert config.queue("research").limit == "cpu=64,mem=128Gi"
+
+
+def test_worker_groups_may_name_their_constraints():
+    data = {**default_config(), "constraint_names": {"ssd": 3, "gpu": 7}}
+    data["workers"] = [{"lm": "lm-1", "constraints": ["ssd", 5, "gpu"]}]
+    config = parse_config(data, env={})
+    assert config.workers[0].constraints == [3, 5, 7]
+    assert config.constraint_labels == {3: "ssd", 7: "gpu"}
 
 
 def test_default_federation_and_default_queue():
@@ -47,6 +57,13 @@ def test_toml_and_environment_overrides(tmp_path):
             "limit 'cpu=0,mem=1Gi': a limit must be above 0: cpu is 0",
         ),
         ({"queues": [{"name": "q", "gm": "gm-1", "limit": "gpu=1"}]}, "unknown resource 'gpu'"),
+        ({"constraint_names": {"7up": 1}}, "constraint name '7up': letters, digits"),
+        ({"constraint_names": {"a": 1, "b": 1}}, "two constraint names for one id"),
+        ({"constraint_names": {"gpu": 21}}, "constraint_names {'gpu': 21} outside 0..20"),
+        (
+            {"constraint_names": {"gpu": 3}, "workers": [{"lm": "lm-1", "constraints": ["tpu"]}]},
+            "worker group of 'lm-1': unknown constraint 'tpu'; this federation names gpu",
+        ),
         (
             {
                 "queues": [

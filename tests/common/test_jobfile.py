@@ -57,7 +57,8 @@ def test_a_job_file_builds_each_task_with_the_defaults_under_it() -> None:
         ("tasks: [{command: ls, retries: 101}]", "tasks[0].retries: Input should be less than"),
         ("tasks: [{command: []}]", "tasks[0].command: an empty command runs nothing"),
         ("tasks: [{command: [sleep, 5]}]", "command: argument 1 (5) is not a string: quote"),
-        ("tasks: [{command: ls, constraints: [1, x]}]", "constraints are numbers, got [1, 'x']"),
+        ("tasks: [{command: ls, constraints: [1, x]}]", "tasks[0]: constraint ids are integers"),
+        ("tasks: [{command: ls, constraints: [1, 2.5]}]", "constraints are ids or names, got"),
         ("tasks: [{command: ls, env: {1X: y}}]", "tasks[0].env: '1X' is not a variable name"),
         ("tasks: [{duration: 1, env: {X: y}}]", "tasks[0]: env is for a process"),
         ("tasks: [{command: ls, constraints: '99'}]", "tasks[0]: "),
@@ -103,3 +104,17 @@ def test_counts_and_resources_come_out_as_written(rows: list[tuple[int, int, int
     ]
     assert len(templates) == len(expected)
     assert all((t.resources == e).all() for t, e in zip(templates, expected, strict=True))
+
+
+def test_constraints_may_be_the_names_the_federation_gives_them() -> None:
+    names = {"ssd": 3, "gpu": 7}
+    text = (
+        "defaults: {constraints: [ssd]}\n"
+        "tasks: [{duration: 1}, {duration: 1, constraints: 'gpu, 1'}]"
+    )
+    _, (first, second) = load_job(text, num_constraints=21, constraint_names=names)
+    assert (first.constraints, second.constraints) == ([3], [1, 7])
+    with pytest.raises(
+        JobFileError, match=r"tasks\[0\]: unknown constraint 'tpu'; this federation names gpu, ssd"
+    ):
+        load_job("tasks: [{duration: 1, constraints: [tpu]}]", 21, names)

@@ -127,6 +127,13 @@ def test_assess_tells_never_from_not_now():
     verdict = assess([table], task(constraints=(1, 2)))
     assert verdict.schedulability is Schedulability.INFEASIBLE
     assert "constraints 1, 2 together" in verdict.reason
+    # with the federation's names for them
+    labels = {5: "gpu", 1: "ssd"}
+    assert assess([table], task(constraints=(5,)), labels=labels).reason == (
+        "no node has constraint 5 (gpu)"
+    )
+    together = assess([table], task(constraints=(1, 2)), labels=labels).reason
+    assert "constraints 1 (ssd), 2 together" in together
 
     verdict = assess([table], task(cpu=64_000))
     assert verdict.schedulability is Schedulability.INFEASIBLE

@@ -1,7 +1,13 @@
 import numpy as np
 import pytest
 
-from services.core.constraints import ConstraintError, from_mask, parse_constraints, to_mask
+from services.core.constraints import (
+    ConstraintError,
+    describe_constraints,
+    from_mask,
+    parse_constraints,
+    to_mask,
+)
 from services.core.resources import (
     ResourceError,
     format_resources,
@@ -69,3 +75,15 @@ def test_constraint_masks_round_trip_and_reject_unknown_ids():
         to_mask([21], 21)
     with pytest.raises(ConstraintError, match="integers"):
         parse_constraints("a", 21)
+
+
+def test_constraints_by_the_names_a_federation_gives_them():
+    names = {"ssd": 3, "gpu": 7}
+    assert parse_constraints("ssd, gpu,12", 21, names) == (1 << 3) | (1 << 7) | (1 << 12)
+    with pytest.raises(
+        ConstraintError, match="unknown constraint 'tpu'; this federation names gpu, ssd"
+    ):
+        parse_constraints("ssd,tpu", 21, names)
+    with pytest.raises(ConstraintError, match=r"got 'ssd' \(this federation names no constraints"):
+        parse_constraints("ssd", 21)
+    assert describe_constraints([3, 7, 12], {3: "ssd", 7: "gpu"}) == "3 (ssd), 7 (gpu), 12"
