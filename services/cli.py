@@ -27,6 +27,7 @@ _sizes = number_list(bounded(int, "size", 1, high=10**9))
 _constraint_count = bounded(int, "constraint_count", 1, high=64)
 _job_limit = bounded(int, "limit", 1, high=1000)
 _retries = bounded(int, "retries", 0, high=100)
+_priority = bounded(int, "priority", -(2**31), high=2**31 - 1)
 # 0 = back to back
 _rates = number_list(bounded(float, "rate", 0, high=100_000))
 
@@ -106,8 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="JOB.yaml",
         help="submit the tasks this job file lists, each its own (YAML or JSON; - reads "
         "stdin): job_id, queue, defaults, and tasks, each with command, image, duration, "
-        "resources, constraints, timeout, retries, env and count; without the task "
-        "options below",
+        "resources, constraints, timeout, retries, env, priority and count; without the "
+        "task options below",
     )
     # The task options default to None, so that one given with --file can be told.
     submit.add_argument("--resources", help="per task (default cpu=1,mem=512Mi)")
@@ -144,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--retries",
         type=_retries,
         help="queue a task that failed (its own failure) again, up to this many times (0-100)",
+    )
+    submit.add_argument(
+        "--priority",
+        type=_priority,
+        help="within its queue, tasks of a higher priority are served first (default 0)",
     )
     submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
 

@@ -44,6 +44,7 @@ class TaskTemplate:
     constraints: Sequence[int] = ()
     retries: int = 0
     env: Mapping[str, str] = field(default_factory=dict)  # a process's or container's
+    priority: int = 0  # within its queue, higher goes first
 
     def build(self) -> common_pb2.Task:
         task = common_pb2.Task(
@@ -51,6 +52,7 @@ class TaskTemplate:
             constraints=list(self.constraints),
             expected_duration_s=self.duration_s,
             max_retries=self.retries,
+            priority=self.priority,
         )
         if self.image:
             task.docker.image = self.image

@@ -418,7 +418,7 @@ async def _drained(stub, ask, reply, lm_id: str, args: argparse.Namespace) -> in
 
 # megha submit's options that describe the tasks (not given with --file).
 _TASK_OPTIONS = ("resources", "count", "duration", "argv", "image", "env", "timeout")
-_TASK_OPTIONS += ("constraints", "retries")
+_TASK_OPTIONS += ("constraints", "retries", "priority")
 
 
 async def _submit(client: GlobalMasterClient, args, config: FederationConfig) -> int:
@@ -435,6 +435,7 @@ async def _submit(client: GlobalMasterClient, args, config: FederationConfig) ->
         constraints=args.constraints,
         timeout=args.timeout,
         retries=args.retries,
+        priority=args.priority,
         env=dict(args.env) or None,
     )
     try:

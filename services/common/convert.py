@@ -117,6 +117,7 @@ def _finite_non_negative(name: str, value: float) -> None:
 
 
 MAX_RETRIES = 100  # Task.max_retries
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)  # Task.priority, an int32
 
 
 class InvalidTask(ValueError):

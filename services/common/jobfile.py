@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from services.client import TaskTemplate
 from services.common.argtypes import ENV_NAME
-from services.common.convert import MAX_RETRIES
+from services.common.convert import MAX_RETRIES, PRIORITY_RANGE
 from services.core.constraints import ConstraintError, from_mask, parse_constraints
 from services.core.resources import ResourceError, parse_resources
 
@@ -58,6 +58,7 @@ class TaskSpec(BaseModel):
     retries: int | None = Field(None, ge=0, le=MAX_RETRIES)
     env: dict[str, str] | None = None
     count: int | None = Field(None, ge=1, le=MAX_TASKS)
+    priority: int | None = Field(None, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1])
 
     @field_validator("command", mode="before")
     @classmethod
@@ -162,6 +163,7 @@ def build_template(
         from_mask(parse_constraints(constraints, num_constraints, constraint_names)),
         _pick(spec, defaults, "retries") or 0,
         env,
+        _pick(spec, defaults, "priority") or 0,
     )
 
 

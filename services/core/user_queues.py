@@ -1,10 +1,21 @@
 """The user queues one GM serves, drained round-robin (paper: a GM serves its queues
-round-robin). Items that found no node are *parked* until the view changes, so the GM
-never spins on a full federation; a state change puts them back, oldest first.
+round-robin). Within a queue, items of a higher priority go first, and items of one
+priority in the order they came. Items that found no node are *parked* until the view
+changes, so the GM never spins on a full federation; a state change puts them back,
+oldest first, ahead of newer items of their priority.
+
+    push ──▶ queue q ──▶ lane of priority p (a deque) ─┐
+                                                       ├─ pop_round: from each queue in
+    park ──▶ parked (one deque a queue) ──unpark──▶    │  turn, the highest lanes first
+             back to the front of their lanes ─────────┘
+
+Priority orders work within one queue only; it does not preempt, and it does not change
+what a queue gets against the others (fairness does that).
 """
 
 from __future__ import annotations
 
+from bisect import insort
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
@@ -12,72 +23,132 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
+def _no_priority(_item: object) -> int:
+    return 0
+
+
+class _Lanes(Generic[T]):
+    """One queue's ready items: a deque per priority, the priorities highest first."""
+
+    __slots__ = ("count", "lanes", "order")
+
+    def __init__(self) -> None:
+        self.lanes: dict[int, deque[T]] = {}
+        self.order: list[int] = []  # the priorities that have a lane, as -priority, sorted
+        self.count = 0
+
+    def lane(self, priority: int) -> deque[T]:
+        lane = self.lanes.get(priority)
+        if lane is None:
+            lane = self.lanes[priority] = deque()
+            insort(self.order, -priority)
+        return lane
+
+    def take(self, most: int) -> list[T]:
+        """Up to ``most`` items, highest priority first; empty lanes are dropped."""
+        out: list[T] = []
+        while len(out) < most and self.order:
+            priority = -self.order[0]
+            lane = self.lanes[priority]
+            for _ in range(min(most - len(out), len(lane))):
+                out.append(lane.popleft())
+            if not lane:
+                del self.lanes[priority]
+                self.order.pop(0)
+        self.count -= len(out)
+        return out
+
+
 class UserQueues(Generic[T]):
-    def __init__(self, names: Iterable[str]):
+    def __init__(self, names: Iterable[str], priority: Callable[[T], int] | None = None):
+        """``priority``: an item's priority (higher goes first); all 0 by default."""
         self.names = list(names)
-        self._ready: dict[str, deque[T]] = {n: deque() for n in self.names}
+        self._priority = priority or _no_priority
+        self._ready: dict[str, _Lanes[T]] = {n: _Lanes() for n in self.names}
         self._parked: dict[str, deque[T]] = {n: deque() for n in self.names}
         self._next = 0
 
     def _known(self, queue: str) -> None:
         if queue not in self._ready:
             self.names.append(queue)
-            self._ready[queue] = deque()
+            self._ready[queue] = _Lanes()
             self._parked[queue] = deque()
 
     def push(self, queue: str, item: T) -> None:
         self._known(queue)
-        self._ready[queue].append(item)
+        ready = self._ready[queue]
+        ready.lane(self._priority(item)).append(item)
+        ready.count += 1
 
     def push_front(self, queue: str, item: T) -> None:
         """Retry soon (the LM rejected it and the view was corrected)."""
         self._known(queue)
-        self._ready[queue].appendleft(item)
+        ready = self._ready[queue]
+        ready.lane(self._priority(item)).appendleft(item)
+        ready.count += 1
 
     def park(self, queue: str, item: T) -> None:
         self._known(queue)
         self._parked[queue].append(item)
 
     def unpark(self) -> int:
-        """The view changed: parked items go back ahead of newer ones. Returns how many."""
+        """The view changed: parked items go back ahead of newer ones of their priority,
+        in the order they were parked. Returns how many."""
         moved = 0
         for name in self.names:
             parked = self._parked[name]
             if parked:
                 moved += len(parked)
-                parked.extend(self._ready[name])
-                self._ready[name], self._parked[name] = parked, deque()
+                ready = self._ready[name]
+                ready.count += len(parked)
+                priority = self._priority
+                while parked:
+                    item = parked.pop()  # the newest first, each to the front of its lane
+                    ready.lane(priority(item)).appendleft(item)
         return moved
 
     def remove(self, queue: str, drop: Callable[[T], bool]) -> list[T]:
         """Take out every item of ``queue``, ready or parked, for which ``drop`` is true
         (a job withdrawn); the rest keep their order. O(items in the queue)."""
         dropped: list[T] = []
-        for held in (self._ready, self._parked):
-            items = held.get(queue)
-            if items:
+        ready = self._ready.get(queue)
+        if ready is not None:
+            for priority, lane in list(ready.lanes.items()):
                 kept: deque[T] = deque()
-                for item in items:
+                for item in lane:
                     (dropped if drop(item) else kept).append(item)
-                held[queue] = kept
+                if kept:
+                    ready.lanes[priority] = kept
+                else:
+                    del ready.lanes[priority]
+                    ready.order.remove(-priority)
+            ready.count -= len(dropped)
+        parked = self._parked.get(queue)
+        if parked:
+            kept = deque()
+            for item in parked:
+                (dropped if drop(item) else kept).append(item)
+            self._parked[queue] = kept
         return dropped
 
     def pop_round(self, per_queue: int) -> list[tuple[str, T]]:
-        """Up to ``per_queue`` items from each non-empty queue, starting after the queue
-        the previous round started with, so no queue is always served first."""
+        """Up to ``per_queue`` items from each non-empty queue (its highest priorities
+        first), starting after the queue the previous round started with, so no queue
+        is always served first."""
         out: list[tuple[str, T]] = []
         count = len(self.names)
         for step in range(count):
             name = self.names[(self._next + step) % count]
             ready = self._ready[name]
-            for _ in range(min(per_queue, len(ready))):
-                out.append((name, ready.popleft()))
+            if ready.count:
+                out.extend((name, item) for item in ready.take(per_queue))
         if count:
             self._next = (self._next + 1) % count
         return out
 
     def ready(self, queue: str) -> int:
-        return len(self._ready.get(queue, ()))
+        ready = self._ready.get(queue)
+        return ready.count if ready is not None else 0
 
     def parked(self, queue: str) -> int:
         return len(self._parked.get(queue, ()))
@@ -86,6 +157,6 @@ class UserQueues(Generic[T]):
         return self.ready(queue) + self.parked(queue)
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self._ready.values()) + sum(
+        return sum(r.count for r in self._ready.values()) + sum(
             len(q) for q in self._parked.values()
         )

@@ -175,7 +175,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self._limited_here = any(q in self.limits for q in self.my_queues)
         self._started_at = time.monotonic()
         self._settle_timer: asyncio.TimerHandle | None = None
-        self.queues: UserQueues[Pending] = UserQueues(self.my_queues)
+        # Within a queue, a task of a higher priority is served first.
+        self.queues: UserQueues[Pending] = UserQueues(
+            self.my_queues, priority=lambda item: item.task.priority
+        )
         self.jobs = JobBook(max_tasks=config.gm_job_history_tasks)
         # Jobs submitted here to our own queues, scheduled from memory, whose broker
         # delivery has not arrived yet (see SubmitJob).

@@ -118,3 +118,11 @@ def test_constraints_may_be_the_names_the_federation_gives_them() -> None:
         JobFileError, match=r"tasks\[0\]: unknown constraint 'tpu'; this federation names gpu, ssd"
     ):
         load_job("tasks: [{duration: 1, constraints: [tpu]}]", 21, names)
+
+
+def test_a_task_may_have_a_priority_and_the_defaults_give_one() -> None:
+    text = "defaults: {priority: 3}\ntasks: [{duration: 1}, {duration: 1, priority: -2}]"
+    _, (first, second) = load_job(text, num_constraints=21)
+    assert (first.build().priority, second.build().priority) == (3, -2)
+    with pytest.raises(JobFileError, match=r"tasks\[0\]\.priority: Input should be less than"):
+        load_job("tasks: [{duration: 1, priority: 2147483648}]", 21)

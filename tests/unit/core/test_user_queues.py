@@ -1,3 +1,6 @@
+from hypothesis import given
+from hypothesis import strategies as st
+
 from services.core.user_queues import UserQueues
 
 
@@ -50,3 +53,74 @@ def test_remove_takes_matching_items_ready_and_parked_and_keeps_the_rest_in_orde
     assert q.pop_round(5) == [("a", 4)]
     assert q.unpark() == 1
     assert q.pop_round(5) == [("a", 0)]
+
+
+def test_higher_priorities_go_first_and_one_priority_keeps_its_order():
+    q = UserQueues(["a", "b"], priority=lambda item: item[0])
+    for item in [(0, "x"), (5, "y"), (0, "z"), (-1, "w"), (5, "v")]:
+        q.push("a", item)
+    q.push("b", (9, "b1"))
+    assert q.pop_round(3) == [("a", (5, "y")), ("a", (5, "v")), ("a", (0, "x")), ("b", (9, "b1"))]
+    assert q.ready("a") == 2 and len(q) == 2
+    q.push_front("a", (0, "retry"))  # a rejected launch: first of its priority
+    assert q.pop_round(5) == [("a", (0, "retry")), ("a", (0, "z")), ("a", (-1, "w"))]
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("push"), st.integers(-2, 2)),
+            st.tuples(st.just("push_front"), st.integers(-2, 2)),
+            st.tuples(st.just("pop"), st.integers(1, 4)),
+            st.tuples(st.just("park_popped"), st.just(0)),
+            st.tuples(st.just("unpark"), st.just(0)),
+            st.tuples(st.just("remove_odd"), st.just(0)),
+        ),
+        max_size=60,
+    )
+)
+def test_priorities_against_a_sorted_list(ops):
+    """Model: the ready items as a list kept in (-priority, position) order, positions
+    counting down for push_front and unpark, up for push; parked items apart."""
+    q = UserQueues(["a"], priority=lambda item: item[0])
+    ready: list[tuple[int, float, tuple[int, int]]] = []  # (-priority, position, item)
+    parked: list[tuple[int, int]] = []
+    popped: list[tuple[int, int]] = []
+    back, front, serial = 0.0, 0.0, 0
+    for op, arg in ops:
+        if op in ("push", "push_front"):
+            serial += 1
+            item = (arg, serial)
+            if op == "push":
+                back += 1
+                ready.append((-arg, back, item))
+                q.push("a", item)
+            else:
+                front -= 1
+                ready.append((-arg, front, item))
+                q.push_front("a", item)
+        elif op == "pop":
+            ready.sort()
+            want = [item for _, _, item in ready[:arg]]
+            del ready[:arg]
+            assert q.pop_round(arg) == [("a", item) for item in want]
+            popped.extend(want)
+        elif op == "park_popped" and popped:
+            item = popped.pop(0)
+            parked.append(item)
+            q.park("a", item)
+        elif op == "unpark":
+            for item in reversed(parked):
+                front -= 1
+                ready.append((-item[0], front, item))
+            assert q.unpark() == len(parked)
+            parked.clear()
+        elif op == "remove_odd":
+            dropped = q.remove("a", lambda item: item[1] % 2 == 1)
+            expect = sorted(item for _, _, item in ready if item[1] % 2 == 1)
+            expect += [item for item in parked if item[1] % 2 == 1]
+            assert sorted(dropped) == sorted(expect)
+            ready = [r for r in ready if r[2][1] % 2 == 0]
+            parked = [item for item in parked if item[1] % 2 == 0]
+        assert q.ready("a") == len(ready) and q.parked("a") == len(parked)
+        assert len(q) == len(ready) + len(parked)
