@@ -217,6 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     drain.add_argument("--list", action="store_true", help="the nodes every LM drains")
 
+    nodes = commands.add_parser(
+        "nodes", help="every worker node as its LM holds it: state, free, tasks, constraints"
+    )
+    _add_config(nodes)
+    nodes.add_argument("--lm", default="", help="one LM's nodes (default: every LM's)")
+    nodes.add_argument(
+        "--constraint", default="", help="only nodes with these constraints (ids or names)"
+    )
+    nodes.add_argument("--json", action="store_true", help="one JSON object a node")
+
     bench = commands.add_parser("bench", help="micro-benchmarks of the scheduling hot path")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     bm = bench_kinds.add_parser("match", help="time one match on partitions of N nodes")
@@ -308,6 +318,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.command == "drain":
             return asyncio.run(operator.drain(args, config))
+        if args.command == "nodes":
+            from services.nodes import nodes
+
+            return asyncio.run(nodes(args, config))
         return asyncio.run(operator.client_command(args, config))
     except (ConfigError, TlsError) as err:
         print(f"megha: {err}", file=sys.stderr)

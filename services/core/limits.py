@@ -25,18 +25,17 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from services.core.resources import (
-    CPU,
     MAX_VALUE,
     NUM_RESOURCES,
     ResourceError,
     parse_quantities,
 )
+from services.core.resources import format_quantity as quantity
 
 # A dimension the limit leaves out. Far above any sum of requests (at most MAX_VALUE =
 # 2**40 each), so ``held + request <= UNLIMITED`` always holds and never overflows.
 UNLIMITED = np.int64(1 << 62)
 
-_UNITS = ("m", "Mi", "Mi", "M")  # how each dimension is shown, as parse_resources reads it
 _SHORT = ("cpu", "mem", "disk", "net")
 
 
@@ -60,17 +59,11 @@ def parse_limit(text: str) -> np.ndarray:
 def format_limit(limit: np.ndarray) -> str:
     """The limited dimensions as ``parse_limit`` reads them: ``cpu=4,mem=8192Mi``."""
     parts = [
-        f"{_SHORT[i]}={_amount(i, int(limit[i]))}"
+        f"{_SHORT[i]}={quantity(i, int(limit[i]))}"
         for i in range(NUM_RESOURCES)
         if limit[i] < UNLIMITED
     ]
     return ",".join(parts) or "none"
-
-
-def _amount(i: int, value: int) -> str:
-    if i == CPU:
-        return f"{value / 1000:g}" if value % 1000 == 0 else f"{value}m"
-    return f"{value}{_UNITS[i]}"
 
 
 def limit_to_wire(limit: np.ndarray) -> np.ndarray:
@@ -85,7 +78,7 @@ def limit_from_wire(vector: np.ndarray) -> np.ndarray:
 def describe_held(held: np.ndarray, limit: np.ndarray) -> str:
     """What a queue holds of each limited resource: ``cpu 3/4, mem 512Mi/8192Mi``."""
     return ", ".join(
-        f"{_SHORT[i]} {_amount(i, int(held[i]))}/{_amount(i, int(limit[i]))}"
+        f"{_SHORT[i]} {quantity(i, int(held[i]))}/{quantity(i, int(limit[i]))}"
         for i in range(NUM_RESOURCES)
         if limit[i] < UNLIMITED
     )
@@ -124,7 +117,8 @@ class QueueLimits:
         if not len(over):
             return None
         what = ", ".join(
-            f"{_SHORT[i]} {_amount(i, int(request[i]))} > {_amount(i, int(limit[i]))}" for i in over
+            f"{_SHORT[i]} {quantity(i, int(request[i]))} > {quantity(i, int(limit[i]))}"
+            for i in over
         )
         return f"it asks for more than queue {queue!r} may ever hold ({what})"
 
@@ -165,8 +159,8 @@ class LimitLedger:
         if not len(over):
             return None
         what = ", ".join(
-            f"{_SHORT[i]} {_amount(i, int(held[i]))} of {_amount(i, int(limit[i]))} held, "
-            f"needs {_amount(i, int(request[i]))}"
+            f"{_SHORT[i]} {quantity(i, int(held[i]))} of {quantity(i, int(limit[i]))} held, "
+            f"needs {quantity(i, int(request[i]))}"
             for i in over
         )
         return f"queue {queue!r} is at its limit ({what}); waiting for its tasks to end"

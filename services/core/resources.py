@@ -135,6 +135,17 @@ def parse_quantities(text: str) -> tuple[np.ndarray, tuple[int, ...]]:
     return vector, tuple(sorted(seen))
 
 
+_UNIT = ("m", "Mi", "Mi", "M")
+
+
+def format_quantity(index: int, value: int) -> str:
+    """One quantity as ``parse_resources`` reads it: ``cpu`` in cores (``4``) or
+    millicores (``1500m``), memory and disk in MiB, network in Mbit/s."""
+    if index == CPU:
+        return f"{value / 1000:g}" if value % 1000 == 0 else f"{value}m"
+    return f"{value}{_UNIT[index]}"
+
+
 def format_resources(vector: Iterable[int]) -> str:
     """Render a vector the way a person reads it: ``cpu=1.5 mem=2048Mi disk=0Mi net=0M``."""
     cpu, mem, disk, net = (int(v) for v in vector)
