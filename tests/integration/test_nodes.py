@@ -50,6 +50,7 @@ async def test_megha_nodes_shows_what_each_lm_holds(tmp_path):
 
         shown = await megha("nodes", *config)
         assert shown.returncode == 0, shown.stderr
+        print(shown.stdout)
         lines = shown.stdout.splitlines()
         assert lines[0].split() == [
             "NODE", "LM", "GM", "STATE", "CPU", "free/total", "MEM", "free/total", "TASKS",
