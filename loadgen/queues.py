@@ -155,14 +155,11 @@ class Attempts:
     memory_mb: np.ndarray
 
 
-def measured_shares(
-    attempts: Attempts, queues: int, total_cpu: float, total_memory: float
-) -> tuple[list[float | None], float]:
-    """Per queue, the dominant share it held averaged over the time every queue had a
-    task waiting (enqueued, not yet started); and how long that was, in seconds.
-
-    Shares are None when no queue was ever backlogged at the same time as all others.
-    """
+def _timeline(attempts: Attempts, queues: int) -> tuple[np.ndarray, np.ndarray]:
+    """The moments anything changed, and from each to the next, per queue: the attempts
+    waiting, and the CPU and memory its running attempts held, shape
+    ``(3, moments, queues)``. An attempt holds from its start to its end (to the end of
+    the run if it never ended); changes at one moment count together."""
     a = attempts
     started = a.started > 0
     horizon = max(int(a.ended.max(initial=0)), int(a.started.max(initial=0)))
@@ -175,13 +172,24 @@ def measured_shares(
     none = np.zeros(a.queue.size)
     cpu = sign * np.concatenate([none, a.cpu_milli[started], a.cpu_milli[started]])
     mem = sign * np.concatenate([none, a.memory_mb[started], a.memory_mb[started]])
-    if times.size == 0:
-        return [None] * queues, 0.0
     points, slot = np.unique(times, return_inverse=True)
     cube = np.zeros((3, points.size, queues))
     for k, delta in enumerate((waiting, cpu, mem)):
         np.add.at(cube[k], (slot, q), delta)
-    cube = np.cumsum(cube, axis=1)  # the state from each point to the next
+    return points, np.cumsum(cube, axis=1)
+
+
+def measured_shares(
+    attempts: Attempts, queues: int, total_cpu: float, total_memory: float
+) -> tuple[list[float | None], float]:
+    """Per queue, the dominant share it held averaged over the time every queue had a
+    task waiting (enqueued, not yet started); and how long that was, in seconds.
+
+    Shares are None when no queue was ever backlogged at the same time as all others.
+    """
+    points, cube = _timeline(attempts, queues)
+    if points.size == 0:
+        return [None] * queues, 0.0
     length = np.diff(points).astype(float)
     backlogged = (cube[0, :-1] > 0).all(axis=1)
     weight = length * backlogged
@@ -199,26 +207,12 @@ def measured_shares(
 
 def peak_held(attempts: Attempts, queues: int) -> np.ndarray:
     """Per queue, the most CPU (millicores) and memory (MiB) its running attempts held at
-    one moment, shape ``(queues, 2)``. An attempt counts from its start to its end (to the
-    end of the run if it never ended); at equal stamps ends count before starts."""
-    a = attempts
-    started = a.started > 0
-    if not started.any():
+    one moment, shape ``(queues, 2)`` (``_timeline``: an attempt that ends when another
+    starts is not counted with it)."""
+    points, cube = _timeline(attempts, queues)
+    if points.size == 0:
         return np.zeros((queues, 2), dtype=np.int64)
-    horizon = max(int(a.ended.max(initial=0)), int(a.started.max(initial=0)))
-    ended = np.where(a.ended > 0, a.ended, horizon)[started]
-    times = np.concatenate([ended, a.started[started]])
-    order = np.lexsort((np.repeat([0, 1], started.sum()), times))  # ends first on ties
-    q = np.tile(a.queue[started].astype(np.int64), 2)[order]
-    sign = np.repeat([-1, 1], started.sum())[order]
-    peaks = np.zeros((queues, 2), dtype=np.int64)
-    for k, amount in enumerate((a.cpu_milli, a.memory_mb)):
-        delta = sign * np.tile(np.asarray(amount)[started].astype(np.int64), 2)[order]
-        for queue in range(queues):
-            mine = delta[q == queue]
-            if mine.size:
-                peaks[queue, k] = max(int(np.cumsum(mine).max()), 0)
-    return peaks
+    return np.maximum(cube[1:].max(axis=1), 0).T.round().astype(np.int64)
 
 
 def summary_queues(
