@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from services.common.argtypes import (
     bounded,
@@ -67,9 +68,24 @@ def build_parser() -> argparse.ArgumentParser:
         if role == "worker":
             p.add_argument("--lm", help="attach to this LM (default: every worker group)")
             p.add_argument("--count", type=positive_int, help="agents in this process")
+            p.add_argument(
+                "--pool",
+                default="",
+                help="be one node of this autoscale pool (what autoscale runs)",
+            )
+            p.add_argument(
+                "--slot", type=non_negative_int, default=0, help="with --pool: the node's number"
+            )
         if role == "predictor":
             _add_predictor_train(p)
         p.add_argument("--log-level", default="INFO")
+
+    scale = commands.add_parser(
+        "autoscale", help="grow the config's autoscale pools ahead of demand, shrink idle ones"
+    )
+    _add_config(scale)
+    scale.add_argument("--log-dir", default="", help="the nodes' logs (default: its state dir)")
+    scale.add_argument("--log-level", default="INFO")
 
     up = commands.add_parser("up", help="start a whole local federation")
     _add_config(up)
@@ -312,8 +328,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command in ("gm", "lm"):
                 (config.gm if args.command == "gm" else config.lm)(args.id)  # known id?
             ident = getattr(args, "id", None) or getattr(args, "lm", None)
-            asyncio.run(serve_role(config, args.command, ident, getattr(args, "count", None)))
+            pool = None
+            if getattr(args, "pool", ""):
+                config.pool(args.pool)  # known pool?
+                pool = (args.pool, args.slot)
+            asyncio.run(serve_role(config, args.command, ident, getattr(args, "count", None), pool))
             return 0
+        if args.command == "autoscale":
+            from services.autoscaler.service import serve
+            from services.common.logs import setup_logging
+
+            setup_logging("autoscale", args.log_level)
+            path = str(Path(args.config).resolve()) if args.config else ""
+            return asyncio.run(serve(config, path, Path(args.log_dir) if args.log_dir else None))
         from services import operator
 
         if args.command == "drain":

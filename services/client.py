@@ -206,5 +206,8 @@ class GlobalMasterClient:
             await asyncio.sleep(pause)
             pause = min(FOLLOW_PAUSE_MAX_S, pause * 2)
 
-    async def cluster(self) -> global_master_pb2.GetClusterViewResponse:
-        return await self.stub.GetClusterView(global_master_pb2.GetClusterViewRequest(), timeout=10)
+    async def cluster(
+        self, pending_shapes: bool = False
+    ) -> global_master_pb2.GetClusterViewResponse:
+        request = global_master_pb2.GetClusterViewRequest(pending_shapes=pending_shapes)
+        return await self.stub.GetClusterView(request, timeout=10)

@@ -103,7 +103,7 @@ def _constraints(ids: list[int], labels: Mapping[int, str] | None) -> str:
     return ", ".join(labels.get(c, str(c)) for c in ids) or "-"
 
 
-async def _lm_rows(target: str, lm_id: str) -> list[NodeRow]:
+async def lm_rows(target: str, lm_id: str) -> list[NodeRow]:
     async with channel(target) as chan:
         stub = local_master_pb2_grpc.LocalMasterStub(chan)
         reply = await stub.GetState(local_master_pb2.GetStateRequest(), timeout=10)
@@ -126,7 +126,7 @@ async def nodes(args: argparse.Namespace, config: FederationConfig) -> int:
     failed = False
     for lm in [config.lm(args.lm)] if args.lm else config.lms:
         try:
-            rows += await _lm_rows(lm.target, lm.id)
+            rows += await lm_rows(lm.target, lm.id)
         except grpc.aio.AioRpcError as err:
             print(f"megha: {lm.id}: {err.code().name}: {err.details()}", file=sys.stderr)
             failed = True

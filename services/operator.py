@@ -97,6 +97,12 @@ def up(args: argparse.Namespace) -> int:
         )
         embedded = True
     if embedded:
+        if config.autoscale is not None:
+            print(
+                "megha: the autoscale pools are not run with --embedded (each of their "
+                "nodes is a process); run megha up against RabbitMQ for them",
+                file=sys.stderr,
+            )
         return asyncio.run(_up_embedded(config, args))
     return asyncio.run(_up_processes(config, args))
 
@@ -176,7 +182,8 @@ def start_federation(
 ) -> None:
     """Start every role of ``config`` as a child process, LMs first, with ``extra``
     arguments (e.g. ``--log-level``). Names: ``lm-<id>``, ``gm-<id>``, ``workers-<lm id>``,
-    ``predictor``; logs in the children's log dir."""
+    ``predictor``, ``autoscale`` (with an ``autoscale`` section); logs in the children's
+    log dir."""
     base = [sys.executable, "-m", "services.cli"]
     conf = ["--config", str(config_path), *extra]
     for lm in config.lms:
@@ -188,6 +195,8 @@ def start_federation(
     for lm in config.lms:
         if any(g.lm == lm.id for g in config.workers):
             children.start(f"workers-{lm.id}", [*base, "worker", "--lm", lm.id, *conf])
+    if config.autoscale is not None:  # its nodes' logs beside the others
+        children.start("autoscale", [*base, "autoscale", *conf, "--log-dir", str(children.log_dir)])
 
 
 class ChildDied(RuntimeError):

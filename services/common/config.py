@@ -89,11 +89,79 @@ class WorkerGroup(_Model):
     @field_validator("capacity")
     @classmethod
     def _capacity_parses(cls, value: str) -> str:
-        try:
-            parse_resources(value)
-        except ResourceError as err:
-            raise ValueError(f"capacity {value!r}: {err}") from None
-        return value
+        return _capacity(value)
+
+
+def _capacity(value: str) -> str:
+    try:
+        parse_resources(value)
+    except ResourceError as err:
+        raise ValueError(f"capacity {value!r}: {err}") from None
+    return value
+
+
+class AutoscalePool(_Model):
+    """Nodes ``megha autoscale`` starts and stops on one LM, each a ``megha worker``
+    process of one agent, between ``min`` and ``max`` of them."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Pool name.")
+    lm: str = Field(..., description="Id of the LM its nodes register with.")
+    capacity: str = Field("cpu=4,mem=8Gi,disk=50Gi,net=1G", description="Per node.")
+    constraints: list[int] = Field(
+        default_factory=list,
+        description="Constraints each node has: ids, or names from constraint_names.",
+    )
+    executor: Literal["sim", "process", "docker"] = Field("sim", description="Default executor.")
+    name_prefix: str = Field("", description="Node id prefix; default '<lm>-<name>-'.")
+    min: int = Field(0, ge=0, le=1000, description="Nodes kept even when idle.")
+    max: int = Field(..., ge=1, le=1000, description="Nodes at most.")
+
+    @field_validator("capacity")
+    @classmethod
+    def _capacity_parses(cls, value: str) -> str:
+        return _capacity(value)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalePool:
+        if self.min > self.max:
+            raise ValueError(f"pool {self.name!r}: min {self.min} is above max {self.max}")
+        return self
+
+    @property
+    def prefix(self) -> str:
+        return self.name_prefix or f"{self.lm}-{self.name}-"
+
+    def node_id(self, slot: int) -> str:
+        return f"{self.prefix}{slot}"
+
+    def group(self) -> WorkerGroup:
+        """A one-agent worker group of the pool; its node in slot s is the group's
+        host at index offset s."""
+        return WorkerGroup(
+            lm=self.lm,
+            count=1,
+            capacity=self.capacity,
+            constraints=self.constraints,
+            executor=self.executor,
+            name_prefix=self.prefix,
+        )
+
+
+class AutoscaleConfig(_Model):
+    """``megha autoscale``: grows pools of nodes ahead of demand (predictor forecast) and
+    shrinks them when their nodes idle."""
+
+    interval_s: float = Field(60.0, gt=0, le=86_400, description="One look and decision.")
+    method: Literal["auto", "reactive", "seasonal", "gradient-boosted"] = Field(
+        "auto",
+        description="Forecast: auto = the best the history supports; reactive = demand now.",
+    )
+    idle_s: float = Field(300.0, ge=0, description="Idle this long, a node is drained.")
+    state_dir: str = Field(
+        "", description="History and started nodes, kept across restarts (default: temp dir)."
+    )
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port; 0 = none.")
+    pools: list[AutoscalePool] = Field(..., min_length=1)
 
 
 class QueueConfig(_Model):
@@ -132,6 +200,22 @@ class TlsConfig(_Model):
         description="The name to check in a server's certificate instead of the host of its "
         "target (e.g. one certificate for every process, issued for this name).",
     )
+
+
+def _named(items: list[Any], names: dict, what: str) -> list[Any]:
+    """Worker groups or pools with constraint names turned into ids (``what`` formats
+    with the item's fields, to say which one is wrong)."""
+    out = []
+    for item in items:
+        listed = item.get("constraints") if isinstance(item, dict) else None
+        if isinstance(listed, list):
+            try:
+                item = {**item, "constraints": constraint_ids(listed, names)}
+            except ConstraintError as err:
+                fields = {"lm": item.get("lm"), "name": item.get("name")}
+                raise ValueError(f"{what.format(**fields)}: {err}") from None
+        out.append(item)
+    return out
 
 
 class FederationConfig(_Model):
@@ -257,6 +341,7 @@ class FederationConfig(_Model):
     queues: list[QueueConfig] = Field(default_factory=list)
     predictor: Endpoint | None = None
     tls: TlsConfig | None = Field(None, description="Mutual TLS; none (plaintext) by default.")
+    autoscale: AutoscaleConfig | None = Field(None, description="Pools ``megha autoscale`` sizes.")
 
     @model_validator(mode="before")
     @classmethod
@@ -265,19 +350,15 @@ class FederationConfig(_Model):
         if not isinstance(data, dict):
             return data
         names = data.get("constraint_names") or {}
-        workers = data.get("workers")
+        workers = data.get("workers", [])
         if not isinstance(names, dict) or not isinstance(workers, list):
             return data
-        out = []
-        for group in workers:
-            listed = group.get("constraints") if isinstance(group, dict) else None
-            if isinstance(listed, list):
-                try:
-                    group = {**group, "constraints": constraint_ids(listed, names)}
-                except ConstraintError as err:
-                    raise ValueError(f"worker group of {group.get('lm')!r}: {err}") from None
-            out.append(group)
-        return {**data, "workers": out}
+        data = {**data, "workers": _named(workers, names, "worker group of {lm!r}")}
+        autoscale = data.get("autoscale")
+        if isinstance(autoscale, dict) and isinstance(autoscale.get("pools"), list):
+            pools = _named(autoscale["pools"], names, "autoscale pool {name!r}")
+            data["autoscale"] = {**autoscale, "pools": pools}
+        return data
 
     @field_validator("constraint_names")
     @classmethod
@@ -326,6 +407,8 @@ class FederationConfig(_Model):
                 f"worker_heartbeat_interval_s ({2 * beat:g}) and worker_timeout_s - 1 "
                 f"({timeout - 1:g})"
             )
+        if self.autoscale is not None:
+            self._pools_consistent(lm_ids)
         names = [q.name for q in self.queues]
         if len(set(names)) != len(names):
             raise ValueError(f"queue names must be unique, got {names}")
@@ -336,6 +419,30 @@ class FederationConfig(_Model):
             raise ValueError("queue shares add up to more than 1")
         self._ports_distinct()
         return self
+
+    def _pools_consistent(self, lm_ids: list[str]) -> None:
+        assert self.autoscale is not None
+        pools = self.autoscale.pools
+        names = [p.name for p in pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"autoscale pool names must be unique, got {names}")
+        prefixes = {g.name_prefix or f"{g.lm}-w": f"worker group of {g.lm!r}" for g in self.workers}
+        for pool in pools:
+            if pool.lm not in lm_ids:
+                raise ValueError(f"autoscale pool {pool.name!r} names unknown LM {pool.lm!r}")
+            bad = [c for c in pool.constraints if not 0 <= c < self.num_constraints]
+            if bad:
+                raise ValueError(
+                    f"autoscale pool {pool.name!r}: constraints {bad} outside "
+                    f"0..{self.num_constraints - 1}"
+                )
+            clash = next((w for p, w in prefixes.items() if p == pool.prefix), None)
+            if clash is not None:
+                raise ValueError(
+                    f"autoscale pool {pool.name!r} names its nodes {pool.prefix}<n>, as "
+                    f"the {clash} does: set name_prefix"
+                )
+            prefixes[pool.prefix] = f"autoscale pool {pool.name!r}"
 
     def _ports_distinct(self) -> None:
         """No two servers listen on one port of one host (the second would fail to start,
@@ -380,6 +487,14 @@ class FederationConfig(_Model):
 
     def lm(self, lm_id: str) -> LocalMasterConfig:
         return _find(self.lms, lm_id, "LM")
+
+    def pool(self, name: str) -> AutoscalePool:
+        pools = self.autoscale.pools if self.autoscale is not None else []
+        for pool in pools:
+            if pool.name == name:
+                return pool
+        known = ", ".join(p.name for p in pools) or "none"
+        raise ConfigError(f"no autoscale pool {name!r} in the config (known: {known})")
 
     def queues_of(self, gm_id: str) -> list[QueueConfig]:
         return [q for q in self.effective_queues() if q.gm == gm_id]

@@ -108,7 +108,22 @@ async def running_workers(config: FederationConfig, lm_id: str | None, count: in
     for group in groups:
         if group.metrics_port:
             start_metrics(group.metrics_port)
-    hosts = [WorkerHost(config, g) for g in groups]
+    async with _running_hosts([WorkerHost(config, g) for g in groups]) as hosts:
+        yield hosts
+
+
+@contextlib.asynccontextmanager
+async def running_pool_node(config: FederationConfig, pool_name: str, slot: int):
+    """The node in ``slot`` of an autoscale pool (what ``megha autoscale`` starts)."""
+    from services.worker.host import WorkerHost
+
+    pool = config.pool(pool_name)
+    async with _running_hosts([WorkerHost(config, pool.group(), index_offset=slot)]) as hosts:
+        yield hosts
+
+
+@contextlib.asynccontextmanager
+async def _running_hosts(hosts: list):
     tasks = [asyncio.create_task(h.run()) for h in hosts]
     try:
         yield hosts
@@ -142,19 +157,37 @@ async def watching_stalls() -> AsyncIterator[None]:
             await watcher
 
 
-async def serve_role(config: FederationConfig, role: str, ident: str | None, count: int | None):
-    """``megha gm|lm|worker|predictor``: one role until SIGINT/SIGTERM."""
+async def serve_role(
+    config: FederationConfig,
+    role: str,
+    ident: str | None,
+    count: int | None,
+    pool: tuple[str, int] | None = None,
+):
+    """``megha gm|lm|worker|predictor``: one role until SIGINT/SIGTERM (``pool``: the
+    worker is the node of that autoscale pool and slot)."""
     async with watching_stalls():
-        await _serve_role(config, role, ident, count)
+        await _serve_role(config, role, ident, count, pool)
 
 
-async def _serve_role(config: FederationConfig, role: str, ident: str | None, count: int | None):
+async def _serve_role(
+    config: FederationConfig,
+    role: str,
+    ident: str | None,
+    count: int | None,
+    pool: tuple[str, int] | None,
+):
     if role == "predictor":
         async with running_predictor(config):
             await until_signalled()
         return
     if role == "worker":
-        async with running_workers(config, ident, count):
+        workers = (
+            running_pool_node(config, *pool)
+            if pool is not None
+            else running_workers(config, ident, count)
+        )
+        async with workers:
             await until_signalled()
         return
     bus = make_bus(config.rabbitmq_url, prefix=config.exchange_prefix)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -145,6 +145,14 @@ class UserQueues(Generic[T]):
         if count:
             self._next = (self._next + 1) % count
         return out
+
+    def items(self, queue: str) -> Iterator[T]:
+        """Every item of ``queue``, ready (highest priority first) then parked."""
+        ready = self._ready.get(queue)
+        if ready is not None:
+            for negated in ready.order:
+                yield from ready.lanes[-negated]
+        yield from self._parked.get(queue, ())
 
     def ready(self, queue: str) -> int:
         ready = self._ready.get(queue)

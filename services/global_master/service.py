@@ -19,7 +19,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import OrderedDict, defaultdict, deque
+from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -619,7 +619,25 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             reply.recent_allocation_times.p90_s = p90
             reply.recent_allocation_times.p99_s = p99
             reply.recent_allocation_times.count = values.size
+        if request.pending_shapes:
+            self._pending_shapes(reply)
         return reply
+
+    def _pending_shapes(self, reply: global_master_pb2.GetClusterViewResponse) -> None:
+        """The waiting tasks of each queue this GM serves, grouped by request and
+        constraints (what the autoscaler sizes its pools by)."""
+        for queue in self.queues.names:
+            shapes: Counter[tuple[tuple[int, ...], int]] = Counter()
+            for item in self.queues.items(queue):
+                spec = item.spec
+                shapes[(tuple(spec.resources.tolist()), spec.constraint_mask)] += 1
+            for (vector, mask), count in sorted(shapes.items()):
+                reply.pending_shapes.add(
+                    queue=queue,
+                    resources=resources_to_proto(np.array(vector, dtype=np.int64)),
+                    constraint_mask=mask,
+                    count=count,
+                )
 
     # ------------------------------------------------------------ broker input
     async def _on_delivery(self, delivery: Delivery) -> None:

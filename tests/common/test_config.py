@@ -24,6 +24,18 @@ def test_worker_groups_may_name_their_constraints():
     assert config.constraint_labels == {3: "ssd", 7: "gpu"}
 
 
+def test_autoscale_pools_name_their_nodes_and_may_name_constraints():
+    data = {**default_config(), "constraint_names": {"gpu": 3}}
+    data["autoscale"] = {"pools": [{"name": "gpu", "lm": "lm-2", "max": 4, "constraints": ["gpu"]}]}
+    config = parse_config(data, env={})
+    pool = config.pool("gpu")
+    assert (pool.constraints, pool.node_id(2), pool.min) == ([3], "lm-2-gpu-2", 0)
+    assert pool.group().name_prefix == "lm-2-gpu-" and pool.group().count == 1
+    assert config.autoscale.method == "auto" and config.autoscale.interval_s == 60
+    with pytest.raises(ConfigError, match=r"no autoscale pool 'cpu' in the config \(known: gpu\)"):
+        config.pool("cpu")
+
+
 def test_default_federation_and_default_queue():
     config = load_config(None, env={})
     assert (len(config.gms), len(config.lms), sum(g.count for g in config.workers)) == (2, 3, 24)
@@ -84,6 +96,40 @@ def test_toml_and_environment_overrides(tmp_path):
         (
             {"predictor": {"port": 7000, "metrics_port": 50150}},
             "predictor metrics_port 127.0.0.1:50150 is also GM gm-1's metrics_port",
+        ),
+        ({"autoscale": {"pools": []}}, "autoscale.pools: List should have at least 1 item"),
+        ({"autoscale": {"pools": [{"name": "b", "lm": "lm-9", "max": 2}]}}, "unknown LM 'lm-9'"),
+        (
+            {"autoscale": {"pools": [{"name": "b", "lm": "lm-1", "min": 3, "max": 2}]}},
+            "pool 'b': min 3 is above max 2",
+        ),
+        (
+            {"autoscale": {"pools": [{"name": "b", "lm": "lm-1", "max": 2}] * 2}},
+            "autoscale pool names must be unique",
+        ),
+        (
+            {
+                "autoscale": {
+                    "pools": [{"name": "b", "lm": "lm-1", "max": 2, "name_prefix": "lm-1-w"}]
+                }
+            },
+            "autoscale pool 'b' names its nodes lm-1-w<n>, as the worker group of 'lm-1' does",
+        ),
+        (
+            {
+                "autoscale": {
+                    "pools": [{"name": "b", "lm": "lm-1", "max": 2, "constraints": ["tpu"]}]
+                }
+            },
+            "autoscale pool 'b': constraint ids are integers, got 'tpu'",
+        ),
+        (
+            {"autoscale": {"pools": [{"name": "b", "lm": "lm-1", "max": 2, "capacity": "cpu=x"}]}},
+            "capacity 'cpu=x'",
+        ),
+        (
+            {"autoscale": {"method": "magic", "pools": [{"name": "b", "lm": "lm-1", "max": 1}]}},
+            "method",
         ),
     ],
 )

@@ -497,12 +497,19 @@ Global___WatchJobResponse: _TypeAlias = WatchJobResponse  # noqa: Y015
 class GetClusterViewRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    PENDING_SHAPES_FIELD_NUMBER: _builtins.int
+    pending_shapes: _builtins.bool
+    """Also list the shapes of the tasks this GM holds waiting (the autoscaler's
+    demand); off by default, as it walks every waiting task.
+    """
     def __init__(
         self,
+        *,
+        pending_shapes: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pending_shapes", b"pending_shapes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -515,26 +522,67 @@ class GetClusterViewResponse(_message.Message):
     LMS_FIELD_NUMBER: _builtins.int
     QUEUES_FIELD_NUMBER: _builtins.int
     RECENT_ALLOCATION_TIMES_FIELD_NUMBER: _builtins.int
+    PENDING_SHAPES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def lms(self) -> _containers.RepeatedCompositeFieldContainer[Global___LocalMasterView]: ...
     @_builtins.property
     def queues(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.QueueStatus]: ...
     @_builtins.property
     def recent_allocation_times(self) -> Global___AllocationTimeSummary: ...
+    @_builtins.property
+    def pending_shapes(self) -> _containers.RepeatedCompositeFieldContainer[Global___PendingShape]:
+        """With GetClusterViewRequest.pending_shapes: the tasks this GM holds
+        waiting (queued, not yet launched), one entry per queue, request and
+        constraints, with how many tasks ask for it.
+        """
+
     def __init__(
         self,
         *,
         lms: _abc.Iterable[Global___LocalMasterView] | None = ...,
         queues: _abc.Iterable[_common_pb2.QueueStatus] | None = ...,
         recent_allocation_times: Global___AllocationTimeSummary | None = ...,
+        pending_shapes: _abc.Iterable[Global___PendingShape] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["recent_allocation_times", b"recent_allocation_times"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lms", b"lms", "queues", b"queues", "recent_allocation_times", b"recent_allocation_times"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lms", b"lms", "pending_shapes", b"pending_shapes", "queues", b"queues", "recent_allocation_times", b"recent_allocation_times"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetClusterViewResponse: _TypeAlias = GetClusterViewResponse  # noqa: Y015
+
+@_typing.final
+class PendingShape(_message.Message):
+    """Waiting tasks that ask for the same resources and constraints."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    RESOURCES_FIELD_NUMBER: _builtins.int
+    CONSTRAINT_MASK_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
+    constraint_mask: _builtins.int
+    """Bit c set = the tasks need placement constraint c."""
+    count: _builtins.int
+    @_builtins.property
+    def resources(self) -> _common_pb2.Resources: ...
+    def __init__(
+        self,
+        *,
+        queue: _builtins.str = ...,
+        resources: _common_pb2.Resources | None = ...,
+        constraint_mask: _builtins.int = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["constraint_mask", b"constraint_mask", "count", b"count", "queue", b"queue", "resources", b"resources"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PendingShape: _TypeAlias = PendingShape  # noqa: Y015
 
 @_typing.final
 class LocalMasterView(_message.Message):
