@@ -85,3 +85,17 @@ def test_limits_bench_times_the_round_ledger_and_the_recount():
     lines = done.stdout.splitlines()
     assert lines[0].startswith("2 LMs x 50 tasks: ledger ") and lines[0].endswith(" µs a round")
     assert lines[1].startswith("set+pop of one allocation, HeldAllocations: ")
+
+
+def test_autoscale_bench_times_the_gms_walk_of_its_waiting_tasks():
+    args = ["--tasks", "200", "--shapes", "3", "--repeats", "2"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "autoscale_bench.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    (line,) = done.stdout.splitlines()
+    assert line.startswith("200 waiting tasks, 3 shapes: waiting_shapes ")
+    assert " with limits " in line and line.endswith(" µs")

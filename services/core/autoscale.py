@@ -22,12 +22,15 @@ taken back before a new one is started.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from services.core.buckets import increasing_order
+from services.core.limits import LimitLedger
+from services.core.task import TaskSpec
 
 STARTING, ALIVE, DRAINING = "starting", "alive", "draining"
 
@@ -39,6 +42,44 @@ class Pool:
     mask: int = 0  # constraints each node has
     low: int = 0
     high: int = 1
+
+
+def waiting_shapes(
+    queues: Iterable[tuple[str, Iterable[TaskSpec]]], ledger: LimitLedger | None = None
+) -> list[tuple[str, tuple[int, ...], int, int]]:
+    """A GM's waiting tasks as (queue, request, constraint mask, count), sorted.
+
+    With ``ledger`` (the queues' limits and what they hold), the tasks a queue's limit
+    holds back are left out: no node would let them run. Of each queue's shapes, in the
+    order they first wait, as many tasks are counted as the room left under the limit
+    takes. One dict update per task; the limit costs one step per shape, not per task.
+    """
+    out = []
+    for queue, specs in queues:
+        shapes: Counter[tuple[bytes, int]] = Counter()
+        for spec in specs:
+            shapes[(spec.resources.tobytes(), spec.constraint_mask)] += 1
+        for (raw, mask), count in shapes.items():
+            request = np.frombuffer(raw, dtype=np.int64)
+            if ledger is not None:
+                count = _room_for(ledger, queue, request, count)
+            if count:
+                out.append((queue, tuple(request.tolist()), mask, count))
+    return sorted(out)
+
+
+def _room_for(ledger: LimitLedger, queue: str, request: np.ndarray, count: int) -> int:
+    """How many of ``count`` tasks asking ``request`` the queue's limit lets run now;
+    takes them from the ledger."""
+    if ledger.check(queue, request) is not None:
+        return 0
+    limit, held = ledger.limits.get(queue), ledger.held(queue)
+    if limit is not None and held is not None:
+        asks = request > 0
+        if asks.any():
+            count = min(count, int(((limit[asks] - held[asks]) // request[asks]).min()))
+    ledger.take(queue, request * count)
+    return count
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections import Counter, OrderedDict, defaultdict, deque
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -45,6 +45,7 @@ from services.common.convert import (
 )
 from services.common.request_stream import Launcher
 from services.common.server import channel
+from services.core.autoscale import waiting_shapes
 from services.core.cancels import CancelledJobs
 from services.core.fairness import FairShare, QueueShare, dominant_share
 from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
@@ -624,20 +625,18 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         return reply
 
     def _pending_shapes(self, reply: global_master_pb2.GetClusterViewResponse) -> None:
-        """The waiting tasks of each queue this GM serves, grouped by request and
-        constraints (what the autoscaler sizes its pools by)."""
-        for queue in self.queues.names:
-            shapes: Counter[tuple[tuple[int, ...], int]] = Counter()
-            for item in self.queues.items(queue):
-                spec = item.spec
-                shapes[(tuple(spec.resources.tolist()), spec.constraint_mask)] += 1
-            for (vector, mask), count in sorted(shapes.items()):
-                reply.pending_shapes.add(
-                    queue=queue,
-                    resources=resources_to_proto(np.array(vector, dtype=np.int64)),
-                    constraint_mask=mask,
-                    count=count,
-                )
+        """The waiting tasks of the queues this GM serves, grouped by request and
+        constraints, less those a queue limit holds back (what the autoscaler sizes its
+        pools by)."""
+        ledger = LimitLedger(self.limits, self.view.queue_usage()) if self._limited_here else None
+        specs = ((q, (item.spec for item in self.queues.items(q))) for q in self.queues.names)
+        for queue, vector, mask, count in waiting_shapes(specs, ledger):
+            reply.pending_shapes.add(
+                queue=queue,
+                resources=resources_to_proto(np.array(vector, dtype=np.int64)),
+                constraint_mask=mask,
+                count=count,
+            )
 
     # ------------------------------------------------------------ broker input
     async def _on_delivery(self, delivery: Delivery) -> None:

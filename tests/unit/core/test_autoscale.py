@@ -17,8 +17,11 @@ from services.core.autoscale import (
     busy_nodes,
     decide,
     pool_demand,
+    waiting_shapes,
 )
 from services.core.buckets import counts_from_sums
+from services.core.limits import LimitLedger, QueueLimits
+from services.core.task import TaskSpec
 
 GIB = 1024
 
@@ -190,3 +193,25 @@ def test_decisions_respect_bounds_and_never_touch_busy_nodes(states, target, idl
     assert all(slot not in used and slot < pool.high for _, slot in out.start)
     assert len({slot for _, slot in out.start}) == len(out.start)
     assert busy_nodes([pool], nodes)[0] == sum(n.tasks > 0 for n in nodes)
+
+
+def spec(task_id: str, cpu: int, mask: int = 0) -> TaskSpec:
+    return TaskSpec(task_id=task_id, resources=vec(cpu, 512), constraint_mask=mask)
+
+
+def test_waiting_shapes_group_a_gms_tasks_and_leave_out_what_a_limit_holds_back():
+    research = [spec(f"r{i}", 1000) for i in range(5)] + [spec("g", 1000, 1 << 3)]
+    prod = [spec(f"p{i}", 2000) for i in range(3)]
+    queues = [("research", research), ("prod", prod)]
+    assert waiting_shapes(queues) == [
+        ("prod", (2000, 512, 0, 0), 0, 3),
+        ("research", (1000, 512, 0, 0), 0, 5),
+        ("research", (1000, 512, 0, 0), 8, 1),
+    ]
+    # research may hold 4 CPUs and holds 1.5: three more of its tasks could run.
+    limits = QueueLimits.parse([("research", "cpu=4")])
+    ledger = LimitLedger(limits, {"research": vec(1500, 0)})
+    assert waiting_shapes(queues, ledger) == [
+        ("prod", (2000, 512, 0, 0), 0, 3),
+        ("research", (1000, 512, 0, 0), 0, 2),
+    ]
