@@ -3,11 +3,10 @@ task the GM holds waiting, once per autoscale interval (60 s by default).
 
     python scripts/autoscale_bench.py [--tasks 10000,100000] [--shapes 8] [--repeats 5]
 
-For a GM holding N waiting tasks of S distinct requests in 4 queues, it times
-``waiting_shapes`` (the walk and the grouping, in the GM's event loop) without a queue
-limit and with one on every queue (each task then checked against its queue's ledger),
-and ``pool_demand`` over the shapes it returns (in the autoscaler, not the GM). Medians
-over ``--repeats``.
+For a GM holding N waiting tasks of S distinct requests in each of 4 queues (4S shapes),
+it times ``waiting_shapes`` (the walk and the grouping, in the GM's event loop) without a
+queue limit and with one on every queue (checked once per shape), and ``pool_demand``
+over the shapes it returns (in the autoscaler, not the GM). Medians over ``--repeats``.
 """
 
 from __future__ import annotations
@@ -64,7 +63,12 @@ def main() -> None:
         rows = walk()
         shapes = np.array([r[1] for r in rows], dtype=np.int64)
         masks, counts = [r[2] for r in rows], [r[3] for r in rows]
-        demand = median_s(lambda: pool_demand(pools, shapes, masks, counts), args.repeats)
+        demand = median_s(
+            lambda shapes=shapes, masks=masks, counts=counts: pool_demand(
+                pools, shapes, masks, counts
+            ),
+            args.repeats,
+        )
         print(
             f"{tasks} waiting tasks, {len(rows)} shapes: waiting_shapes {plain * 1e3:.1f} ms, "
             f"with limits {limited * 1e3:.1f} ms ({plain / tasks * 1e9:.0f} / "

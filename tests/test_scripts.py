@@ -97,5 +97,5 @@ def test_autoscale_bench_times_the_gms_walk_of_its_waiting_tasks():
         check=True,
     )
     (line,) = done.stdout.splitlines()
-    assert line.startswith("200 waiting tasks, 3 shapes: waiting_shapes ")
+    assert line.startswith("200 waiting tasks, 12 shapes: waiting_shapes ")  # 3 in 4 queues
     assert " with limits " in line and line.endswith(" µs")
