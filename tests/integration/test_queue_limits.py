@@ -69,6 +69,10 @@ async def test_a_queue_never_holds_more_than_its_limit_and_others_are_not_held_b
         (row,) = (q for q in status.queues if q.queue == "capped")
         assert row.limit.cpu_milli == 3000 and row.limit.memory_mb == 0
         assert 0 < row.held.cpu_milli <= 3000
+        # The autoscaler's demand leaves out what the limit holds back: 6 or more tasks
+        # wait now, but at most the 3 CPUs' worth a node could let run (none, once held).
+        waiting = (await fed.gm("gm-1").cluster(pending_shapes=True)).pending_shapes
+        assert sum(s.count for s in waiting if s.queue == "capped") <= 3
 
         # Prometheus: the limit, and what the queue holds of it (a gauge set every second).
         limit = 'megha_queue_limit{queue="capped",resource="cpu_milli"}'
