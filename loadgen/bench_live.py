@@ -165,11 +165,18 @@ class BenchOptions:
 # ----------------------------------------------------------------------- federation
 def free_config(options: BenchOptions, prefix: str, attempts: int = 200) -> FederationConfig:
     """``bench_config`` at a base port where every port it uses is free now (probed)."""
+    return free_ports_config(lambda base: bench_config(options, base, prefix), attempts)
+
+
+def free_ports_config(
+    build: Callable[[int], FederationConfig], attempts: int = 200
+) -> FederationConfig:
+    """``build(base_port)`` at a base port where every port the config uses is free now."""
     rng = uuid.uuid4().int
     low, high = PORT_RANGE
     for i in range(attempts):
         base = low + (rng + i * 7919) % (high - low - 1000)
-        config = bench_config(options, base, prefix)
+        config = build(base)
         if all(_port_free(port) for port in config_ports(config)):
             return config
     raise BenchError(f"found no free set of TCP ports for the federation in {low}..{high}")

@@ -6,6 +6,7 @@ Subcommands:
 - ``simulate``, ``replay``, ``compare``, ``experiment``: a trace through the in-process
   simulator or against a live federation, their reports side by side, the paper's figures.
 - ``gpa-eval``, ``vm-sim``, ``forecast-eval``: the predictor's evaluations (issue 5).
+- ``autoscale-live``: bursts against a live federation, a fixed pool vs ``megha autoscale``.
 
 Without a subcommand it describes itself. Errors come out as one line and exit code 2.
 """
@@ -31,6 +32,7 @@ SUBCOMMAND_MODULES = (
     "gpa_eval",
     "vm_sim",
     "forecast_eval",
+    "autoscale_live",
 )
 
 

@@ -104,11 +104,17 @@ def _constraints(ids: list[int], labels: Mapping[int, str] | None) -> str:
 
 
 async def lm_rows(target: str, lm_id: str) -> list[NodeRow]:
+    state, draining = await lm_nodes(target)
+    return node_rows(state, draining)
+
+
+async def lm_nodes(target: str) -> tuple[common_pb2.LocalMasterState, set[str]]:
+    """An LM's full state, and the ids it holds drained (dead or not registered too)."""
     async with channel(target) as chan:
         stub = local_master_pb2_grpc.LocalMasterStub(chan)
         reply = await stub.GetState(local_master_pb2.GetStateRequest(), timeout=10)
         drained = await stub.DrainNode(local_master_pb2.DrainNodeRequest(query=True), timeout=10)
-    return node_rows(reply.state, set(drained.draining_node_ids))
+    return reply.state, set(drained.draining_node_ids)
 
 
 async def nodes(args: argparse.Namespace, config: FederationConfig) -> int:

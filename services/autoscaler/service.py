@@ -61,7 +61,7 @@ from services.core.autoscale import (
 from services.core.constraints import to_mask
 from services.core.forecast import Seasons
 from services.core.resources import NUM_RESOURCES, parse_resources
-from services.nodes import NodeRow, lm_rows
+from services.nodes import NodeRow, lm_nodes, node_rows
 from services.predictor.demand import LAGS, METHOD_NAMES, forecast_demand
 
 log = logging.getLogger("megha.autoscaler")
@@ -339,21 +339,22 @@ class Autoscaler:
         matrix = np.array(shapes, dtype=np.int64).reshape(len(shapes), NUM_RESOURCES)
         return matrix, masks, counts
 
-    async def _rows(self) -> dict[str, NodeRow] | None:
-        """The pools' LMs' nodes by id; None when one of them does not answer (nothing is
-        decided on half a picture)."""
+    async def _rows(self) -> tuple[dict[str, NodeRow], set[str]] | None:
+        """The pools' LMs' nodes by id, and the ids they hold drained; None when one of
+        them does not answer (nothing is decided on half a picture)."""
         rows: dict[str, NodeRow] = {}
+        draining: set[str] = set()
         for lm_id in sorted({p.lm for p in self.auto.pools}):
             try:
-                rows.update(
-                    (r.node_id, r) for r in await lm_rows(self.config.lm(lm_id).target, lm_id)
-                )
+                state, drained = await lm_nodes(self.config.lm(lm_id).target)
             except grpc.aio.AioRpcError as err:
                 log.warning(
                     "LM %s did not answer (%s): no decision this interval", lm_id, _why(err)
                 )
                 return None
-        return rows
+            rows.update((r.node_id, r) for r in node_rows(state, drained))
+            draining |= drained
+        return rows, draining
 
     def _nodes(self, rows: dict[str, NodeRow], now: float) -> list[PoolNode]:
         for node_id in self.procs.gone():
@@ -418,9 +419,10 @@ class Autoscaler:
     async def step(self) -> Look | None:
         now = self.clock()
         shapes, masks, counts = await self._waiting()
-        rows = await self._rows()
-        if rows is None:
+        seen = await self._rows()
+        if seen is None:
             return None
+        rows, draining = seen
         nodes = self._nodes(rows, now)
         waiting = pool_demand(self.pools, shapes, masks, counts)
         demand = waiting.nodes + busy_nodes(self.pools, nodes)
@@ -428,29 +430,40 @@ class Autoscaler:
         target, method = await self._target(demand, active_nodes(self.pools, nodes))
         target = np.clip(target, [p.low for p in self.pools], [p.high for p in self.pools])
         decision = decide(self.pools, nodes, target, now, self.auto.idle_s)
-        await self._act(decision)
+        await self._act(decision, draining)
         look = Look(demand, waiting.tasks, waiting.unplaced, target, method, nodes, decision)
         self._report(look)
         return look
 
-    async def _act(self, decision: Decision) -> None:
+    async def _act(self, decision: Decision, draining: set[str]) -> None:
+        """Carry out ``decision``; ``draining``: the ids the pools' LMs hold drained (an
+        LM keeps a drain by node id, so a slot's next node would start drained)."""
         for p, slot in decision.start:
-            node_id = self.procs.start(self.pools[p].name, slot)
-            log.info("starting node %s (pool %s)", node_id, self.pools[p].name)
+            pool = self.pools[p].name
+            node_id = self.config.pool(pool).node_id(slot)
+            if node_id in draining:  # a stopped node of this slot was drained
+                await self._drain(pool, node_id, undo=True)
+            self.procs.start(pool, slot)
+            log.info("starting node %s (pool %s)", node_id, pool)
         for node_id, undo in [
             *((n, True) for n in decision.undrain),
             *((n, False) for n in decision.drain),
         ]:
-            if await self._drain(node_id, undo):
+            pool = self.procs.procs[node_id].pool
+            if await self._drain(pool, node_id, undo):
                 (self.drained.discard if undo else self.drained.add)(node_id)
+                log.info("%s node %s", "taking back" if undo else "draining idle", node_id)
         for node_id in decision.stop:
             log.info("stopping node %s: drained and idle", node_id)
+            pool = self.procs.procs[node_id].pool
             await self.procs.stop(node_id)
             self.idle_since.pop(node_id, None)
             self.drained.discard(node_id)
+            # The LM keeps the drain by id: lift it, so the slot's next node takes tasks.
+            await self._drain(pool, node_id, undo=True)
 
-    async def _drain(self, node_id: str, undo: bool) -> bool:
-        lm_id = self.config.pool(self.procs.procs[node_id].pool).lm
+    async def _drain(self, pool: str, node_id: str, undo: bool) -> bool:
+        lm_id = self.config.pool(pool).lm
         request = local_master_pb2.DrainNodeRequest(node_id=node_id, undo=undo)
         try:
             async with channel(self.config.lm(lm_id).target) as chan:
@@ -459,7 +472,6 @@ class Autoscaler:
         except grpc.aio.AioRpcError as err:
             log.warning("%s node %s: %s", "undraining" if undo else "draining", node_id, _why(err))
             return False
-        log.info("%s node %s", "taking back" if undo else "draining idle", node_id)
         return True
 
     def _report(self, look: Look) -> None:

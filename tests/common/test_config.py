@@ -14,6 +14,7 @@ def test_the_documented_example_is_valid():
     assert config.lm("lm-2").target == "127.0.0.1:50053"
     assert config.workers[0].constraints == [0, 3]  # [ssd, gpu]
     assert config.queue("research").limit == "cpu=64,mem=128Gi"
+    assert config.pool("burst").node_id(0) == "lm-2-burst-0"
 
 
 def test_worker_groups_may_name_their_constraints():

@@ -85,6 +85,13 @@ async def test_pool_grows_for_waiting_tasks_and_shrinks_when_idle(tmp_path):
         assert "draining idle node lm-1-burst-" in log and "stopping node lm-1-burst-" in log
         assert "burst: 0 nodes, demand 3 (6 waiting tasks), target 3 [naive]" in log
 
+        # A second burst: the slots' next nodes take tasks (the LM kept no drain of the
+        # stopped ones, which would stop each new node as soon as it registered).
+        again = await fed.gm().submit(sim_tasks(5, 3.0))
+        await fed.events.wait_succeeded(set(again.task_ids), timeout_s=60)
+        ran_on = fed.events.nodes_of(common_pb2.TASK_STATE_RUNNING)
+        assert sum(ran_on[t].startswith("lm-1-burst-") for t in again.task_ids) >= 3, ran_on
+
 
 async def test_a_restarted_autoscaler_adopts_its_nodes(tmp_path):
     async with Federation(
