@@ -293,12 +293,13 @@ def main(args: argparse.Namespace) -> int:
     if not modes or any(m not in MODES for m in modes):
         print(f"megha-loadgen: --modes: choose from {', '.join(MODES)}", file=sys.stderr)
         return 2
-    try:
-        for capacity in (args.static_capacity, args.pool_capacity):
+    for flag, capacity in (("--static-capacity", args.static_capacity),
+                           ("--pool-capacity", args.pool_capacity)):  # fmt: skip
+        try:
             parse_resources(capacity)
-    except ResourceError as err:
-        print(f"megha-loadgen: {err}", file=sys.stderr)
-        return 2
+        except ResourceError as err:
+            print(f"megha-loadgen: {flag} {capacity}: {err}", file=sys.stderr)
+            return 2
     options = Options(
         static=args.static,
         static_capacity=args.static_capacity,

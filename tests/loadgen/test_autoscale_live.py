@@ -44,7 +44,7 @@ def test_autoscale_starts_tasks_sooner_and_reports_what_the_pool_cost(tmp_path: 
     ("args", "message"),
     [
         (["--modes", "static,elastic"], "--modes: choose from static, autoscale"),
-        (["--pool-capacity", "cpu=lots"], "cpu=lots"),
+        (["--pool-capacity", "cpu=lots"], "--pool-capacity cpu=lots: cannot read cpu quantity"),
     ],
 )
 def test_bad_options_are_refused_before_anything_starts(args, message) -> None:
