@@ -62,7 +62,13 @@ from services.core.constraints import to_mask
 from services.core.forecast import Seasons
 from services.core.resources import NUM_RESOURCES, parse_resources
 from services.nodes import NodeRow, lm_nodes, node_rows
-from services.predictor.demand import LAGS, METHOD_NAMES, forecast_demand
+from services.predictor.demand import (
+    LAGS,
+    MAX_HISTORY_DAYS,
+    MAX_HISTORY_INTERVALS,
+    METHOD_NAMES,
+    forecast_demand,
+)
 
 log = logging.getLogger("megha.autoscaler")
 
@@ -80,7 +86,6 @@ _METHODS = {
     "gradient-boosted": predictor_pb2.FORECAST_METHOD_GRADIENT_BOOSTED,
 }
 STOP_GRACE_S = 15.0  # a node's process that outlives SIGTERM this long is killed
-HISTORY_KEEP_DAYS = 28  # what ForecastDemand uses at most
 
 
 def state_dir(config: FederationConfig) -> Path:
@@ -309,7 +314,9 @@ class Autoscaler:
         self.procs = NodeProcesses(config, config_path, self.dir, log_dir or self.dir)
         day = Seasons.for_interval(self.auto.interval_s).day
         self.history = History(
-            self.dir / "history.jsonl", [p.name for p in self.pools], day * HISTORY_KEEP_DAYS
+            self.dir / "history.jsonl",
+            [p.name for p in self.pools],
+            min(day * MAX_HISTORY_DAYS, MAX_HISTORY_INTERVALS),  # what ForecastDemand uses
         )
         self.clock = clock
         self.idle_since: dict[str, float] = {}
