@@ -28,8 +28,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -86,6 +87,14 @@ _METHODS = {
     "gradient-boosted": predictor_pb2.FORECAST_METHOD_GRADIENT_BOOSTED,
 }
 STOP_GRACE_S = 15.0  # a node's process that outlives SIGTERM this long is killed
+# A node whose process exits this soon after its start failed to start. After
+# QUICK_EXITS such failures of a pool within QUICK_EXIT_WINDOW_S, no node of the pool is
+# started for BACKOFF_S: a pool that cannot start (a bad capacity for this host, a
+# config the worker cannot read) is said once a while, not restarted every interval.
+QUICK_EXIT_S = 30.0
+QUICK_EXITS = 3
+QUICK_EXIT_WINDOW_S = 300.0
+BACKOFF_S = 120.0
 
 
 def state_dir(config: FederationConfig) -> Path:
@@ -118,6 +127,7 @@ class NodeProcess:
     slot: int
     pid: int
     popen: subprocess.Popen | None = None  # None: adopted from an earlier autoscaler
+    started: float = field(default_factory=time.monotonic)
 
     def running(self) -> bool:
         if self.popen is not None:
@@ -184,14 +194,21 @@ class NodeProcesses:
         self._save()
         return node_id
 
-    def gone(self) -> list[str]:
-        """Forget the nodes whose process ended (crashed, or stopped); their ids."""
-        ended = [n for n, p in self.procs.items() if not p.running()]
-        for node_id in ended:
+    def gone(self) -> list[tuple[str, NodeProcess]]:
+        """Forget the nodes whose process ended by itself (crashed); them."""
+        ended = [(n, p) for n, p in self.procs.items() if not p.running()]
+        for node_id, _ in ended:
             del self.procs[node_id]
         if ended:
             self._save()
         return ended
+
+    def log_tail(self, node_id: str, chars: int = 400) -> str:
+        try:
+            text = (self.log_dir / f"{node_id}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return " ".join(text[-chars:].split())
 
     async def stop(self, node_id: str) -> None:
         proc = self.procs.pop(node_id, None)
@@ -311,7 +328,9 @@ class Autoscaler:
         self.pools = pools_of(self.auto)
         self.dir = state_dir(config)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.procs = NodeProcesses(config, config_path, self.dir, log_dir or self.dir)
+        log_dir = log_dir or self.dir
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.procs = NodeProcesses(config, config_path, self.dir, log_dir)
         day = Seasons.for_interval(self.auto.interval_s).day
         self.history = History(
             self.dir / "history.jsonl",
@@ -321,6 +340,8 @@ class Autoscaler:
         self.clock = clock
         self.idle_since: dict[str, float] = {}
         self.drained: set[str] = set()  # nodes this autoscaler drained (it may undo those)
+        self._quick_exits: dict[str, deque[float]] = {}  # per pool: nodes that failed to start
+        self._held_until: dict[str, float] = {}  # per pool: no start before (monotonic)
         self._gms = [GlobalMasterClient(gm.target) for gm in config.gms]
 
     async def close(self) -> None:
@@ -364,10 +385,13 @@ class Autoscaler:
         return rows, draining
 
     def _nodes(self, rows: dict[str, NodeRow], now: float) -> list[PoolNode]:
-        for node_id in self.procs.gone():
-            log.warning("node %s: its process ended", node_id)
+        for node_id, proc in self.procs.gone():
             self.idle_since.pop(node_id, None)
             self.drained.discard(node_id)
+            code = proc.popen.returncode if proc.popen is not None else None
+            log.warning("node %s: its process ended (exit %s): %s", node_id, code,
+                        self.procs.log_tail(node_id))  # fmt: skip
+            self._failed(proc)
         index = {p.name: i for i, p in enumerate(self.pools)}
         nodes = []
         for node_id, proc in sorted(self.procs.procs.items()):
@@ -395,6 +419,28 @@ class Autoscaler:
                 )
             )
         return nodes
+
+    def _failed(self, proc: NodeProcess) -> None:
+        """Count a node that exited soon after its start; hold its pool back after
+        ``QUICK_EXITS`` of them."""
+        now = time.monotonic()
+        if now - proc.started > QUICK_EXIT_S:
+            return
+        exits = self._quick_exits.setdefault(proc.pool, deque())
+        exits.append(now)
+        while exits and now - exits[0] > QUICK_EXIT_WINDOW_S:
+            exits.popleft()
+        if len(exits) >= QUICK_EXITS:
+            exits.clear()
+            self._held_until[proc.pool] = now + BACKOFF_S
+            log.error(
+                "pool %s: %d nodes exited within %g s of their start; starting none for %g s "
+                "(the last node's log is quoted above)",
+                proc.pool, QUICK_EXITS, QUICK_EXIT_S, BACKOFF_S,
+            )  # fmt: skip
+
+    def _held(self, pool: str) -> bool:
+        return time.monotonic() < self._held_until.get(pool, 0.0)
 
     # ---- forecasting
     async def _target(self, demand: np.ndarray, allocated: np.ndarray) -> tuple[np.ndarray, str]:
@@ -447,6 +493,8 @@ class Autoscaler:
         LM keeps a drain by node id, so a slot's next node would start drained)."""
         for p, slot in decision.start:
             pool = self.pools[p].name
+            if self._held(pool):
+                continue
             node_id = self.config.pool(pool).node_id(slot)
             if node_id in draining:  # a stopped node of this slot was drained
                 await self._drain(pool, node_id, undo=True)
@@ -531,8 +579,6 @@ async def serve(config: FederationConfig, config_path: str, log_dir: Path | None
     if config.autoscale is None:
         print("megha: the config has no autoscale section: nothing to scale", file=sys.stderr)
         return 2
-    if log_dir is not None:
-        log_dir.mkdir(parents=True, exist_ok=True)
     start_metrics(config.autoscale.metrics_port)
     scaler = Autoscaler(config, config_path, log_dir)
     stop = asyncio.Event()

@@ -72,54 +72,43 @@ class LocalMasterConfig(Endpoint):
     )
 
 
-class WorkerGroup(_Model):
-    """Identical worker agents attached to one LM (one ``megha worker`` process)."""
+class _Nodes(_Model):
+    """Nodes of one shape on one LM: what worker groups and autoscale pools share."""
 
-    lm: str = Field(..., description="Id of the LM the agents register with.")
-    count: int = Field(8, ge=1, le=10_000, description="Agents (nodes) in the process.")
-    capacity: str = Field("cpu=4,mem=8Gi,disk=50Gi,net=1G", description="Per agent.")
-    constraints: list[int] = Field(
-        default_factory=list,
-        description="Constraints each has: ids, or names from constraint_names.",
-    )
-    executor: Literal["sim", "process", "docker"] = Field("sim", description="Default executor.")
-    name_prefix: str = Field("", description="Node id prefix; default '<lm>-w'.")
-    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port; 0 = none.")
-
-    @field_validator("capacity")
-    @classmethod
-    def _capacity_parses(cls, value: str) -> str:
-        return _capacity(value)
-
-
-def _capacity(value: str) -> str:
-    try:
-        parse_resources(value)
-    except ResourceError as err:
-        raise ValueError(f"capacity {value!r}: {err}") from None
-    return value
-
-
-class AutoscalePool(_Model):
-    """Nodes ``megha autoscale`` starts and stops on one LM, each a ``megha worker``
-    process of one agent, between ``min`` and ``max`` of them."""
-
-    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Pool name.")
-    lm: str = Field(..., description="Id of the LM its nodes register with.")
+    lm: str = Field(..., description="Id of the LM the nodes register with.")
     capacity: str = Field("cpu=4,mem=8Gi,disk=50Gi,net=1G", description="Per node.")
     constraints: list[int] = Field(
         default_factory=list,
         description="Constraints each node has: ids, or names from constraint_names.",
     )
     executor: Literal["sim", "process", "docker"] = Field("sim", description="Default executor.")
-    name_prefix: str = Field("", description="Node id prefix; default '<lm>-<name>-'.")
-    min: int = Field(0, ge=0, le=1000, description="Nodes kept even when idle.")
-    max: int = Field(..., ge=1, le=1000, description="Nodes at most.")
 
     @field_validator("capacity")
     @classmethod
     def _capacity_parses(cls, value: str) -> str:
-        return _capacity(value)
+        try:
+            parse_resources(value)
+        except ResourceError as err:
+            raise ValueError(f"capacity {value!r}: {err}") from None
+        return value
+
+
+class WorkerGroup(_Nodes):
+    """Identical worker agents attached to one LM (one ``megha worker`` process)."""
+
+    count: int = Field(8, ge=1, le=10_000, description="Agents (nodes) in the process.")
+    name_prefix: str = Field("", description="Node id prefix; default '<lm>-w'.")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port; 0 = none.")
+
+
+class AutoscalePool(_Nodes):
+    """Nodes ``megha autoscale`` starts and stops on one LM, each a ``megha worker``
+    process of one agent, between ``min`` and ``max`` of them."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$", description="Pool name.")
+    name_prefix: str = Field("", description="Node id prefix; default '<lm>-<name>-'.")
+    min: int = Field(0, ge=0, le=1000, description="Nodes kept even when idle.")
+    max: int = Field(..., ge=1, le=1000, description="Nodes at most.")
 
     @model_validator(mode="after")
     def _bounds(self) -> AutoscalePool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import time
@@ -14,6 +15,8 @@ import time
 import pytest
 
 from services._proto.megha.v1 import common_pb2
+from services.autoscaler.service import Autoscaler
+from services.common.config import AutoscaleConfig
 from services.nodes import lm_rows
 from tests.integration.harness import Federation, sim_tasks
 
@@ -144,3 +147,32 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+async def test_a_pool_whose_nodes_cannot_start_is_held_back_and_says_why(tmp_path, caplog):
+    async with Federation(tmp_path, gms=1, lms=1, worker_groups=STATIC) as fed:
+        config = fed.config.model_copy(
+            update={"autoscale": AutoscaleConfig(**autoscale(tmp_path, min=1))}
+        )
+        # Its nodes read a file that is not there: each exits at once.
+        scaler = Autoscaler(config, str(tmp_path / "missing.yaml"), tmp_path / "nodes")
+        started = []
+        start = scaler.procs.start
+        scaler.procs.start = lambda pool, slot: started.append(slot) or start(pool, slot)
+        caplog.set_level(logging.INFO, logger="megha.autoscaler")
+        try:
+            deadline = time.monotonic() + 40
+            while "starting none for" not in caplog.text:
+                assert time.monotonic() < deadline, caplog.text
+                await scaler.step()
+                await asyncio.sleep(0.3)
+            assert len(started) == 3
+            for _ in range(6):  # still wanted (min 1), but held back
+                await scaler.step()
+                await asyncio.sleep(0.3)
+            assert len(started) == 3
+        finally:
+            await scaler.procs.stop_all()
+            await scaler.close()
+        assert "pool burst: 3 nodes exited within 30 s of their start" in caplog.text
+        assert "cannot read config" in caplog.text  # the node's own log, quoted
