@@ -35,7 +35,13 @@ from services._proto.megha.v1 import (
     local_master_pb2_grpc,
 )
 from services.client import STATE_NAMES, FollowStalled, GlobalMasterClient, TaskTemplate
-from services.common.config import FederationConfig, default_config, load_config, parse_config
+from services.common.config import (
+    ConfigError,
+    FederationConfig,
+    default_config,
+    load_config,
+    parse_config,
+)
 from services.common.convert import resources_from_proto
 from services.common.jobfile import JobFileError, TaskSpec, build_template, load_job
 from services.common.runner import endpoints, wait_all_healthy
@@ -349,7 +355,7 @@ async def client_command(args: argparse.Namespace, config: FederationConfig) -> 
             if args.command == "cancel":
                 return await _cancel(client, args, config)
             if args.command == "status":
-                return await _status(client)
+                return await _status(client, config, target)
     except grpc.aio.AioRpcError as err:
         print(f"megha: {err.code().name}: {err.details()}", file=sys.stderr)
         # Not for UNAVAILABLE answers of a running GM (no LM heard from, broker down).
@@ -723,8 +729,36 @@ async def _serving_gm(
     return None if queue is None else config.gm(queue.gm).target
 
 
-async def _status(client: GlobalMasterClient) -> int:
+async def _pending_by_serving_gm(
+    view, config: FederationConfig, asked: str
+) -> dict[str, int | None]:
+    """Each queue's waiting tasks as the GM that serves it counts them (only that GM
+    holds them; the GM asked shows 0 for the others' queues); None: it did not answer."""
+    pending: dict[str, int | None] = {}
+    views: dict[str, object] = {}
+    for q in view.queues:
+        try:
+            target = config.gm(q.gm_id).target
+        except ConfigError:
+            target = asked
+        if target == asked:
+            pending[q.queue] = q.pending_tasks
+            continue
+        if target not in views:
+            try:
+                async with GlobalMasterClient(target) as other:
+                    views[target] = await other.cluster()
+            except grpc.aio.AioRpcError:
+                views[target] = None
+        other_view = views[target]
+        rows = [r for r in other_view.queues if r.queue == q.queue] if other_view else []
+        pending[q.queue] = rows[0].pending_tasks if rows else None
+    return pending
+
+
+async def _status(client: GlobalMasterClient, config: FederationConfig, target: str) -> int:
     view = await client.cluster()
+    pending = await _pending_by_serving_gm(view, config, target)
     print(f"{'LM':<10} {'version':>8} {'age s':>6}  partitions (gm: nodes, free)")
     for lm in view.lms:
         parts = "; ".join(
@@ -743,7 +777,8 @@ async def _status(client: GlobalMasterClient) -> int:
             limit = describe_held(resources_from_proto(q.held), wanted)
         print(
             f"{q.queue:<12} {q.gm_id:<8} {q.share:>6.0%} {q.usage_share:>6.0%} "
-            f"{q.pending_tasks:>8} {q.running_tasks:>8}  {limit}"
+            f"{'?' if pending[q.queue] is None else pending[q.queue]:>8} "
+            f"{q.running_tasks:>8}  {limit}"
         )
     times = view.recent_allocation_times
     if times.count:
