@@ -46,6 +46,7 @@ from services._proto.megha.v1 import (
 from services.client import GlobalMasterClient
 from services.common.config import AutoscaleConfig, FederationConfig
 from services.common.convert import resources_from_proto, resources_to_proto
+from services.common.runner import wait_all_healthy
 from services.common.server import channel
 from services.core.autoscale import (
     ALIVE,
@@ -95,6 +96,7 @@ QUICK_EXIT_S = 30.0
 QUICK_EXITS = 3
 QUICK_EXIT_WINDOW_S = 300.0
 BACKOFF_S = 120.0
+STARTUP_WAIT_S = 60.0  # for the federation to answer before the first look
 
 
 def state_dir(config: FederationConfig) -> Path:
@@ -551,6 +553,16 @@ class Autoscaler:
         adopted = self.procs.adopt()
         if adopted:
             log.info("adopted the nodes an earlier autoscaler started: %s", ", ".join(adopted))
+        # Started beside the federation (megha up): give the GMs, LMs and predictor a
+        # while to come up before the first look, instead of a warning for each.
+        healthy = asyncio.ensure_future(wait_all_healthy(self.config, timeout_s=STARTUP_WAIT_S))
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({healthy, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not healthy.done():
+            healthy.cancel()
+        elif healthy.exception() is not None:
+            log.warning("starting without every service up: %s", healthy.exception())
         try:
             while not stop.is_set():
                 started = time.monotonic()

@@ -87,6 +87,7 @@ async def test_pool_grows_for_waiting_tasks_and_shrinks_when_idle(tmp_path):
         log = (tmp_path / "autoscale.log").read_text()
         assert "draining idle node lm-1-burst-" in log and "stopping node lm-1-burst-" in log
         assert "burst: 0 nodes, demand 3 (6 waiting tasks), target 3 [naive]" in log
+        assert "did not answer" not in log  # it waited for the federation to come up
 
         # A second burst: the slots' next nodes take tasks (the LM kept no drain of the
         # stopped ones, which would stop each new node as soon as it registered).
