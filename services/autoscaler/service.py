@@ -87,7 +87,8 @@ _METHODS = {
     "seasonal": predictor_pb2.FORECAST_METHOD_SEASONAL,
     "gradient-boosted": predictor_pb2.FORECAST_METHOD_GRADIENT_BOOSTED,
 }
-STOP_GRACE_S = 15.0  # a node's process that outlives SIGTERM this long is killed
+STOP_GRACE_S = 8.0  # a node's process that outlives SIGTERM this long is killed (within
+# the 10 s megha up gives its children to stop, so none outlives the autoscaler)
 # A node whose process exits this soon after its start failed to start. After
 # QUICK_EXITS such failures of a pool within QUICK_EXIT_WINDOW_S, no node of the pool is
 # started for BACKOFF_S: a pool that cannot start (a bad capacity for this host, a
