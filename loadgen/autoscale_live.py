@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import sys
 import tempfile
@@ -28,16 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
-from loadgen.bench_live import BenchError, delete_broker_objects, free_ports_config
+from loadgen.bench_live import BenchError, free_ports_config, running_federation
 from services._proto.megha.v1 import common_pb2
 from services.client import GlobalMasterClient
 from services.common.argtypes import non_negative_float, positive_float, positive_int
 from services.common.bus import RabbitBus
 from services.common.config import ConfigError, FederationConfig, default_config, parse_config
-from services.common.runner import wait_all_healthy
 from services.core.resources import ResourceError, parse_resources
 from services.nodes import lm_rows
-from services.operator import Children, start_federation, wait_until_ready, write_federation
 
 POOL = "burst"
 SAMPLE_S = 0.5
@@ -133,22 +130,15 @@ async def run_mode(options: Options, mode: str, log_dir: Path) -> ModeResult:
     prefix = f"as-{uuid.uuid4().hex[:8]}"
     state = log_dir / "autoscale-state"
     config = free_ports_config(lambda base: mode_config(options, mode, base, prefix, state))
-    config, config_path = write_federation(config, log_dir)
-    children = Children(log_dir)
-    bus = RabbitBus(config.rabbitmq_url, prefix=prefix)
-    stamps = Stamps()
-    try:
+    async with running_federation(config, log_dir) as children:
+        bus = RabbitBus(config.rabbitmq_url, prefix=prefix)
+        stamps = Stamps()
         await bus.connect()
-        await bus.subscribe_topic("events", "task.#", stamps.on_batch)
-        start_federation(config, config_path, children)
-        await children.guard(wait_all_healthy(config, timeout_s=90))
-        await children.guard(wait_until_ready(config, timeout_s=90))
-        return await children.guard(_offer(options, mode, config, stamps))
-    finally:
-        children.stop()
-        await bus.close()
-        with contextlib.suppress(Exception):
-            await delete_broker_objects(config)
+        try:  # subscribed before the first burst is offered
+            await bus.subscribe_topic("events", "task.#", stamps.on_batch)
+            return await children.guard(_offer(options, mode, config, stamps))
+        finally:
+            await bus.close()
 
 
 async def _offer(

@@ -71,6 +71,7 @@ from services.predictor.demand import (
     METHOD_NAMES,
     forecast_demand,
 )
+from services.worker.leftovers import proc_stat
 
 log = logging.getLogger("megha.autoscaler")
 
@@ -140,12 +141,12 @@ class NodeProcess:
 
 def _is_node_process(pid: int, pool: str, slot: int) -> bool:
     """``pid`` is alive and is that pool's node (not a pid the kernel reused)."""
+    fields = proc_stat(pid)
+    if fields is None or fields[0] in (b"Z", b"X"):  # gone, or a zombie
+        return False
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return False
-    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
         return False
     want = [b"--pool", pool.encode(), b"--slot", str(slot).encode()]
     return any(argv[i : i + 4] == want for i in range(len(argv)))
@@ -273,21 +274,19 @@ class History:
                 return
         self.samples = rows[-self.keep :]
 
+    def _line(self, unix_s: float, nodes: Sequence[int]) -> str:
+        return json.dumps({"t": unix_s, "pools": self.pools, "nodes": list(nodes)}) + "\n"
+
     def add(self, unix_s: float, nodes: Sequence[int]) -> None:
         if self.samples and unix_s <= self.samples[-1][0]:
             unix_s = self.samples[-1][0] + 1e-3  # the clock stepped back: keep the order
         self.samples.append((unix_s, [int(n) for n in nodes]))
         with self.path.open("a") as out:
-            out.write(json.dumps({"t": unix_s, "pools": self.pools, "nodes": list(nodes)}) + "\n")
+            out.write(self._line(unix_s, nodes))
         if len(self.samples) > 2 * self.keep:  # rewrite now and then, not every interval
             self.samples = self.samples[-self.keep :]
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(
-                "".join(
-                    json.dumps({"t": t, "pools": self.pools, "nodes": n}) + "\n"
-                    for t, n in self.samples
-                )
-            )
+            tmp.write_text("".join(self._line(t, n) for t, n in self.samples))
             os.replace(tmp, self.path)
 
 

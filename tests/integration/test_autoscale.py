@@ -18,6 +18,7 @@ from services._proto.megha.v1 import common_pb2
 from services.autoscaler.service import Autoscaler
 from services.common.config import AutoscaleConfig
 from services.nodes import lm_rows
+from services.worker.leftovers import proc_stat
 from tests.integration.harness import Federation, sim_tasks
 
 pytestmark = pytest.mark.integration
@@ -139,15 +140,8 @@ async def _state_is(fed: Federation, state: str) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # reaped by init, or a zombie still
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
+    fields = proc_stat(pid)  # reaped by init, or a zombie still: gone
+    return fields is not None and fields[0] not in (b"Z", b"X")
 
 
 async def test_a_pool_whose_nodes_cannot_start_is_held_back_and_says_why(tmp_path, caplog):
