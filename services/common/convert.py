@@ -77,6 +77,7 @@ def task_to_spec(task: common_pb2.Task, num_constraints: int) -> TaskSpec:
         queue=task.queue,
         job_id=task.job_id,
         attempt=task.attempt,
+        lease=task.lease,
         duration_s=task.expected_duration_s,
         cpu_usage_mean=task.cpu_usage_mean_milli,
         cpu_usage_std=task.cpu_usage_std_milli,

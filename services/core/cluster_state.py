@@ -97,6 +97,10 @@ class ClusterState:
         # The newest ``ended_kept`` ended attempts, oldest first: a retry of one of them
         # is a duplicate. Bounded, so a long-lived LM does not grow by a task per task.
         self._ended_attempt = RecentInts(ended_kept)
+        # Per task, the lease a GM fenced it with (``fence``): a placement with an older
+        # lease is refused, so a request a GM gave up on (or whose GM died and whose
+        # message another took over) is harmless when an LM reads it late.
+        self._fences = RecentInts(ended_kept)
         self._sequence = 0
         # Nodes an operator drains: they keep their tasks and take no new ones, and
         # heartbeats show them with nothing free, so that GMs stop matching them.
@@ -227,7 +231,7 @@ class ClusterState:
         with no checks: it already runs. None when the books hold this attempt or a
         later one, or saw it end: the caller kills what the worker still runs of it.
         """
-        if self._duplicate(task) is not None:
+        if self._duplicate(task) is not None or self._fenced(task) is not None:
             return None
         if not 0 <= node < self.table.size:
             raise ValueError(f"no node with index {node}")
@@ -248,6 +252,13 @@ class ClusterState:
         """Note that ``attempt`` of ``task_id`` ended (a retry of it is a duplicate): on
         every release, and from the LM's journal when it restarts."""
         self._ended_attempt.put_max(task_id, attempt)
+
+    def fence(self, task_id: str, lease: int) -> None:
+        """Refuse from now on every placement of ``task_id`` with a lease below
+        ``lease`` (REJECTED_FENCED), and the adoption of a worker's copy below it. Asked
+        by a GM that no longer knows whether an older request of the task was read here
+        (it timed out, or its GM died): after this, a late copy does nothing."""
+        self._fences.put_max(task_id, lease)
 
     def known_attempt(self, task_id: str) -> tuple[int, bool] | None:
         """The latest attempt of ``task_id`` launched here and whether it still runs;
@@ -332,8 +343,21 @@ class ClusterState:
             return Decision(PlacementStatus.DUPLICATE, f"attempt {task.attempt} already ended")
         return None
 
+    def _fenced(self, task: TaskSpec) -> Decision | None:
+        fence = self._fences.get(task.task_id, 0)
+        if fence is None or task.lease >= fence:
+            return None
+        return Decision(
+            PlacementStatus.REJECTED_FENCED,
+            f"task {task.task_id} was fenced (lease {fence}): this request (lease "
+            f"{task.lease}) was given up by its GM; nothing was done",
+        )
+
     def _check_common(self, gm_id: str, task: TaskSpec, node: int) -> Decision | None:
         """Checks every request shares; None when the request may go on."""
+        fenced = self._fenced(task)
+        if fenced is not None:
+            return fenced
         duplicate = self._duplicate(task)
         if duplicate is not None:
             return duplicate

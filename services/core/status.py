@@ -27,6 +27,8 @@ class PlacementStatus(enum.IntEnum):
     REJECTED_EXPIRED = 11  # read after the GM gave up on the request: nothing was done
     REJECTED_CANCELLED = 12  # the task's job was cancelled: it must not run
     REJECTED_NODE_DRAINING = 13  # an operator drains the node: it takes no new task
+    REJECTED_FENCED = 14  # a newer request fenced the task (its lease is older): nothing done
+    REJECTED_TASK_ID_TAKEN = 15  # another job uses this task id here; it can never run here
 
     @property
     def ok(self) -> bool:

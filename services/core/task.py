@@ -24,6 +24,9 @@ class TaskSpec:
     queue: str = "default"
     job_id: str = ""
     attempt: int = 0
+    # The fencing token of the request that placed it (``Task.lease``): an LM refuses a
+    # placement below the lease a newer request fenced the task with.
+    lease: int = 0
     duration_s: float = 0.0
     # GPA: the task's CPU usage distribution (millicores), when known.
     cpu_usage_mean: float = 0.0

@@ -57,6 +57,14 @@ class _PlacementStatusEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Place
     """The task's job was cancelled (CancelJob): it must not run."""
     PLACEMENT_STATUS_REJECTED_NODE_DRAINING: _PlacementStatus.ValueType  # 13
     """An operator drains the node (DrainNode): it keeps its tasks and takes no new one."""
+    PLACEMENT_STATUS_REJECTED_FENCED: _PlacementStatus.ValueType  # 14
+    """The task was fenced by a newer request (a GM that gave up on this one, or took
+    over its queue message, asked the LM to refuse it): nothing was done.
+    """
+    PLACEMENT_STATUS_REJECTED_TASK_ID_TAKEN: _PlacementStatus.ValueType  # 15
+    """Another job already uses this task id on this LM: task ids are unique per
+    federation, and this one can never run here.
+    """
 
 class PlacementStatus(_PlacementStatus, metaclass=_PlacementStatusEnumTypeWrapper):
     """Why the LM accepted or refused one placement; lets the GM decide whether
@@ -92,6 +100,14 @@ PLACEMENT_STATUS_REJECTED_CANCELLED: PlacementStatus.ValueType  # 12
 """The task's job was cancelled (CancelJob): it must not run."""
 PLACEMENT_STATUS_REJECTED_NODE_DRAINING: PlacementStatus.ValueType  # 13
 """An operator drains the node (DrainNode): it keeps its tasks and takes no new one."""
+PLACEMENT_STATUS_REJECTED_FENCED: PlacementStatus.ValueType  # 14
+"""The task was fenced by a newer request (a GM that gave up on this one, or took
+over its queue message, asked the LM to refuse it): nothing was done.
+"""
+PLACEMENT_STATUS_REJECTED_TASK_ID_TAKEN: PlacementStatus.ValueType  # 15
+"""Another job already uses this task id on this LM: task ids are unique per
+federation, and this one can never run here.
+"""
 Global___PlacementStatus: _TypeAlias = PlacementStatus  # noqa: Y015
 
 @_typing.final
@@ -890,18 +906,22 @@ class KillTask(_message.Message):
 
     TASK_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     reason: _builtins.str
     """Why, e.g. "preempted for task t-42"; reported back in the TaskReport."""
+    attempt: _builtins.int
+    """The attempt to kill: a worker running another attempt of the task keeps it."""
     def __init__(
         self,
         *,
         task_id: _builtins.str = ...,
         reason: _builtins.str = ...,
+        attempt: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "reason", b"reason", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -955,16 +975,25 @@ class LookupTasksRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     TASK_IDS_FIELD_NUMBER: _builtins.int
+    FENCE_LEASE_FIELD_NUMBER: _builtins.int
+    fence_lease: _builtins.int
+    """When set: after answering, the LM refuses every placement of these tasks whose
+    lease is below this (REJECTED_FENCED), and a worker's copy of one is killed. What the
+    answer does not list, this LM has not launched and now never will from an older
+    request: a GM that gave up on a request, or took over its message, may place it
+    elsewhere.
+    """
     @_builtins.property
     def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
         task_ids: _abc.Iterable[_builtins.str] | None = ...,
+        fence_lease: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_ids", b"task_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fence_lease", b"fence_lease", "task_ids", b"task_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
