@@ -69,6 +69,11 @@ class ReplayResult:
                 f"rerouted               {s['rerouted_submissions']} submissions to another "
                 "GM (the first could not take them)"
             )
+        if s.get("retried_submissions"):
+            lines.append(
+                f"retried                {s['retried_submissions']} submissions after a pause "
+                "(a GM was too busy for them)"
+            )
         if s["timed_out"]:
             lines.append(
                 f"gave up after {s['timeout_s']:g} s: {s['tasks'] - s['completed']} tasks "
@@ -83,6 +88,13 @@ class ReplayResult:
 
 # A GM that answers so is down, restarting or without LMs yet: another may take the job.
 _ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# A GM that answers so was too busy to take the job (RESOURCE_EXHAUSTED), or its gRPC
+# dropped the call before the GM read it (a bare CANCELLED, from GMs that predate
+# server.MAX_PENDING_CALLS): the job is tried again, through the next GM, after a pause
+# that doubles, a bounded number of times. It keeps its job id, so it never runs twice.
+_BUSY = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED)
+BUSY_TRIES = 8  # pauses of 0.1 s doubling to 5 s: about 16 s of retries in all
+BUSY_PAUSE_S, BUSY_PAUSE_MAX_S = 0.1, 5.0
 
 
 async def _first_answer(clients: Sequence[GlobalMasterClient]):
@@ -129,6 +141,7 @@ async def replay_jobs(
     accepted = AcceptedTasks()  # task id -> (job id, GM)
     errors: dict[str, int] = {}
     rerouted = 0  # submissions a GM could not take, handed to the next one
+    retried = 0  # submissions tried again after a pause: a GM was too busy for them
     # Job ids of this replay: a job handed to another GM keeps its id, so the federation
     # never runs it twice even if the first GM queued it after all.
     run_id = uuid.uuid4().hex[:8]
@@ -160,19 +173,28 @@ async def replay_jobs(
 
     async def submit(tasks: list[common_pb2.Task], queue: str, job_id: str):
         """Through the next GM; one that cannot take it (down, restarting, no answer in
-        time) hands it to the one after, under the same job id. (gm, client, reply), or
-        None once every GM refused it (counted in ``errors``)."""
-        nonlocal rerouted
-        for attempt in range(len(gms)):
+        time) hands it to the one after, under the same job id, and one too busy has it
+        tried again after a pause (``_BUSY``). (gm, client, reply), or None once every GM
+        refused it or the retries ran out (counted in ``errors``)."""
+        nonlocal rerouted, retried
+        elsewhere, busy, pause = 0, 0, BUSY_PAUSE_S
+        while True:
             gm, client = next(client_cycle)
             try:
                 return gm, client, await client.submit(tasks, queue=queue, job_id=job_id)
             except grpc.aio.AioRpcError as err:
-                if err.code() not in _ELSEWHERE or attempt == len(gms) - 1:
-                    errors[err.code().name] = errors.get(err.code().name, 0) + 1
+                code = err.code()
+                if code in _BUSY and busy < BUSY_TRIES:
+                    busy += 1
+                    retried += 1
+                    await asyncio.sleep(pause)
+                    pause = min(BUSY_PAUSE_MAX_S, 2 * pause)
+                    continue
+                elsewhere += 1
+                if code not in _ELSEWHERE or elsewhere == len(gms):
+                    errors[code.name] = errors.get(code.name, 0) + 1
                     return None
                 rerouted += 1
-        return None
 
     async def redraw() -> None:
         while True:
@@ -245,6 +267,7 @@ async def replay_jobs(
         accepted=len(accepted),
         submit_errors=errors,
         rerouted_submissions=rerouted,
+        retried_submissions=retried,
         failed=sum(1 for t in accepted if t in events.ended and t not in events.successes),
         duplicates=events.duplicates,
         timed_out=timed_out,

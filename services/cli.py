@@ -110,6 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=20000.0,
         help="with --replay: compress time by this",
     )
+    up.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=None,
+        help="with --replay: give up after this many seconds (default: 60 s + 3x the "
+        "trace's compressed span and longest task)",
+    )
 
     submit = commands.add_parser(
         "submit", help="submit a job of identical tasks, or of those a job file lists"

@@ -17,8 +17,13 @@ from services.common.server import channel
 from services.global_master.jobs import TERMINAL
 
 # Errors after which GlobalMasterClient.follow watches again (NOT_FOUND too, for a job
-# it knows exists: a GM that restarted learns of it shortly).
-FOLLOW_AGAIN = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+# it knows exists: a GM that restarted learns of it shortly). RESOURCE_EXHAUSTED: a GM
+# too busy for the call now.
+FOLLOW_AGAIN = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
 FOLLOW_PAUSE_S, FOLLOW_PAUSE_MAX_S = 0.2, 2.0
 
 
@@ -207,7 +212,7 @@ class GlobalMasterClient:
             pause = min(FOLLOW_PAUSE_MAX_S, pause * 2)
 
     async def cluster(
-        self, pending_shapes: bool = False
+        self, pending_shapes: bool = False, timeout_s: float = 10.0
     ) -> global_master_pb2.GetClusterViewResponse:
         request = global_master_pb2.GetClusterViewRequest(pending_shapes=pending_shapes)
-        return await self.stub.GetClusterView(request, timeout=10)
+        return await self.stub.GetClusterView(request, timeout=timeout_s)

@@ -334,6 +334,7 @@ async def _replay(config: FederationConfig, args: argparse.Namespace) -> int:
         out=Path(args.out) if getattr(args, "out", "") else None,
         progress=Progress(),
         loaded=args.replay_jobs,
+        timeout_s=getattr(args, "timeout", None),
     )
     print(report.render(), flush=True)
     return 0 if report.completed == report.tasks else 1
@@ -729,43 +730,74 @@ async def _serving_gm(
     return None if queue is None else config.gm(queue.gm).target
 
 
+# How long ``megha status`` waits for the other GMs' counts of their queues' waiting
+# tasks (asked all at once): a GM that is down or frozen shows ``?`` after about this
+# long, not after a full call deadline of its own, one GM after the other.
+PEER_STATUS_TIMEOUT_S = 1.5
+
+
+async def _peer_view(target: str) -> global_master_pb2.GetClusterViewResponse | None:
+    """The cluster view of the GM at ``target``; None if it does not answer in time."""
+    try:
+        async with GlobalMasterClient(target) as other:
+            return await other.cluster(timeout_s=PEER_STATUS_TIMEOUT_S)
+    except grpc.aio.AioRpcError:
+        return None
+
+
 async def _pending_by_serving_gm(
     view, config: FederationConfig, asked: str
 ) -> dict[str, int | None]:
     """Each queue's waiting tasks as the GM that serves it counts them (only that GM
     holds them; the GM asked shows 0 for the others' queues); None: it did not answer."""
-    pending: dict[str, int | None] = {}
-    views: dict[str, object] = {}
+    serving: dict[str, str] = {}  # queue -> the target of the GM that serves it
     for q in view.queues:
         try:
-            target = config.gm(q.gm_id).target
+            serving[q.queue] = config.gm(q.gm_id).target
         except ConfigError:
-            target = asked
-        if target == asked:
+            serving[q.queue] = asked
+    others = sorted(set(serving.values()) - {asked})
+    views = dict(zip(others, await asyncio.gather(*map(_peer_view, others)), strict=True))
+    pending: dict[str, int | None] = {}
+    for q in view.queues:
+        if serving[q.queue] == asked:
             pending[q.queue] = q.pending_tasks
             continue
-        if target not in views:
-            try:
-                async with GlobalMasterClient(target) as other:
-                    views[target] = await other.cluster()
-            except grpc.aio.AioRpcError:
-                views[target] = None
-        other_view = views[target]
+        other_view = views[serving[q.queue]]
         rows = [r for r in other_view.queues if r.queue == q.queue] if other_view else []
         pending[q.queue] = rows[0].pending_tasks if rows else None
     return pending
+
+
+def _free(cpu_milli: int, memory_mb: int) -> str:
+    return f"cpu={cpu_milli / 1000:g} mem={memory_mb}Mi"
 
 
 async def _status(client: GlobalMasterClient, config: FederationConfig, target: str) -> int:
     view = await client.cluster()
     pending = await _pending_by_serving_gm(view, config, target)
     print(f"{'LM':<10} {'version':>8} {'age s':>6}  partitions (gm: nodes, free)")
+    # Per GM partition: nodes and free room over the LMs the GM hears from. A silent LM's
+    # room is what it last said it had: not counted, it may be gone.
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     for lm in view.lms:
         parts = "; ".join(
-            f"{p.gm_id}: {p.node_count}, cpu={p.free.cpu_milli / 1000:g} mem={p.free.memory_mb}Mi"
+            f"{p.gm_id}: {p.node_count}, {_free(p.free.cpu_milli, p.free.memory_mb)}"
             for p in lm.partitions
         )
+        if lm.silent:
+            parts = f"SILENT: not heard from, not counted (it said: {parts})"
+        else:
+            for p in lm.partitions:
+                total = totals[p.gm_id]
+                total[0] += p.node_count
+                total[1] += p.free.cpu_milli
+                total[2] += p.free.memory_mb
         print(f"{lm.lm_id:<10} {lm.version:>8} {lm.age_s:>6.1f}  {parts}")
+    for lm_id in sorted({lm.id for lm in config.lms} - {lm.lm_id for lm in view.lms}):
+        print(f"{lm_id:<10} {'-':>8} {'-':>6}  NOT HEARD FROM by this GM")
+    total = "; ".join(f"{gm}: {n}, {_free(cpu, mem)}" for gm, (n, cpu, mem) in totals.items())
+    print(f"{'total':<10} {'':>8} {'':>6}  {total or 'no LM heard from'}")
     print(
         f"\n{'queue':<12} {'gm':<8} {'share':>6} {'usage':>6} {'pending':>8} {'running':>8}"
         "  limit (held/limit)"

@@ -14,6 +14,7 @@ def task(
     constraints: tuple[int, ...] = (),
     queue: str = "default",
     attempt: int = 0,
+    job_id: str = "",
 ) -> TaskSpec:
     return TaskSpec(
         task_id=task_id,
@@ -21,6 +22,7 @@ def task(
         constraint_mask=to_mask(constraints),
         queue=queue,
         attempt=attempt,
+        job_id=job_id,
     )
 
 

@@ -396,9 +396,9 @@ class MeghaSim:
             return None
         gm.pledge_epoch += 1
         # As the live GM: pledge the victims so no other task picks them while the
-        # request is out, and book the task on the node so nothing else goes there.
+        # request is out, and book the task on the node in their place.
         gm.pledged.update(plan.victims.task_ids)
-        gm.view.reserve(Placement(plan.lm_id, plan.victims.node, plan.node_id, False), spec)
+        gm.view.reserve_preemption(plan, spec)
         return plan
 
     # ------------------------------------------------------------- LM requests

@@ -218,6 +218,14 @@ class FederationConfig(_Model):
         description="A worker agent idle this long sends a heartbeat (task reports go at once).",
     )
     worker_timeout_s: float = Field(10.0, gt=0, description="Silence before a worker is dead.")
+    lm_call_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="A GM gives up waiting for an LM's answer to a launch, repartition or "
+        "preemption after this long; it then fences the tasks on that LM (the LM refuses the "
+        "request if it reads it later) before placing them again.",
+    )
     worker_stream_life_s: float = Field(
         WORKER_STREAM_LIFE_S,
         gt=0,
@@ -289,15 +297,16 @@ class FederationConfig(_Model):
         500_000,
         ge=1_000,
         description="Tasks each GM remembers for GetJob and WatchJob (every GM hears of "
-        "every task; about 0.2 KB each in memory); past it, the jobs heard of least recently "
+        "every task; about 0.23 KB each in memory); past it, the jobs heard of least recently "
         "are forgotten.",
     )
     lm_ended_kept: int = Field(
         ENDED_KEPT,
         ge=10_000,
         description="Ended attempts each LM remembers, in memory and in its journal (about "
-        "0.12 KB each): a retry of one of them is refused as a duplicate, so a GM that retries "
-        "an attempt older than this may run it again.",
+        "0.14 KB each in memory, with their job): a retry of one of them is refused as a "
+        "duplicate, and another job's task with its id as taken, so a GM that retries an "
+        "attempt older than this may run it again.",
     )
     lm_endings_kept: int = Field(
         100_000,

@@ -30,6 +30,7 @@ import numpy as np
 from services._proto.megha.v1 import common_pb2, local_master_pb2
 from services.core.cluster_state import ClusterState
 from services.core.constraints import from_mask, to_mask
+from services.core.ids import id_problem, shown
 from services.core.node_table import NodeColumns
 from services.core.resources import NUM_RESOURCES, RESOURCE_NAMES
 from services.core.snapshot import Allocation, Snapshot
@@ -85,18 +86,23 @@ def task_to_spec(task: common_pb2.Task, num_constraints: int) -> TaskSpec:
     )
 
 
-# Longest task or job id accepted: ids travel in every event, heartbeat and log line.
-MAX_ID_CHARS = 256
 # Hints a task may carry; each must be a finite number >= 0 (0: not given).
 _HINTS = ("expected_duration_s", "cpu_usage_mean_milli", "cpu_usage_std_milli")
+# The last attempt a task may be placed as: its next one (a retry, a preemption, a lost
+# node) must still fit Task.attempt, a uint32, or its re-queue could not be written.
+MAX_ATTEMPT = 2**32 - 2
 
 
 def _check_task_fields(task: common_pb2.Task) -> None:
-    for name in ("task_id", "job_id"):
-        if len(getattr(task, name)) > MAX_ID_CHARS:
-            raise ValueError(
-                f"{name} is {len(getattr(task, name))} characters long; at most {MAX_ID_CHARS}"
-            )
+    for name in ("task_id", "job_id", "queue"):
+        problem = id_problem(name, getattr(task, name))
+        if problem is not None:
+            raise ValueError(problem)
+    if task.attempt > MAX_ATTEMPT:
+        raise ValueError(
+            f"attempt is {task.attempt}; at most {MAX_ATTEMPT}, so that its next attempt "
+            "can be numbered"
+        )
     for name in _HINTS:
         _finite_non_negative(name, getattr(task, name))
     if task.max_retries > MAX_RETRIES:
@@ -132,7 +138,27 @@ def parse_task(task: common_pb2.Task, num_constraints: int) -> TaskSpec:
     try:
         return task_to_spec(task, num_constraints)
     except ValueError as err:  # ResourceError and ConstraintError are ValueErrors
-        raise InvalidTask(f"task {task.task_id}: {err}") from None
+        raise InvalidTask(f"task {shown(task.task_id)}: {err}") from None
+
+
+# Task fields only the federation sets: a client's value would be taken for the
+# federation's own (an attempt already ended, a lease a GM never gave, retries used up).
+_SET_BY_THE_FEDERATION = {
+    "attempt": "the LMs number a task's attempts",
+    "lease": "the GM that places the task sets it",
+    "failures": "the LM counts a task's failed attempts",
+}
+
+
+def check_submitted(task: common_pb2.Task) -> None:
+    """Raise ``InvalidTask`` for a task a client submits with a field only the
+    federation sets (``attempt``, ``lease``, ``failures``), naming the field."""
+    for name, who in _SET_BY_THE_FEDERATION.items():
+        value = getattr(task, name)
+        if value:
+            raise InvalidTask(
+                f"task {shown(task.task_id)}: {name} is {value}, but {who}: leave it 0"
+            )
 
 
 def spec_to_task(spec: TaskSpec) -> common_pb2.Task:
@@ -162,7 +188,13 @@ def partition_totals(state: ClusterState) -> list[PartitionTotals]:
 
 def next_attempt(task: common_pb2.Task, queued_unix_nanos: int) -> common_pb2.Task:
     """A copy of ``task`` as its next attempt, for its user queue again: it keeps when the
-    user submitted it; everything after is the new attempt's own."""
+    user submitted it; everything after is the new attempt's own. ``InvalidTask`` for a
+    task past ``MAX_ATTEMPT``, which ``parse_task`` keeps from ever being placed."""
+    if task.attempt > MAX_ATTEMPT:
+        raise InvalidTask(
+            f"task {shown(task.task_id)}: attempt {task.attempt} has no next attempt "
+            f"(Task.attempt is a uint32; at most {MAX_ATTEMPT} is ever placed)"
+        )
     again = common_pb2.Task.FromString(task.SerializeToString())
     again.attempt = task.attempt + 1
     again.timestamps.CopyFrom(

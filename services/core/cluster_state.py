@@ -11,6 +11,8 @@ requests follow the paper:
   they are released (to be re-queued by their GM) and the task takes their place.
 
 Requests are idempotent by ``(task_id, attempt)``: a repeated launch changes nothing.
+Task ids are global: a task id these books hold, or remember ended, under another job is
+refused (``REJECTED_TASK_ID_TAKEN``), never taken for a repeat of that job's task.
 After a restart the books start empty (a new ``incarnation``); ``adopt`` books again what
 the workers say they run.
 
@@ -36,7 +38,7 @@ from services.core.fairness import usage_by_queue
 from services.core.gpa import task_usage
 from services.core.match import FirstFit, PlacementPolicy
 from services.core.node_table import NodeTable
-from services.core.recent import RecentInts
+from services.core.recent import Recent, RecentInts
 from services.core.resources import NUM_RESOURCES, format_resources, validate_capacity
 from services.core.snapshot import Allocation, Snapshot
 from services.core.status import PlacementStatus
@@ -56,7 +58,8 @@ class Decision:
 
 
 # How many ended attempts an LM remembers to refuse their retries (about 120 bytes each,
-# the task id included: scripts/ended_bench.py).
+# the task id included: scripts/ended_bench.py; about 25 more with their job, whose string
+# the tasks of a job launched together share).
 # A GM that dies redelivers the messages it had not acked, and it acks a message once all
 # its tasks have launched; a task that ended more than this many endings before such a
 # redelivery is not recognised and runs again.
@@ -97,6 +100,10 @@ class ClusterState:
         # The newest ``ended_kept`` ended attempts, oldest first: a retry of one of them
         # is a duplicate. Bounded, so a long-lived LM does not grow by a task per task.
         self._ended_attempt = RecentInts(ended_kept)
+        # The job of each of those that this LM knows (not those recalled from a journal
+        # that had no event of them left): another job's task with the same id is refused.
+        self._ended_job: Recent[str] = Recent(ended_kept)
+        self._last_job_id = ""  # see _allocate
         # Per task, the lease a GM fenced it with (``fence``): a placement with an older
         # lease is refused, so a request a GM gave up on (or whose GM died and whose
         # message another took over) is harmless when an LM reads it late.
@@ -229,9 +236,11 @@ class ClusterState:
         Booked in the node's owner partition (which GM borrowed it by repartition went
         with the old books; the resources return to the owner when it ends either way),
         with no checks: it already runs. None when the books hold this attempt or a
-        later one, or saw it end: the caller kills what the worker still runs of it.
+        later one, saw it end, or know its id as another job's: the caller kills what
+        the worker still runs of it.
         """
-        if self._duplicate(task) is not None or self._fenced(task) is not None:
+        refusals = (self._taken(task), self._duplicate(task), self._fenced(task))
+        if any(refusal is not None for refusal in refusals):
             return None
         if not 0 <= node < self.table.size:
             raise ValueError(f"no node with index {node}")
@@ -248,10 +257,13 @@ class ClusterState:
         self._release(allocation)
         return allocation
 
-    def remember_ended(self, task_id: str, attempt: int) -> None:
-        """Note that ``attempt`` of ``task_id`` ended (a retry of it is a duplicate): on
-        every release, and from the LM's journal when it restarts."""
+    def remember_ended(self, task_id: str, attempt: int, job_id: str = "") -> None:
+        """Note that ``attempt`` of ``task_id`` ended (a retry of it is a duplicate; the
+        same id in another job than ``job_id``, when known, is refused): on every
+        release, and from the LM's journal when it restarts."""
         self._ended_attempt.put_max(task_id, attempt)
+        if job_id:
+            self._ended_job.put(task_id, job_id)
 
     def fence(self, task_id: str, lease: int) -> None:
         """Refuse from now on every placement of ``task_id`` with a lease below
@@ -335,6 +347,26 @@ class ClusterState:
         return out
 
     # ------------------------------------------------------------- internals
+    def _taken(self, task: TaskSpec) -> Decision | None:
+        """Another job's task with this id runs here or ended here: this one can never
+        run here (a repeat of that task would be a DUPLICATE, and the GM would take it
+        for launched). Unknown jobs (a journal's endings without their events, a request
+        without a job) are not compared."""
+        if not task.job_id:
+            return None
+        current = self.allocations.get(task.task_id)
+        if current is not None:
+            holder, how = current.job_id, "runs"
+        else:
+            holder, how = self._ended_job.get(task.task_id, ""), "ended"
+        if not holder or holder == task.job_id:
+            return None
+        return Decision(
+            PlacementStatus.REJECTED_TASK_ID_TAKEN,
+            f"task id {task.task_id} is job {holder}'s (it {how} on {self.lm_id}), not job "
+            f"{task.job_id}'s: task ids are unique across the federation",
+        )
+
     def _duplicate(self, task: TaskSpec) -> Decision | None:
         current = self.allocations.get(task.task_id)
         if current is not None and current.attempt >= task.attempt:
@@ -355,6 +387,9 @@ class ClusterState:
 
     def _check_common(self, gm_id: str, task: TaskSpec, node: int) -> Decision | None:
         """Checks every request shares; None when the request may go on."""
+        taken = self._taken(task)
+        if taken is not None:
+            return taken
         fenced = self._fenced(task)
         if fenced is not None:
             return fenced
@@ -408,6 +443,12 @@ class ClusterState:
         if previous is not None:  # an older attempt still on the books: replaced
             self._release(previous)
         usage_mean, usage_var = task_usage(task)
+        # One string for the tasks of a job launched one after another, not one each:
+        # the books of ended attempts keep it for up to a million tasks.
+        job_id = task.job_id
+        if job_id == self._last_job_id:
+            job_id = self._last_job_id
+        self._last_job_id = job_id
         allocation = Allocation(
             task_id=task.task_id,
             queue=task.queue,
@@ -420,6 +461,7 @@ class ClusterState:
             version=self.version,
             usage_mean=usage_mean,
             usage_var=usage_var,
+            job_id=job_id,
         )
         self.table.take(node, allocation.resources, usage_mean, usage_var)
         self._free_version[node] = self.version
@@ -438,7 +480,7 @@ class ClusterState:
             allocation.node, allocation.resources, allocation.usage_mean, allocation.usage_var
         )
         self._free_version[allocation.node] = self.version
-        self.remember_ended(allocation.task_id, allocation.attempt)
+        self.remember_ended(allocation.task_id, allocation.attempt, allocation.job_id)
         self._ended.append((self.version, allocation.task_id))
         while len(self._ended) > self._delta_history:
             version, _ = self._ended.popleft()

@@ -12,6 +12,7 @@ state overwrites the deduction with the truth either way.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -121,6 +122,19 @@ class HeldAllocations(dict[str, Allocation]):
     update = setdefault = popitem = __ior__ = _refuse  # type: ignore[assignment]
 
 
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """A task whose end a lifecycle event told this GM before a snapshot did."""
+
+    attempt: int
+    since: float | None  # when this GM heard it (None: never expires)
+    # Its allocation as a snapshot showed it running; None if none did.
+    shown: Allocation | None = None
+    # A launch of this GM's that no snapshot showed: a full snapshot without it may have
+    # been taken before the LM launched it, so only an end the LM names confirms it.
+    booked_here: bool = False
+
+
 @dataclass(slots=True, eq=False)
 class LMView:
     """What one GM believes about one LM."""
@@ -140,9 +154,14 @@ class LMView:
     # when it learnt it: launches it sent that no snapshot showed yet, and tasks that
     # ended (lifecycle event) before a snapshot confirmed it.
     inflight: dict[str, tuple[Allocation, float | None]] = field(default_factory=dict)
-    ended: dict[str, tuple[int, float | None]] = field(default_factory=dict)  # id -> attempt
+    ended: dict[str, Ended] = field(default_factory=dict)
     # Of ``inflight``, the launches the LM has not answered yet (``GlobalView.accepted``).
     unanswered: set[str] = field(default_factory=set)
+    # Preemptions this GM asked for: the preempting task's id -> its victims' ids, and
+    # each victim's id -> (the preempting task's id, the victim's room the task was
+    # booked into). See ``GlobalView.reserve_preemption``.
+    evicting: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    evicted: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict)
     # Shapes that found no node here while the table stood at ``miss_version``: matching
     # them again before the table changes would find none again (an overloaded
     # federation otherwise re-scans every full partition for every task).
@@ -169,6 +188,19 @@ KNOWLEDGE_TTL_S = 30.0
 
 _FEASIBLE_CACHE = 4096  # shapes remembered by GlobalView.infeasible
 
+# An LM a GM has not heard from (heartbeat or reply) for this many heartbeat intervals is
+# silent: dead, cut off, or its heartbeats lost. Its nodes take no placements until it is
+# heard again, and ``megha status`` does not count their room. Not less than
+# ``SILENT_AFTER_MIN_S``, so that a GM whose own loop was busy for a moment (a burst of
+# submissions) does not take every LM for silent.
+SILENT_AFTER_HEARTBEATS = 5
+SILENT_AFTER_MIN_S = 2.0
+
+
+def silent_after(heartbeat_interval_s: float) -> float:
+    """How long an LM may say nothing before a GM takes it for silent."""
+    return max(SILENT_AFTER_HEARTBEATS * heartbeat_interval_s, SILENT_AFTER_MIN_S)
+
 
 def _expired(since: float | None, now: float) -> bool:
     return since is not None and now - since > KNOWLEDGE_TTL_S
@@ -183,8 +215,10 @@ class GlobalView:
         policy: PlacementPolicy | None = None,
         num_constraints: int = DEFAULT_NUM_CONSTRAINTS,
         constraint_labels: Mapping[int, str] | None = None,
+        silent_after_s: float = math.inf,
     ):
         self.gm_id = gm_id
+        self.silent_after_s = silent_after_s  # see ``silent``
         self.policy: PlacementPolicy = policy or FirstFit()
         self.num_constraints = num_constraints
         self.constraint_labels = dict(constraint_labels or {})  # id -> name, for reasons
@@ -242,7 +276,8 @@ class GlobalView:
         the nodes it overwrote. If it predates the end of a task this GM already heard of,
         it resurrects the task: drop it again and credit its node. Each entry leaves when
         a snapshot confirms it (or after ``KNOWLEDGE_TTL_S``, for an answer that never
-        came), so the view converges to the LM's books.
+        came), so the view converges to the LM's books. Ends are credited before launches
+        are booked again: a launch may have been booked into the room of a task that ended.
         """
         if not view.inflight and not view.ended:
             return
@@ -251,33 +286,51 @@ class GlobalView:
         shown = {a.task_id: a for a in snapshot.allocations}
         gone = set(snapshot.ended_task_ids)
         table = view.table
+        for task_id, end in list(view.ended.items()):
+            unlisted = snapshot.full and task_id not in shown and not end.booked_here
+            if task_id in gone or unlisted or _expired(end.since, now):
+                del view.ended[task_id]  # the snapshot's books stand
+                continue
+            seen = view.allocations.get(task_id)
+            if seen is not None and seen.attempt <= end.attempt:
+                # The snapshot lists it running: it predates the end. Later deltas that
+                # predate it too will count it on this node without naming it.
+                del view.allocations[task_id]
+                view.ended[task_id] = Ended(end.attempt, end.since, seen)
+            elif seen is None and end.shown is not None and not snapshot.full:
+                # A delta lists only the tasks that started after its base: one that
+                # started before still counts on its node, though the delta does not
+                # name it, as long as the delta does not say it ended.
+                seen = end.shown
+            else:
+                continue
+            if touched[seen.node]:
+                table.give_back(seen.node, seen.resources, seen.usage_mean, seen.usage_var)
         for task_id, (allocation, since) in list(view.inflight.items()):
             seen = shown.get(task_id)
             confirmed = seen is not None and seen.attempt >= allocation.attempt
-            if confirmed or task_id in gone or _expired(since, now):
+            # A snapshot names ends by task id alone: for a retry the end it names may be
+            # an earlier attempt's (a preempted victim's, placed again at once), so only
+            # the retry's own end event (``release``) or a snapshot showing it settles it.
+            ended_there = task_id in gone and allocation.attempt == 0
+            if confirmed or ended_there or _expired(since, now):
                 del view.inflight[task_id]
                 view.unanswered.discard(task_id)
-                if not confirmed and task_id not in gone:
+                self._end_eviction(view, task_id, allocation, restore=False)
+                if not confirmed and not ended_there:
                     view.allocations.pop(task_id, None)
                 continue
             view.allocations[task_id] = allocation
             if touched[allocation.node]:
+                # The snapshot predates the preemption too: its victims are on the node.
+                for _victim, room in self._victims(view, task_id, allocation.node):
+                    table.give_back(allocation.node, room, 0.0, 0.0)
                 table.take(
                     allocation.node,
                     allocation.resources,
                     allocation.usage_mean,
                     allocation.usage_var,
                 )
-        for task_id, (attempt, since) in list(view.ended.items()):
-            confirmed = task_id in gone or (snapshot.full and task_id not in shown)
-            if confirmed or _expired(since, now):
-                del view.ended[task_id]  # the snapshot's books stand
-                continue
-            seen = view.allocations.get(task_id)
-            if seen is not None and seen.attempt <= attempt:
-                del view.allocations[task_id]
-                if touched[seen.node]:
-                    table.give_back(seen.node, seen.resources, seen.usage_mean, seen.usage_var)
 
     def _apply_full(self, snapshot: Snapshot, now: float) -> None:
         table = NodeTable(len(snapshot.gm_ids), snapshot.num_constraints)
@@ -302,6 +355,7 @@ class GlobalView:
             self._order = sorted([*self._order, snapshot.lm_id])
         elif old.incarnation == snapshot.incarnation:
             view.inflight, view.ended, view.unanswered = old.inflight, old.ended, old.unanswered
+            view.evicting, view.evicted = old.evicting, old.evicted
             view.restarted_at = old.restarted_at
         else:
             # What this GM learnt about an earlier life (its node rows may now be other
@@ -318,6 +372,12 @@ class GlobalView:
             for lm_id, view in self.lms.items()
             if view.restarted_at is not None and now - view.restarted_at < within_s
         )
+
+    def silent(self, lm_id: str, now: float) -> bool:
+        """Whether this GM has heard nothing from ``lm_id`` for longer than
+        ``silent_after_s``: its nodes are not matched, nor its tasks preempted, until it
+        is heard again (what the view holds of it is kept, as it may come back)."""
+        return now - self.lms[lm_id].updated_at > self.silent_after_s
 
     def forget(self, lm_id: str) -> None:
         """Drop an LM (gone silent for too long); its nodes take no more placements."""
@@ -346,6 +406,64 @@ class GlobalView:
         view.inflight[task.task_id] = (allocation, now)
         view.unanswered.add(task.task_id)
 
+    def reserve_preemption(
+        self, plan: PreemptionPlan, task: TaskSpec, now: float | None = None
+    ) -> None:
+        """``reserve`` for a task that preempts ``plan``'s victims, booked into their room.
+
+        Booking it on top of them would count the node's room twice (its free goes below
+        zero until the LM answers). The room the task takes comes from its victims first
+        (they stay booked to their queue until the LM kills them), so what the node shows
+        free is free whatever the LM answers: the rest of the victims' room is offered
+        once a snapshot shows them gone. If the LM refuses, ``release`` of the task gives
+        their room back to them. Their CPU usage (GPA) stays on the node meanwhile.
+        """
+        view = self.lms[plan.lm_id]
+        node = plan.victims.node
+        need = task.resources.astype(np.int64)  # a copy
+        evicted = []
+        for victim_id in plan.victims.task_ids:
+            victim = view.allocations.get(victim_id)
+            if victim is None or victim.node != node or victim_id in view.evicted:
+                continue  # already gone, or already booked for another preemption
+            room = np.minimum(victim.resources, need)
+            need -= room
+            view.table.give_back(node, room, 0.0, 0.0)
+            view.evicted[victim_id] = (task.task_id, room)
+            evicted.append(victim_id)
+        view.evicting[task.task_id] = tuple(evicted)
+        self.reserve(Placement(plan.lm_id, node, plan.node_id, False), task, now)
+
+    def _victims(
+        self, view: LMView, task_id: str, node: int
+    ) -> Iterator[tuple[Allocation, np.ndarray]]:
+        """The victims of ``task_id``'s preemption still booked on ``node`` in the view,
+        each with the room of it the task was booked into."""
+        for victim_id in view.evicting.get(task_id, ()):
+            victim = view.allocations.get(victim_id)
+            evicted = view.evicted.get(victim_id)
+            if evicted is None or evicted[0] != task_id or victim is None:
+                continue
+            if victim.node == node:
+                yield victim, evicted[1]
+
+    def _end_eviction(
+        self, view: LMView, task_id: str, booked: Allocation | None, restore: bool
+    ) -> None:
+        """Forget ``task_id``'s preemption. With ``restore`` (the LM refused it, or it never
+        left), the victims the view still holds take back the room the task was booked
+        into on ``booked.node`` (the task's reservation)."""
+        if task_id not in view.evicting:
+            return
+        victims = list(self._victims(view, task_id, booked.node)) if booked else []
+        for victim_id in view.evicting.pop(task_id):
+            evicted = view.evicted.get(victim_id)
+            if evicted is not None and evicted[0] == task_id:
+                del view.evicted[victim_id]
+        if restore and booked is not None:
+            for _victim, room in victims:
+                view.table.take(booked.node, room, 0.0, 0.0)
+
     def accepted(self, lm_id: str, task_id: str) -> None:
         """The LM accepted a launch: it holds the task, though no snapshot showed it yet."""
         view = self.lms.get(lm_id)
@@ -367,28 +485,42 @@ class GlobalView:
         view = self.lms.get(lm_id)
         if view is None:
             return False
-        view.inflight.pop(task_id, None)
+        newer = view.allocations.get(task_id)
+        if ended and newer is not None and newer.attempt > attempt:
+            # An earlier attempt's end, heard after the view booked or saw the next one
+            # (a preempted victim placed again): the next one keeps its room.
+            earlier = view.ended.get(task_id)
+            if earlier is None or earlier.attempt < attempt:
+                view.ended[task_id] = Ended(attempt, now)
+            return False
+        booked_here = view.inflight.pop(task_id, None) is not None  # no snapshot showed it
         view.unanswered.discard(task_id)
         allocation = view.allocations.pop(task_id, None)
+        # A victim of a preemption under way: the room the preempting task was booked
+        # into is not given back twice.
+        evicted = view.evicted.pop(task_id, None)
         if ended:
             known = allocation.attempt if allocation is not None else attempt
-            view.ended[task_id] = (max(known, attempt), now)
-        if allocation is None:
-            return False
-        view.table.give_back(
-            allocation.node, allocation.resources, allocation.usage_mean, allocation.usage_var
-        )
-        return True
+            shown = None if booked_here else allocation
+            view.ended[task_id] = Ended(max(known, attempt), now, shown, booked_here)
+        if allocation is not None:
+            back = allocation.resources if evicted is None else allocation.resources - evicted[1]
+            view.table.give_back(allocation.node, back, allocation.usage_mean, allocation.usage_var)
+        # A preemption that ended (the task ran) killed its victims; one that was refused
+        # or never left did not: they hold their node again.
+        self._end_eviction(view, task_id, allocation, restore=not ended)
+        return allocation is not None
 
     # ------------------------------------------------------------- matching
-    def match(self, task: TaskSpec) -> Placement | None:
-        """Internal partitions round-robin over LMs, then external ones; None if full."""
-        found = self._search(task, internal=True)
+    def match(self, task: TaskSpec, now: float | None = None) -> Placement | None:
+        """Internal partitions round-robin over LMs, then external ones; None if full.
+        With ``now``, silent LMs (``silent``) are passed over."""
+        found = self._search(task, True, now)
         if found is None:
-            found = self._search(task, internal=False)
+            found = self._search(task, False, now)
         return found
 
-    def _search(self, task: TaskSpec, internal: bool) -> Placement | None:
+    def _search(self, task: TaskSpec, internal: bool, now: float | None) -> Placement | None:
         count = len(self._order)
         start = self._rr_internal if internal else self._rr_external
         # Everything a policy's verdict depends on besides the table.
@@ -403,7 +535,7 @@ class GlobalView:
             slot = (start + step) % count
             view = self.lms[self._order[slot]]
             within = view.internal if internal else view.external
-            if within is None:
+            if within is None or (now is not None and self.silent(view.lm_id, now)):
                 continue
             table = view.table
             stamp = (table, table.version)  # NodeTable compares by identity
@@ -483,13 +615,21 @@ class GlobalView:
 
     # ----------------------------------------------------------- fairness
     def preemption_plan(
-        self, task: TaskSpec, fair: FairShare, pledged: Collection[str] = ()
+        self,
+        task: TaskSpec,
+        fair: FairShare,
+        pledged: Collection[str] = (),
+        now: float | None = None,
     ) -> PreemptionPlan | str:
         """Paper Alg. 2 for a task that found no node: whom to preempt, or why not.
 
         Only a queue under its share may preempt, and only the queue with the largest
         share violation loses tasks; among LMs, the node needing fewest victims wins.
         ``pledged`` are victims of preemptions already under way: never chosen twice.
+        Victims are tasks a snapshot showed running: not this GM's launches no snapshot
+        showed yet (the LM may not hold them, and one that preempts in turn would leave
+        its own victims' room booked twice if the LM refuses it). With ``now``, none on
+        a silent LM (``silent``): it could not be asked.
         """
         usage, total = self.queue_usage(), self.total_capacity()
         if not fair.is_under_share(task.queue, usage, total):
@@ -499,11 +639,16 @@ class GlobalView:
             return "no queue is over its share"
         best: PreemptionPlan | None = None
         for lm_id in self._order:
+            if now is not None and self.silent(lm_id, now):
+                continue
             view = self.lms[lm_id]
             running = [
                 a
                 for a in view.allocations.values()
-                if a.queue == victim_queue and a.task_id not in pledged
+                if a.queue == victim_queue
+                and a.task_id not in pledged
+                and a.task_id not in view.evicted
+                and a.task_id not in view.inflight
             ]
             victims = pick_victims(view.table, task, running)
             if victims is None:

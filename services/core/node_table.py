@@ -239,9 +239,14 @@ class NodeTable:
 
     # ------------------------------------------------------------- helpers
     def partition_free(self) -> np.ndarray:
-        """Free resources summed per owner partition: (num_partitions, NUM_RESOURCES)."""
+        """Free resources summed per owner partition: (num_partitions, NUM_RESOURCES).
+
+        A node booked past its capacity counts as full, not below it: in a GM's view that
+        happens for a moment when two GMs book the same room (the LM refuses one), and a
+        negative sum would take the deficit out of other nodes' real room.
+        """
         out = np.zeros((self.num_partitions, NUM_RESOURCES), dtype=np.int64)
-        np.add.at(out, self.owner, self.free.T)
+        np.add.at(out, self.owner, np.maximum(self.free, 0).T)
         return out
 
     def partition_sizes(self) -> np.ndarray:

@@ -9,9 +9,10 @@ collection walks them either. A lookup tries each generation, newest first.
 
 - ``GrowingMap``: a map that only grows (the load generator's per-task records, which at
   1,080,000 tasks held it ~0.12 s when its four maps grew together).
-- ``RecentInts``: the newest ``bound`` keys with an int each, the oldest forgotten first
-  (an LM's ended attempts, where one ``OrderedDict`` held the LM up to 0.13 s and added
-  ~8 ms to every full collection at 360,000 entries).
+- ``Recent``: the newest ``bound`` keys with a value each, the oldest forgotten first
+  (the job of an LM's ended attempts); ``RecentInts``, with an int each, also keeps the
+  larger of two values (an LM's ended attempts, where one ``OrderedDict`` held the LM up
+  to 0.13 s and added ~8 ms to every full collection at 360,000 entries).
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class GrowingMap(Generic[V]):
             self._gens.append({})
 
 
-class RecentInts(GrowingMap[int]):
+class Recent(GrowingMap[V]):
     """The newest ``bound`` keys put, with the value each was put with last. Forgets one
     entry at a time, oldest first, so ``len`` never exceeds ``bound`` and the kept keys
     are exactly those an ``OrderedDict`` with ``move_to_end`` and ``popitem(last=False)``
@@ -112,20 +113,14 @@ class RecentInts(GrowingMap[int]):
         self._order: list[str] = []  # the oldest generation's keys as they came
         self._next = 0  # the first of them not yet forgotten
 
-    def put(self, key: str, value: int) -> None:
+    def put(self, key: str, value: V) -> None:
         """Remember ``key`` as the newest, with ``value``; forget the oldest past the bound."""
         self._put(key, value, self._holder(key))
 
-    def put_max(self, key: str, value: int) -> None:
-        """``put``, unless ``key`` is kept with a larger value (then nothing changes)."""
-        holder = self._holder(key)
-        if holder is None or holder[key] <= value:
-            self._put(key, value, holder)
-
-    def __setitem__(self, key: str, value: int) -> None:
+    def __setitem__(self, key: str, value: V) -> None:
         self.put(key, value)
 
-    def _put(self, key: str, value: int, holder: dict[str, int] | None) -> None:
+    def _put(self, key: str, value: V, holder: dict[str, V] | None) -> None:
         if holder is not None:
             del holder[key]  # so it goes to the end, as move_to_end would
             self._size -= 1
@@ -152,3 +147,15 @@ class RecentInts(GrowingMap[int]):
             self._order = []
             if not gens:
                 gens.append({})
+
+
+class RecentInts(Recent[int]):
+    """``Recent`` with an int each, which ``put_max`` never lowers."""
+
+    __slots__ = ()
+
+    def put_max(self, key: str, value: int) -> None:
+        """``put``, unless ``key`` is kept with a larger value (then nothing changes)."""
+        holder = self._holder(key)
+        if holder is None or holder[key] <= value:
+            self._put(key, value, holder)

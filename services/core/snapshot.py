@@ -38,6 +38,9 @@ class Allocation:
     version: int = 0  # LM version at which it started (for deltas)
     usage_mean: float = 0.0  # millicores
     usage_var: float = 0.0  # millicores^2
+    # The task's job, on the LM's own books ("" when unknown: not sent to GMs), so that
+    # another job's task with the same id is refused there (task ids are global).
+    job_id: str = ""
 
 
 @dataclass(slots=True, eq=False)

@@ -3,8 +3,9 @@
 Built from the GM's own submissions and from the lifecycle events every LM publishes,
 so any GM can answer for any job it has heard of (an end whose event was lost comes from
 the LM instead: ``open`` lists the tasks whose end is awaited). Bounded: past ``max_jobs``
-jobs or ``max_tasks`` tasks (about 0.2 KB each), the jobs least recently heard of are
-forgotten first.
+jobs or ``max_tasks`` tasks (about 0.23 KB each), the jobs least recently heard of are
+forgotten first. Task ids are global: the book knows which job each of its task ids is of
+(``holder``), so that a GM refuses a second job's task with the same id.
 """
 
 from __future__ import annotations
@@ -53,9 +54,9 @@ class JobRecord:
 
     Each status is kept serialized. Bytes are not tracked by the garbage collector, so a
     GM's 500,000 remembered tasks add almost nothing to its full collections (2.7 ms;
-    as messages, 81.7 ms), and they take 0.20 KB a task instead of 1.09 KB; an update
-    parses and serializes one status, 3.5 instead of 2.4 us
-    (``python scripts/jobbook_bench.py``)."""
+    as messages, 81.7 ms), and they take 0.20 KB a task instead of 1.09 KB (0.23 KB
+    with the book's index of task ids, ``JobBook.holder``); an update parses and
+    serializes one status, 3.5 instead of 2.4 us (``python scripts/jobbook_bench.py``)."""
 
     job_id: str
     queue: str
@@ -80,9 +81,12 @@ class JobRecord:
         parse = global_master_pb2.TaskStatus.FromString
         return [parse(data) for data in self._statuses.values()]
 
-    def store(self, status: global_master_pb2.TaskStatus, before: int | None) -> None:
+    def store(
+        self, status: global_master_pb2.TaskStatus, before: int | None, task_id: str = ""
+    ) -> None:
         """Keep ``status`` as its task's latest; ``before`` is the state it replaces (None
-        for a task new to the job)."""
+        for a task new to the job). ``task_id``, when given, is the string a new task is
+        kept by (the book's index of task ids then shares it)."""
         if before != status.state:
             if before is not None:
                 left = self._by_state[before] - 1
@@ -91,7 +95,7 @@ class JobRecord:
                 else:
                     del self._by_state[before]
             self._by_state[status.state] = self._by_state.get(status.state, 0) + 1
-        self._statuses[status.task_id] = status.SerializeToString()
+        self._statuses[task_id or status.task_id] = status.SerializeToString()
 
     def counts(self) -> dict[int, int]:
         """How many of its tasks are in each state (states with none left out)."""
@@ -128,6 +132,8 @@ class JobBook:
         # Tasks placed or running, by (job id, task id): their ends are awaited. Each
         # status is as of the task's last event (lm, node, attempt).
         self.open: dict[tuple[str, str], global_master_pb2.TaskStatus] = {}
+        # The job each task id was first heard of with (``holder``).
+        self._job_of: dict[str, str] = {}
 
     def get(self, job_id: str) -> JobRecord | None:
         return self.jobs.get(job_id)
@@ -153,11 +159,18 @@ class JobBook:
             self.jobs.move_to_end(job_id)
         return job
 
-    def _counted(self, job: JobRecord) -> None:
-        """One more task, of ``job``, is about to be recorded."""
+    def _counted(self, job: JobRecord, task_id: str) -> None:
+        """One more task, ``task_id`` of ``job``, is about to be recorded."""
         self.task_count += 1
         if self.task_count > self.max_tasks:
             self._trim(job)
+        self._job_of.setdefault(task_id, job.job_id)
+
+    def holder(self, task_id: str, job_id: str) -> str | None:
+        """The job other than ``job_id`` this book knows ``task_id`` of, if any: task ids
+        are global, and an LM takes a second job's task for the first's."""
+        holder = self._job_of.get(task_id)
+        return holder if holder is not None and holder != job_id else None
 
     def _trim(self, keep: JobRecord) -> None:
         """Forget the jobs least recently heard of, never ``keep``, until within bounds."""
@@ -169,15 +182,18 @@ class JobBook:
             self.task_count -= gone.size
             for task_id in gone.task_ids():
                 self.open.pop((gone.job_id, task_id), None)
+                if self._job_of.get(task_id) == gone.job_id:
+                    del self._job_of[task_id]
 
     def queued(self, task: common_pb2.Task) -> None:
         job = self.record(task.job_id, task.queue)
         # A task rejected before (its job's first message was refused) is queued again;
         # a preempted or lost one comes back as its next attempt.
-        status = job.status(task.task_id)
+        task_id = task.task_id
+        status = job.status(task_id)
         if not _holds(status, task):
             if status is None:
-                self._counted(job)
+                self._counted(job, task_id)
             queued = global_master_pb2.TaskStatus(
                 task_id=task.task_id,
                 state=common_pb2.TASK_STATE_QUEUED,
@@ -189,15 +205,16 @@ class JobBook:
                 _carry_previous_end(status, queued, job)
                 queued.earlier_attempts.extend(status.earlier_attempts)
                 _remember_node(queued, status.attempt, status.lm_id, status.node_id)
-            job.store(queued, before=None if status is None else status.state)
+            job.store(queued, None if status is None else status.state, task_id)
             self.open.pop((job.job_id, task.task_id), None)
 
     def apply(self, event: common_pb2.TaskEvent) -> None:
         job = self.record(event.job_id, event.queue)
-        status = job.status(event.task_id)
+        task_id = event.task_id
+        status = job.status(task_id)
         before = None if status is None else status.state
         if status is None:
-            self._counted(job)
+            self._counted(job, task_id)
             status = global_master_pb2.TaskStatus(task_id=event.task_id)
         newer_attempt = event.attempt > status.attempt
         same_attempt_later = event.attempt == status.attempt and _RANK.get(
@@ -225,11 +242,11 @@ class JobBook:
         status.timestamps.CopyFrom(event.timestamps)
         status.pending_reason = event.reason if event.state != common_pb2.TASK_STATE_RUNNING else ""
         status.peak_memory_mb = event.peak_memory_mb
-        job.store(status, before)
+        job.store(status, before, task_id)
         if event.state in _OPEN:
-            self.open[job.job_id, event.task_id] = status
+            self.open[job.job_id, task_id] = status
         else:
-            self.open.pop((job.job_id, event.task_id), None)
+            self.open.pop((job.job_id, task_id), None)
         for watcher in job.watchers:
             watcher.put_nowait(event)
 

@@ -38,6 +38,7 @@ from services.common.bus import Bus, Delivery
 from services.common.config import FederationConfig
 from services.common.convert import (
     InvalidTask,
+    check_submitted,
     parse_task,
     placement_status_from_proto,
     resources_to_proto,
@@ -48,7 +49,14 @@ from services.common.server import channel
 from services.core.autoscale import waiting_shapes
 from services.core.cancels import CancelledJobs
 from services.core.fairness import FairShare, QueueShare, dominant_share
-from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
+from services.core.global_view import (
+    ApplyResult,
+    GlobalView,
+    Placement,
+    PreemptionPlan,
+    silent_after,
+)
+from services.core.ids import id_problem, shown
 from services.core.limits import UNLIMITED, LimitLedger, QueueLimits, limit_to_wire
 from services.core.resources import NUM_RESOURCES, RESOURCE_NAMES
 from services.core.status import PlacementStatus
@@ -73,6 +81,10 @@ log = logging.getLogger("megha.gm")
 MAX_TASKS_PER_JOB = 100_000
 DEFAULT_LISTED_JOBS = 20  # ListJobs without a limit
 MAX_LISTED_JOBS = 1_000
+# Submissions under way at once (SubmitJob calls and SubmitStream messages, each until
+# the broker confirmed its job); past this one is refused RESOURCE_EXHAUSTED, telling
+# the client to retry: an overloaded GM says so at once instead of answering ever later.
+MAX_SUBMISSIONS = 10_000
 ROUND_PER_QUEUE = 512  # tasks taken from each queue per scheduling round
 # Jobs of up to this many tasks are scheduled while the broker confirms them, bigger ones
 # once it has (see SubmitJob).
@@ -83,13 +95,17 @@ CATCH_UP_S = 60.0  # how long a starting GM keeps asking an LM that does not ans
 RECOVER_EVERY_S = 2.0  # how often a GM looks for task ends it never heard of
 UNSTARTED_KEPT = 100_000  # accepted launches remembered until they start
 MAX_REJECTIONS = 20  # an LM rejecting a task this often parks it until the view changes
-# A launch, repartition or preemption the LM has not answered within LM_CALL_TIMEOUT_S is
-# given up and its task placed again, maybe elsewhere. The LM must then not act on it if
-# it reads it late (frozen, overloaded): each request expires LM_ACCEPT_S after it is
-# sent, by the wall clock, and the LM refuses an expired one. The 2 s between the two
-# cover the answer's way back and clocks that differ by up to about a second.
-LM_CALL_TIMEOUT_S = 10.0
-LM_ACCEPT_S = 8.0
+# A launch, repartition or preemption the LM has not answered within lm_call_timeout_s
+# (config; or whose call broke) is in doubt: the LM may have read it, or may read it late (frozen,
+# overloaded). Before its tasks are placed again, the GM fences them on that LM
+# (LookupTasks with a fence lease): the LM says which it holds, and refuses the request
+# if it reads it afterwards (its lease is older). No clock is trusted for that. Only an
+# LM that answers nothing for IN_DOUBT_S has its tasks placed elsewhere unfenced; a late
+# read is then refused by the request's expiry (LM_ACCEPT_S after it was sent, by the
+# wall clock), which holds while the clocks differ by less than the gap between the two.
+LM_ACCEPT_S = 30.0
+IN_DOUBT_S = 60.0
+FENCE_RETRY_S = 1.0  # between tries to fence the tasks of an unanswered request
 OUTPUT_TIMEOUT_S = 8.0  # GetTaskOutput through an LM (which waits 5 s for its worker)
 
 
@@ -164,7 +180,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self.gm_id = gm_id
         self.bus = bus
         self.view = GlobalView(
-            gm_id, config.placement_policy(), config.num_constraints, config.constraint_labels
+            gm_id,
+            config.placement_policy(),
+            config.num_constraints,
+            config.constraint_labels,
+            silent_after_s=silent_after(config.heartbeat_interval_s),
         )
         self.fair = FairShare(
             [QueueShare(q.name, q.share, q.gm) for q in config.effective_queues()]
@@ -194,6 +214,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # Client-named jobs (SubmitJob.job_id) whose submission is under way here: a retry
         # of the same id waits for it (``_submit``).
         self._submitting: dict[str, asyncio.Event] = {}
+        self.max_submissions = MAX_SUBMISSIONS
+        self._submissions = 0  # under way now, of any job id
+        self._overloaded = False  # refusing submissions (said once per spell)
         self.recent = Recent()
         self._stubs = {
             lm.id: local_master_pb2_grpc.LocalMasterStub(channel(lm.target)) for lm in config.lms
@@ -206,7 +229,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self._inflight: set[asyncio.Task] = set()
         self._pledged: set[str] = set()  # victims of preemptions under way
         self.cancelled = CancelledJobs()  # jobs whose tasks are dropped wherever they turn up
-        self._unexpiring: set[str] = set()  # LMs whose clocks disagree with ours
+        # The fencing token of this GM's requests (Task.lease): above every lease of an
+        # earlier life (a restart takes far longer than the nanoseconds counted), raised
+        # by each fence, so a request older than a fence is refused wherever it lands.
+        self._lease = time.time_ns()
+        self._early_expiry_warned: set[str] = set()  # LMs whose clocks look off
         # Tasks an LM accepted from this GM that no event has shown started yet, by id:
         # (LM, when, the wire task). If that LM dies before passing one to its worker,
         # this is the only copy left (see _requeue_lost_starts).
@@ -313,7 +340,34 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             reader.cancel()
 
     async def _submit(self, request) -> global_master_pb2.SubmitJobResponse:
-        """Queue one job, or raise ``Refused`` (what the client is told).
+        """Queue one job, or raise ``Refused`` (what the client is told): RESOURCE_EXHAUSTED
+        while ``max_submissions`` are under way."""
+        for name in ("job_id", "queue"):  # a SubmitStream's are not checked on arrival
+            if problem := id_problem(name, getattr(request, name)):
+                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        if self._submissions >= self.max_submissions:
+            if not self._overloaded:
+                self._overloaded = True
+                log.warning(
+                    "refusing submissions: too many under way",
+                    extra={"under_way": self._submissions, "limit": self.max_submissions},
+                )
+            named = f"job {shown(request.job_id)}" if request.job_id else "the job"
+            raise Refused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this GM has {self._submissions} submissions under way, its limit: {named} "
+                "was not queued; retry it in a moment, backing off (from 0.1 s, doubling, "
+                "up to 5 s)",
+            )
+        self._overloaded = False
+        self._submissions += 1
+        try:
+            return await self._submit_job(request)
+        finally:
+            self._submissions -= 1
+
+    async def _submit_job(self, request) -> global_master_pb2.SubmitJobResponse:
+        """``_submit`` once admitted.
 
         A job the client names (``job_id``) may be a retry, e.g. after a timeout: one
         submission of an id at a time, and a retry queues only the tasks this GM does not
@@ -365,6 +419,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             task.task_id = task.task_id or f"{job_id}.{i}"
             task.job_id, task.queue, task.index = job_id, queue, i
             try:
+                check_submitted(task)
                 spec = parse_task(task, self.config.num_constraints)
             except InvalidTask as err:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
@@ -385,6 +440,16 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         ids = [t.task_id for t in batch.tasks]
         if len(set(ids)) != len(ids):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "task ids must be unique")
+        for task_id in ids:
+            # An LM would take it for the other job's task (two GMs racing are told
+            # apart there: REJECTED_TASK_ID_TAKEN).
+            if (holder := self.jobs.holder(task_id, job_id)) is not None:
+                raise Refused(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"task id {shown(task_id)} is taken by job {shown(holder)}: task ids "
+                    "are unique across the federation; name the task otherwise, or leave "
+                    "its task_id empty",
+                )
         if taken := self.jobs.taken(job_id, batch.tasks):
             if len(taken) == len(ids):  # a retry of a job queued already
                 return global_master_pb2.SubmitJobResponse(job_id=job_id, task_ids=ids)
@@ -586,7 +651,12 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             lmv = self.view.lms[lm_id]
             free = lmv.table.partition_free()
             sizes = lmv.table.partition_sizes()
-            out = reply.lms.add(lm_id=lm_id, version=lmv.version, age_s=now - lmv.updated_at)
+            out = reply.lms.add(
+                lm_id=lm_id,
+                version=lmv.version,
+                age_s=now - lmv.updated_at,
+                silent=self.view.silent(lm_id, now),
+            )
             for p, gm in enumerate(lmv.gm_ids):
                 out.partitions.add(
                     partition=p,
@@ -702,7 +772,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         launching them but before acking the message. Launches are idempotent per LM,
         so without this check a retry on another LM would run them twice."""
         attempts = {t.task_id: t.attempt for t in batch.tasks}
-        replies = await asyncio.gather(*(self._answer(lm_id, attempts) for lm_id in self._stubs))
+        # Fenced too: a launch of the GM that died, still on its way to an LM, must not
+        # start there after this GM has placed the task elsewhere.
+        self._lease += 1
+        lease = self._lease
+        replies = await asyncio.gather(
+            *(self._answer(lm_id, attempts, lease) for lm_id in self._stubs)
+        )
         return {
             known.task_id
             for reply in replies
@@ -712,11 +788,14 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         }
 
     async def _lookup(
-        self, lm_id: str, task_ids: Iterable[str], quiet: bool = False
+        self, lm_id: str, task_ids: Iterable[str], quiet: bool = False, fence_lease: int = 0
     ) -> local_master_pb2.LookupTasksResponse | None:
         """What ``lm_id`` knows of these tasks; None (logged unless ``quiet``) if it did
-        not answer."""
-        request = local_master_pb2.LookupTasksRequest(task_ids=list(task_ids))
+        not answer. With ``fence_lease``, the LM also refuses from then on any request of
+        these tasks with an older lease."""
+        request = local_master_pb2.LookupTasksRequest(
+            task_ids=list(task_ids), fence_lease=fence_lease
+        )
         try:
             return await self._stubs[lm_id].LookupTasks(request, timeout=5)
         except grpc.aio.AioRpcError as err:
@@ -725,7 +804,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             return None
 
     async def _answer(
-        self, lm_id: str, attempts: dict[str, int]
+        self, lm_id: str, attempts: dict[str, int], fence_lease: int = 0
     ) -> local_master_pb2.LookupTasksResponse | None:
         """``_lookup``, asked again until ``lm_id`` answers, for up to ``CATCH_UP_S``: a
         GM and its LMs restarting together (a host, a whole federation) get a message
@@ -734,7 +813,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         on another LM (``tests/integration/test_whole_crash.py``)."""
         deadline = time.monotonic() + CATCH_UP_S
         while True:
-            reply = await self._lookup(lm_id, attempts, quiet=True)
+            reply = await self._lookup(lm_id, attempts, quiet=True, fence_lease=fence_lease)
             if reply is not None:
                 return reply
             if time.monotonic() > deadline:
@@ -806,7 +885,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
     async def _apply_state(self, msg: common_pb2.LocalMasterState) -> None:
         snapshot = snapshot_from_proto(msg, self.config.num_constraints)
-        result = self.view.apply(snapshot, time.monotonic())
+        now = time.monotonic()
+        was_silent = msg.lm_id in self.view.lms and self.view.silent(msg.lm_id, now)
+        result = self.view.apply(snapshot, now)
         if result is ApplyResult.NEEDS_FULL:
             stub = self._stubs.get(msg.lm_id)
             if stub is None:
@@ -822,7 +903,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         if msg.sent_unix_nanos:
             age = max(0.0, (time.time_ns() - msg.sent_unix_nanos) / 1e9)
             metrics.HEARTBEAT_AGE_SECONDS.labels(self.gm_id).observe(age)
-        if result is ApplyResult.APPLIED and self.queues.unpark():
+        # An LM heard again after a silence may hold room though its books did not change
+        # (its heartbeat is then STALE): what waits for room is tried again.
+        back = was_silent and not self.view.silent(msg.lm_id, time.monotonic())
+        if (result is ApplyResult.APPLIED or back) and self.queues.unpark():
             self._wake.set()
 
     async def _on_events(self, routing_key: str, body: bytes) -> None:
@@ -834,7 +918,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self.jobs.apply(event)
             if event.state not in (common_pb2.TASK_STATE_QUEUED, common_pb2.TASK_STATE_PLACED):
                 unstarted = self._unstarted.get(event.task_id)
-                if unstarted is not None and event.attempt >= unstarted[2].attempt:
+                if (
+                    unstarted is not None
+                    and event.attempt >= unstarted[2].attempt
+                    and event.job_id == unstarted[2].job_id  # not another job's, refused
+                ):
                     del self._unstarted[event.task_id]
             if event.state in ENDED:
                 freed |= self.view.release(
@@ -1008,7 +1096,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             if shape in failed:
                 self._wait(queue, item, failed[shape])
                 continue
-            placement = self.view.match(item.spec)
+            placement = self.view.match(item.spec, now=time.monotonic())
             if placement is None:
                 reason = self._unplaceable(queue, item)
                 if reason is not None:
@@ -1066,14 +1154,15 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
         Returns why the task waits, or None when a preemption was started for it."""
         if len(self.fair.queues) > 1:
-            plan = self.view.preemption_plan(item.spec, self.fair, self._pledged)
+            plan = self.view.preemption_plan(
+                item.spec, self.fair, self._pledged, now=time.monotonic()
+            )
             if isinstance(plan, PreemptionPlan):
                 # Pledge the victims so no other task picks them while the request is
-                # out, and book the task on the node so nothing else is placed there.
-                # The victims stay in the view: if the LM refuses, they still run.
+                # out, and book the task on the node in their place (the view gives
+                # their room back to it, and takes it again if the LM refuses).
                 self._pledged.update(plan.victims.task_ids)
-                node = Placement(plan.lm_id, plan.victims.node, plan.node_id, False)
-                self.view.reserve(node, item.spec, now=time.monotonic())
+                self.view.reserve_preemption(plan, item.spec, now=time.monotonic())
                 self._spawn_launch([item], self._preempt(queue, item, plan))
                 return None
             # Why fairness cannot help, then what the task waits for: "queue q1 is over
@@ -1112,6 +1201,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         stub = self._stubs[lm_id]
         lmv = self.view.lms.get(lm_id)
         known = lmv.version if lmv is not None else 0
+        for item, _ in items:
+            item.task.lease = self._lease
         placements = [
             local_master_pb2.Placement(task=item.task, node_index=placement.node)
             for item, placement in items
@@ -1127,7 +1218,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                         known_version=known,
                         expires_unix_nanos=self._expiry(lm_id),
                     ),
-                    timeout=LM_CALL_TIMEOUT_S,
+                    timeout=self.config.lm_call_timeout_s,
                 )
             else:
                 reply = await self._launchers[lm_id].launch(
@@ -1137,16 +1228,19 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                         known_version=known,
                         expires_unix_nanos=self._expiry(lm_id),
                     ),
-                    timeout=LM_CALL_TIMEOUT_S,
+                    timeout=self.config.lm_call_timeout_s,
                 )
         except grpc.aio.AioRpcError as err:
             log.warning(
-                "launch failed; retrying elsewhere",
+                "launch not answered; fencing it before placing its tasks again",
                 extra={"lm": lm_id, "code": err.code().name, "tasks": len(items)},
             )
             self.view.forget(lm_id)  # until its next heartbeat proves it is back
+            held = await self._settle(lm_id, [item for item, _ in items])
             for item, _ in items:
-                if not self._dropped_if_refused(item):
+                if item.task.task_id in held:  # it took it after all
+                    await self._accepted(lm_id, item)
+                elif not self._dropped_if_refused(item):
                     self.queues.push_front(item.task.queue, item)
             self._wake.set()
             return
@@ -1171,29 +1265,69 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 log.error("an LM refused a malformed task", extra={"lm": lm_id, "why": reason})
                 self._event(item.task, common_pb2.TASK_STATE_REJECTED, f"{lm_id}: {reason}")
                 await self._launched(item.batch)
+            elif status is PlacementStatus.REJECTED_TASK_ID_TAKEN:
+                await self._id_taken(lm_id, item, reason)
             else:
                 self._rejected(lm_id, item, status, reason)
         if rejected:
             self._wake.set()
 
     def _expiry(self, lm_id: str) -> int:
-        """``expires_unix_nanos`` for a request to ``lm_id`` sent now (0: never)."""
-        if lm_id in self._unexpiring:
-            return 0
-        return time.time_ns() + int(LM_ACCEPT_S * 1e9)
+        """``expires_unix_nanos`` for a request to ``lm_id`` sent now."""
+        accept_s = max(LM_ACCEPT_S, 2 * self.config.lm_call_timeout_s)
+        return time.time_ns() + int(accept_s * 1e9)
+
+    async def _settle(self, lm_id: str, items: list[Pending]) -> set[str]:
+        """Fence ``items`` on ``lm_id`` after a request of them went unanswered: the LM
+        says which it holds (at their attempt or a later one), and refuses the request
+        if it reads it only now. Returns the ids it holds; the others may be placed
+        again. Asked again until it answers, for up to ``IN_DOUBT_S``: an LM that said
+        nothing has not said it will not run them."""
+        self._lease += 1
+        lease = self._lease
+        attempts = {item.task.task_id: item.task.attempt for item in items}
+        deadline = time.monotonic() + IN_DOUBT_S
+        self.counters["fences"] += 1
+        while True:
+            reply = await self._lookup(lm_id, attempts, quiet=True, fence_lease=lease)
+            if reply is not None:
+                return {k.task_id for k in reply.tasks if k.attempt >= attempts[k.task_id]}
+            if time.monotonic() > deadline or self._closed:
+                log.error(
+                    "an LM answered neither a request nor its fence; its tasks are placed "
+                    "elsewhere, and the request's expiry must refuse it if read later",
+                    extra={"lm": lm_id, "tasks": len(items), "waited_s": IN_DOUBT_S},
+                )
+                return set()
+            await asyncio.sleep(FENCE_RETRY_S)
 
     def _rejected(self, lm_id: str, item: Pending, status: PlacementStatus, reason: str) -> None:
-        if status is PlacementStatus.REJECTED_EXPIRED and lm_id not in self._unexpiring:
-            # Refused as expired, yet answered before this GM gave up: the two clocks
-            # disagree by more than the margin, and every request would be refused.
-            # Requests to that LM no longer expire (one it reads late could run twice).
-            self._unexpiring.add(lm_id)
+        if status is PlacementStatus.REJECTED_EXPIRED and lm_id not in self._early_expiry_warned:
+            # Refused as expired, yet answered before this GM gave up: delivered late
+            # (the LM was paused or overloaded), or the two clocks disagree. Retried like
+            # any refusal; nothing is inferred from it (a fence, not a clock, keeps a
+            # late request from running twice).
+            self._early_expiry_warned.add(lm_id)
             log.error(
-                "an LM refused a request as expired before this GM gave up on it: their "
-                "clocks disagree; requests to it will not expire (sync the clocks, then "
-                "restart this GM)",
+                "an LM refused a request as expired before this GM gave up on it: it read "
+                f"it late, or its clock is more than {LM_ACCEPT_S:g} s ahead of this GM's "
+                "(if every request to it is refused, sync the clocks)",
                 extra={"lm": lm_id, "why": reason},
             )
+        if status is PlacementStatus.REJECTED_TASK_ID_TAKEN:  # (a preemption's refusal)
+            self._spawn(self._id_taken(lm_id, item, reason))
+            return
+        if status is PlacementStatus.REJECTED_FENCED:
+            if item.task.lease < self._lease:  # this GM fenced it since: sent again
+                self.queues.push_front(item.task.queue, item)
+                return
+            # Fenced above this GM's own lease: another GM took over its queue message
+            # (this one lost its broker connection), and that one owns it now.
+            log.warning(
+                "a task was fenced by a newer GM; this one lets it go",
+                extra={"lm": lm_id, "task_id": item.task.task_id},
+            )
+            return
         if self._dropped_if_refused(item) or self._dropped_if_cancelled(item):
             return
         if status is PlacementStatus.REJECTED_CANCELLED:  # the LM heard it first
@@ -1218,7 +1352,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self._pledged.difference_update(plan.victims.task_ids)
         if reply is None:
             self.view.release(plan.lm_id, item.task.task_id)
-            if not self._dropped_if_refused(item) and not self._dropped_if_cancelled(item):
+            if item.task.task_id in await self._settle(plan.lm_id, [item]):
+                await self._accepted(plan.lm_id, item)  # it took it after all
+            elif not self._dropped_if_refused(item) and not self._dropped_if_cancelled(item):
                 self.queues.park(queue, item)
             return
         result = reply.results[0]
@@ -1235,6 +1371,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self._wake.set()
 
     async def _preempt_call(self, plan: PreemptionPlan, item: Pending, lmv):
+        item.task.lease = self._lease
         try:
             return await self._stubs[plan.lm_id].Preempt(
                 local_master_pb2.PreemptRequest(
@@ -1245,11 +1382,23 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     known_version=lmv.version if lmv is not None else 0,
                     expires_unix_nanos=self._expiry(plan.lm_id),
                 ),
-                timeout=LM_CALL_TIMEOUT_S,
+                timeout=self.config.lm_call_timeout_s,
             )
         except grpc.aio.AioRpcError as err:
             log.warning("Preempt failed", extra={"lm": plan.lm_id, "code": err.code().name})
             return None
+
+    async def _id_taken(self, lm_id: str, item: Pending, reason: str) -> None:
+        """An LM holds the task's id as another job's (two GMs took the two jobs at once,
+        or this GM has forgotten the other): it can never run as that id, so it ends
+        REJECTED, for every GM to see, instead of waiting in its queue for ever."""
+        log.warning(
+            "an LM holds a task's id as another job's; the task is rejected",
+            extra={"lm": lm_id, "job_id": item.task.job_id, "task_id": item.task.task_id},
+        )
+        why = f"{lm_id}: {reason}"
+        self._publish_ends([self._event(item.task, common_pb2.TASK_STATE_REJECTED, why)])
+        await self._launched(item.batch)
 
     def _dropped_if_refused(self, item: Pending) -> bool:
         """A task of a job the broker did not confirm ends here, rejected, instead of

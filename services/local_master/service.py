@@ -193,8 +193,12 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         accepted and never ended (``orphans`` until a worker names it)."""
         began = time.monotonic()
         recalled = journal.load()
+        # The journal keeps whole events (with their job) of the newest endings only: of
+        # older ones the job is not known, and another job's task with that id is then
+        # taken for a repeat (a DUPLICATE), as before task ids were checked.
+        jobs = {event.task_id: event.job_id for event in recalled.events}
         for task_id, attempt in recalled.attempts:
-            self.state.remember_ended(task_id, attempt)
+            self.state.remember_ended(task_id, attempt, jobs.get(task_id, ""))
         for event in recalled.events:
             self.endings[event.task_id] = event.SerializeToString()
         self.orphans = {task.task_id: task for task in recalled.accepted}
@@ -303,11 +307,13 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             if isinstance(spec, Decision):  # malformed: the books are not involved
                 results.append(self._result(placement.task.task_id, spec, kind))
                 continue
+            older = self.state.allocations.get(spec.task_id)
             decision = self._refuse_cancelled(placement.task) or place(
                 request.gm_id, spec, placement.node_index
             )
             results.append(self._result(spec.task_id, decision, kind))
-            if decision.status.name == "ACCEPTED":
+            if decision.status is PlacementStatus.ACCEPTED:
+                self._supersede(older)
                 accepted.append(self._start(placement.task, decision.allocation, received))
             rejected |= not decision.ok and decision.status is not CANCELLED
         reply: dict = {"results": results}
@@ -337,10 +343,14 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         reply = local_master_pb2.PreemptResponse(
             results=[self._result(spec.task_id, decision, "preempt")]
         )
-        if decision.status.name == "ACCEPTED":
+        if decision.status is PlacementStatus.ACCEPTED:
+            # Every kill is queued for its worker before the first re-queue is awaited:
+            # the GM may place a victim's next attempt on this very node as soon as the
+            # broker has it, and the worker must read this attempt's kill first.
+            for victim in decision.preempted:
+                self._send(victim.node, kill=(victim.task_id, victim.attempt, "preempted"))
             for victim in decision.preempted:
                 await self._requeue(victim, common_pb2.TASK_STATE_PREEMPTED, "preempted")
-                self._send(victim.node, kill=(victim.task_id, "preempted"))
             metrics.PREEMPTIONS.labels(self.lm_id).inc(len(decision.preempted))
             reply.preempted_task_ids.extend(v.task_id for v in decision.preempted)
             await self._journal_accepted([self._start(request.task, decision.allocation, received)])
@@ -393,7 +403,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             self.state.release(task.task_id)
             del self.tasks[task.task_id]
             self._event(task, common_pb2.TASK_STATE_CANCELLED, allocation.node, reason)
-            self._send(allocation.node, kill=(task.task_id, f"cancelled: {reason}"))
+            self._send(
+                allocation.node, kill=(task.task_id, allocation.attempt, f"cancelled: {reason}")
+            )
             metrics.TASKS_FINISHED.labels(self.lm_id, "cancelled").inc()
         if doomed:
             log.info(
@@ -472,8 +484,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         held = {t.job_id for t in request.running_tasks if t.job_id in self.cancelled}
         if held:  # cancelled after this LM restarted, before the worker came back
             self._cancel_booked(held)
-        for task_id in stale:
-            self._send(node, kill=(task_id, "this attempt ended on the LM's books"))
+        for task_id, attempt in stale:
+            self._send(node, kill=(task_id, attempt, "this attempt ended on the LM's books"))
         for allocation in lost:
             await self._requeue(
                 allocation,
@@ -490,14 +502,15 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
 
     def _take_back(
         self, node: int, request, session: WorkerSession
-    ) -> tuple[list[str], list[Allocation]]:
+    ) -> tuple[list[tuple[str, int]], list[Allocation]]:
         """Square the books with what a registering worker holds. What it holds that the
         books do not is booked: after an LM restart they are empty, and without this the
         tasks would run unbooked and their ends never reach anyone; its reports then go
         the usual way. What the books hold on the node that the worker neither holds nor
         is yet to be sent was lost with it (a worker process that died and came back
         before the watchdog noticed): released, for the caller to re-queue. Returns (the
-        running tasks to kill: attempts these books saw end; the lost allocations)."""
+        running attempts to kill, by (id, attempt): these books saw them end or fenced
+        them; the lost allocations)."""
         named = {t.task_id for t in request.running_tasks}
         named.update(t.task_id for t in request.finished_tasks)
         named.update(c.start.task.task_id for c in session.commands if c.HasField("start"))
@@ -510,7 +523,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         ]
         for allocation in lost:
             self.state.release(allocation.task_id)
-        stale: list[str] = []
+        stale: list[tuple[str, int]] = []
         adopted = 0
         for held, running in itertools.chain(
             zip(request.running_tasks, itertools.repeat(True)),
@@ -529,7 +542,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 continue  # known: a worker reconnecting to the LM it left
             if self.state.adopt(spec, node) is None:
                 if running:
-                    stale.append(held.task_id)
+                    stale.append((held.task_id, held.attempt))
                 continue
             task = self.tasks[held.task_id] = common_pb2.Task().FromString(held.SerializeToString())
             if self.journal is not None:  # a later restart must know it too
@@ -567,7 +580,16 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                     # makes it register again and say what it still runs, so what it
                     # runs of those tasks is killed (see _take_back), not run twice.
                     return
-                await self._on_heartbeat(session, beat)
+                try:
+                    await self._on_heartbeat(session, beat)
+                except Exception:
+                    # A fault here, not in the stream: said, or the worker's stream would
+                    # just end, as a broken one does, with nothing in any log.
+                    log.exception(
+                        "handling a worker's heartbeat failed; ending its stream",
+                        extra={"node_id": session.node_id},
+                    )
+                    raise
 
         async def write() -> None:
             commands = session.commands
@@ -648,11 +670,14 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
 
     async def LookupTasks(self, request, context):
         reply = local_master_pb2.LookupTasksResponse()
+        held: set[str] = set()
         for task_id in request.task_ids:
             known = self.state.known_attempt(task_id)
             orphan = self.orphans.get(task_id)
             if known is None and orphan is not None:
                 known = orphan.attempt, True  # not ended: a worker may still name it
+            if known is not None and known[1]:
+                held.add(task_id)
             if known is not None:
                 ended = self.endings.get(task_id)
                 reply.tasks.add(
@@ -661,6 +686,15 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                     running=known[1],
                     last_ended=None if ended is None else common_pb2.TaskEvent.FromString(ended),
                 )
+        if request.fence_lease:
+            # In the same step as the answer: a request of these tasks read after it,
+            # with an older lease, does nothing (see ClusterState.fence). What this LM
+            # holds (booked, or accepted before a restart and not yet named by its
+            # worker) is left alone: the GM counts it as launched, and its worker's
+            # copy must still be taken back when it registers.
+            for task_id in request.task_ids:
+                if task_id not in held:
+                    self.state.fence(task_id, request.fence_lease)
         return reply
 
     async def ListTasks(self, request, context):
@@ -685,7 +719,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         for report in beat.reports:
             await self._on_report(session.node, report)
         if beat.leaving and self.state.table.is_alive(session.node):
-            await self.mark_dead(session.node, f"its worker {session.node_id} shut down")
+            await self.mark_dead(session.node, f"its worker {session.node_id} shut down", left=True)
         elif beat.want_ack and now - session.acked_at >= ACK_EVERY_S:
             # Queued after the commands this heartbeat caused: what the worker reads
             # before it is what the LM decided knowing the heartbeat.
@@ -768,13 +802,25 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         self._event(task, common_pb2.TASK_STATE_PLACED, allocation.node, "")
         return task
 
+    def _supersede(self, older: Allocation | None) -> None:
+        """An older attempt the books held when a newer one of its task was accepted
+        (the books replaced it): it ends LOST, and its worker kills it, so that two
+        attempts of one task never run at once."""
+        if older is None:  # (accepted over an older attempt only by replacing it)
+            return
+        self._send(older.node, kill=(older.task_id, older.attempt, "superseded"))
+        task = self.tasks.get(older.task_id)
+        if task is not None and task.attempt == older.attempt:
+            del self.tasks[older.task_id]
+            self._event(task, common_pb2.TASK_STATE_LOST, older.node, "superseded")
+
     def _unorphan(self, task_id: str, attempt: int) -> None:
         """This attempt of the task (or a later one) is held again: no orphan any more."""
         orphan = self.orphans.get(task_id)
         if orphan is not None and orphan.attempt <= attempt:
             del self.orphans[task_id]
 
-    def _send(self, node: int, start=None, kill: tuple[str, str] | None = None) -> None:
+    def _send(self, node: int, start=None, kill: tuple[str, int, str] | None = None) -> None:
         session = self.sessions.get(node)
         if session is None:
             return
@@ -782,8 +828,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             command = local_master_pb2.WorkerCommand(start=local_master_pb2.StartTask(task=start))
         else:
             assert kill is not None
+            task_id, attempt, reason = kill
             command = local_master_pb2.WorkerCommand(
-                kill=local_master_pb2.KillTask(task_id=kill[0], reason=kill[1])
+                kill=local_master_pb2.KillTask(task_id=task_id, attempt=attempt, reason=reason)
             )
         session.commands.append(command)
         session.ready.set()
@@ -792,9 +839,10 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         self, allocation: Allocation, state: int, reason: str, peak_memory_mb: int = 0
     ) -> None:
         """A task that lost its place goes back to its user queue as the next attempt."""
-        task = self.tasks.pop(allocation.task_id, None)
-        if task is None:
-            return
+        task = self.tasks.get(allocation.task_id)
+        if task is None or task.attempt != allocation.attempt:
+            return  # requeued already, or a later attempt runs here now
+        del self.tasks[allocation.task_id]
         self._event(task, state, allocation.node, reason, peak_memory_mb)
         task.attempt = allocation.attempt
         await enqueue_next_attempt(self.bus, task)
@@ -979,7 +1027,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         while self.orphans:
             # Ended on the books first: a worker naming it meanwhile has its copy killed.
             task = self.orphans.pop(next(iter(self.orphans)))  # oldest first
-            self.state.remember_ended(task.task_id, task.attempt)
+            self.state.remember_ended(task.task_id, task.attempt, task.job_id)
             while True:
                 try:
                     await enqueue_next_attempt(self.bus, task)
@@ -999,7 +1047,10 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 if now - session.last_seen > timeout and self.state.table.is_alive(session.node):
                     await self.mark_dead(session.node, f"no heartbeat for {timeout:g} s")
 
-    async def mark_dead(self, node: int, reason: str) -> None:
+    async def mark_dead(self, node: int, reason: str, left: bool = False) -> None:
+        """Take ``node`` out and re-queue its tasks; ``left``: its worker said it shuts
+        down (an operator's stop, a scale-down), which is no fault: said at info level
+        when it ran nothing, so that stopping a federation is quiet."""
         lost = self.state.set_alive(node, False)
         self._count_workers()
         session = self.sessions.get(node)
@@ -1007,8 +1058,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             # Its tasks go back to their queues: a start still waiting for the worker's
             # stream must not reach it if it comes back, or the task would run twice.
             session.commands.clear()
-        log.warning(
-            "worker lost",
+        quiet = left and not lost
+        (log.info if quiet else log.warning)(
+            "worker left" if left else "worker lost",
             extra={"node_id": self.state.table.node_ids[node], "tasks": len(lost), "why": reason},
         )
         by_queue: dict[str, int] = defaultdict(int)

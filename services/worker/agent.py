@@ -193,6 +193,11 @@ class WorkerAgent:
         self._registration_slots = registration_slots
         self._rng = rng or random.Random()
         self._running: dict[str, _Running] = {}
+        # Starts of a task's next attempt that came while an older attempt of it still
+        # ran here (the LM ended that one on its books: preempted, lost, retried): the
+        # older one is killed and the newer starts once it has ended, so two attempts of
+        # one task never run at once.
+        self._next: dict[str, common_pb2.Task] = {}
         self._outbox: list[local_master_pb2.TaskReport] = []
         self._sent: deque[_Sent] = deque()  # written on the current stream, newest last
         # The tasks of the final reports in the outbox or in _sent, by (id, attempt): a
@@ -361,7 +366,10 @@ class WorkerAgent:
             worker_address=self.address,
             capacity=resources_to_proto(self.capacity),
             constraints=self.constraints,
-            running_tasks=[entry.task for entry in self._running.values()],
+            running_tasks=[
+                *(entry.task for entry in self._running.values()),
+                *self._next.values(),
+            ],
             finished_tasks=list(self._owed.values()),
         )
         async with self._registration_slots or contextlib.nullcontext():
@@ -490,7 +498,8 @@ class WorkerAgent:
                 for task in command.starts.tasks:
                     self._start(task)
             elif kind == "kill":
-                self._on_kill(command.kill.task_id, command.kill.reason)
+                kill = command.kill
+                self._on_kill(kill.task_id, kill.attempt, kill.reason)
             elif kind == "ack":
                 self._acked(command.ack.heartbeat_sent_unix_nanos)
             elif kind == "output":
@@ -564,6 +573,10 @@ class WorkerAgent:
         doomed = [e for e in self._running.values() if e.kill_state is None]
         for entry in doomed:
             self._kill(entry, LOST, message)
+        for task in self._next.values():  # never to start: the LM runs them elsewhere
+            task.timestamps.finished_unix_nanos = time.time_ns()
+            self._send(task, LOST, message=message)
+        self._next.clear()
         if doomed:
             self.fenced += len(doomed)
             log.warning(
@@ -574,11 +587,38 @@ class WorkerAgent:
     # ---------------------------------------------------------------- the tasks
     def _start(self, task: common_pb2.Task) -> None:
         task_id = task.task_id
-        if task_id in self._running or (task_id, task.attempt) in self._owed:
+        entry = self._running.get(task_id)
+        parked = self._next.get(task_id)
+        known = [e.task.attempt for e in (entry,) if e is not None]
+        known += [parked.attempt] if parked is not None else []
+        if task.attempt in known or (task_id, task.attempt) in self._owed:
             # A start the LM wrote again: on its worker's next stream, after the old one
             # ended during the write (a replaced or broken stream). An attempt that ended
             # here is owed its report, not a second run.
-            log.info("duplicate start ignored", extra={"node_id": self.node_id, "task_id": task_id})
+            log.info(
+                "duplicate start ignored",
+                extra={"node_id": self.node_id, "task_id": task_id, "attempt": task.attempt},
+            )
+            return
+        if known and max(known) > task.attempt:
+            log.warning(
+                "start of an older attempt ignored",
+                extra={"node_id": self.node_id, "task_id": task_id, "attempt": task.attempt},
+            )
+            return
+        if entry is not None:
+            # The LM ended the attempt running here (its kill may still be on its way)
+            # and granted the next: that one waits until this one is gone.
+            if parked is not None:  # superseded before it could start: it never ran
+                task_ended = parked.timestamps
+                task_ended.finished_unix_nanos = time.time_ns()
+                self._send(parked, LOST, message=f"superseded by attempt {task.attempt}")
+            self._next[task_id] = task
+            self._kill(entry, LOST, f"superseded by attempt {task.attempt}")
+            log.info(
+                "next attempt waits for the older one to end",
+                extra={"node_id": self.node_id, "task_id": task_id, "attempt": task.attempt},
+            )
             return
         stamps = task.timestamps
         stamps.worker_received_unix_nanos = time.time_ns()
@@ -626,7 +666,9 @@ class WorkerAgent:
 
     def _finish(self, task: common_pb2.Task, result: ExecutionResult) -> None:
         task_id = task.task_id
-        self._running.pop(task_id, None)
+        entry = self._running.get(task_id)
+        if entry is not None and entry.task is task:
+            del self._running[task_id]
         task.timestamps.finished_unix_nanos = time.time_ns()
         self._send(task, result.state, result.exit_code, result.message, result.peak_memory_mb)
         log.debug(
@@ -638,16 +680,27 @@ class WorkerAgent:
                 "exit_code": result.exit_code,
             },
         )
+        waiting = self._next.pop(task_id, None)
+        if waiting is not None and task_id not in self._running:
+            self._start(waiting)
 
-    def _on_kill(self, task_id: str, reason: str) -> None:
+    def _on_kill(self, task_id: str, attempt: int, reason: str) -> None:
+        """Kill ``attempt`` of ``task_id``; another attempt of it is not touched (the
+        LM may have granted the next one on this very node before the kill arrived)."""
+        state = PREEMPTED if reason.lower().startswith("preempt") else FAILED
+        parked = self._next.get(task_id)
+        if parked is not None and parked.attempt == attempt:  # killed before it started
+            del self._next[task_id]
+            parked.timestamps.finished_unix_nanos = time.time_ns()
+            self._send(parked, state, exit_code=-1, message=f"killed: {reason}")
+            return
         entry = self._running.get(task_id)
-        if entry is None:
+        if entry is None or entry.task.attempt != attempt:
             log.info(
-                "kill for a task not running here",
-                extra={"node_id": self.node_id, "task_id": task_id},
+                "kill for an attempt not running here",
+                extra={"node_id": self.node_id, "task_id": task_id, "attempt": attempt},
             )
             return
-        state = PREEMPTED if reason.lower().startswith("preempt") else FAILED
         self._kill(entry, state, f"killed: {reason}" if reason else "killed")
         log.info("task killed", extra={"node_id": self.node_id, "task_id": task_id})
 

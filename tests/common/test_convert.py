@@ -11,7 +11,9 @@ from hypothesis.extra import numpy as hnp
 
 from services._proto.megha.v1 import common_pb2, local_master_pb2
 from services.common.convert import (
+    MAX_ATTEMPT,
     InvalidTask,
+    check_submitted,
     next_attempt,
     parse_task,
     partition_totals,
@@ -289,7 +291,7 @@ def test_task_asking_for_nothing_is_rejected() -> None:
             common_pb2.Task(
                 task_id="t-5", resources=common_pb2.Resources(cpu_milli=1), job_id="j" * 257
             ),
-            "job_id is 257 characters long; at most 256",
+            r"job_id 'j+\.\.\.' is 257 bytes long; at most 256",
         ),
         (
             common_pb2.Task(
@@ -334,8 +336,15 @@ def test_parse_task_names_the_task_and_the_reason(task: common_pb2.Task, reason:
     assert parse_task(good, NUM_CONSTRAINTS).task_id == "t-6"
     longest = common_pb2.Task(task_id="t" * 256, resources=common_pb2.Resources(cpu_milli=5))
     assert parse_task(longest, NUM_CONSTRAINTS).task_id == "t" * 256
-    with pytest.raises(InvalidTask, match="task_id is 257 characters long; at most 256"):
+    with pytest.raises(InvalidTask, match=r"task_id 't+\.\.\.' is 257 bytes long; at most 256"):
         parse_task(common_pb2.Task(task_id="t" * 257, resources=longest.resources), 21)
+    # A megabyte id is not echoed back: the message names it cut short.
+    with pytest.raises(InvalidTask, match="is 1000000 bytes long") as huge:
+        parse_task(common_pb2.Task(task_id="t" * 10**6, resources=longest.resources), 21)
+    assert len(str(huge.value)) < 200
+    # Bytes, not characters: 200 three-byte characters are 600 bytes.
+    with pytest.raises(InvalidTask, match=r"job_id '€+\.\.\.' is 600 bytes long"):
+        parse_task(common_pb2.Task(task_id="t", job_id="€" * 200, resources=longest.resources), 21)
 
 
 @given(
@@ -419,3 +428,28 @@ def test_next_attempt_is_a_copy_that_keeps_only_the_submission_time():
         submitted_unix_nanos=10, queued_unix_nanos=30
     )
     assert task.attempt == 2 and task.timestamps.started_unix_nanos == 20  # untouched
+
+
+def test_no_task_is_placed_whose_next_attempt_could_not_be_numbered():
+    """Task.attempt is a uint32: a task placed as attempt 2**32 - 1 could not be queued
+    again (a retry, a preemption, a lost node), and the LM's failure to write its next
+    attempt ended its worker's heartbeat stream. Such a task is never placed."""
+    last = common_pb2.Task(task_id="t", resources=common_pb2.Resources(cpu_milli=1))
+    last.attempt = MAX_ATTEMPT
+    assert parse_task(last, NUM_CONSTRAINTS).attempt == 2**32 - 2
+    assert next_attempt(last, 0).attempt == 2**32 - 1  # still fits
+    beyond = next_attempt(last, 0)
+    with pytest.raises(InvalidTask, match="attempt is 4294967295; at most 4294967294"):
+        parse_task(beyond, NUM_CONSTRAINTS)
+    with pytest.raises(InvalidTask, match="attempt 4294967295 has no next attempt"):
+        next_attempt(beyond, 0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("attempt", 2**32 - 1), ("attempt", 1), ("lease", 7), ("failures", 3)]
+)
+def test_a_submitted_task_may_not_set_what_the_federation_sets(field: str, value: int) -> None:
+    check_submitted(common_pb2.Task(task_id="t"))
+    submitted = common_pb2.Task(task_id="t", **{field: value})
+    with pytest.raises(InvalidTask, match=f"^task t: {field} is {value}, but .*: leave it 0$"):
+        check_submitted(submitted)

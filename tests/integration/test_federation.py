@@ -21,7 +21,6 @@ from services._proto.megha.v1 import (
     local_master_pb2_grpc,
 )
 from services.common.server import channel
-from services.global_master.service import LM_CALL_TIMEOUT_S
 from services.local_master.journal import FLUSH_S
 from services.worker.agent import REDELIVERY_WINDOW_S
 from tests.docker_engine import local_image, needs_docker
@@ -567,17 +566,20 @@ async def test_a_restarted_lm_neither_reruns_nor_forgets_what_ended_on_it(tmp_pa
         assert "recalled the tasks that ended here" in fed.log("lm-lm-1")
 
 
-async def test_a_launch_an_lm_reads_after_the_gm_gave_up_on_it_is_refused(tmp_path):
+async def test_a_launch_an_lm_reads_after_the_gm_gave_up_on_it_runs_once(tmp_path):
     # A frozen LM (SIGSTOP) reads the GM's launches when it resumes, but the GM gave up
-    # on them after LM_CALL_TIMEOUT_S and placed the tasks on the other LM. Before the
-    # requests expired, those tasks ran on both LMs (8 of 16 succeeded twice). The
+    # on them after lm_call_timeout_s. Before expiries, those tasks ran on both LMs (8 of
+    # 16 succeeded twice). Now the GM fences them on the frozen LM before placing them
+    # again: whichever the LM reads first, the launch or the fence, each runs once. The
     # workers' timeout is long so that the LM, resumed, still takes its nodes for alive.
-    async with Federation(tmp_path, gms=1, lms=2, workers_per_lm=4, worker_timeout_s=30) as fed:
+    async with Federation(
+        tmp_path, gms=1, lms=2, workers_per_lm=4, worker_timeout_s=30, lm_call_timeout_s=2
+    ) as fed:
         lm = fed.children.procs["lm-lm-1"]
         lm.send_signal(signal.SIGSTOP)
         try:
             reply = await fed.gm().submit(sim_tasks(16, 0.5))
-            await asyncio.sleep(LM_CALL_TIMEOUT_S + 2)
+            await asyncio.sleep(4)
         finally:
             lm.send_signal(signal.SIGCONT)
         await fed.events.wait_succeeded(set(reply.task_ids), timeout_s=30)
@@ -586,7 +588,7 @@ async def test_a_launch_an_lm_reads_after_the_gm_gave_up_on_it_is_refused(tmp_pa
         assert (
             max(Counter(e.task_id for e in fed.events.events if e.state == RUNNING).values()) == 1
         )
-        assert "refused a request read after the GM gave up on it" in fed.log("lm-lm-1")
+        assert "fencing it before placing its tasks again" in fed.log("gm-gm-1")
 
 
 async def test_a_gm_stopped_for_a_while_goes_on_where_it_was(tmp_path):

@@ -95,3 +95,46 @@ async def test_an_ack_moves_the_contact_to_the_heartbeat_it_names_whatever_the_w
     assert agent._contact == 2.0 and list(agent._unacked) == [(60, 3.0)]
     agent._acked(60)
     assert agent._contact == 3.0 and not agent._unacked
+
+
+def _sim_task(task_id: str, attempt: int, seconds: float):
+    from services._proto.megha.v1 import common_pb2
+
+    task = common_pb2.Task(task_id=task_id, attempt=attempt)
+    task.resources.cpu_milli, task.resources.memory_mb = 1000, 256
+    task.sim.duration_s = seconds
+    return task
+
+
+async def test_a_start_of_the_next_attempt_waits_for_the_older_one_and_its_kill_spares_it():
+    # The LM preempted attempt 0 and granted attempt 1 on this node; the start of 1 came
+    # before the kill of 0. Two attempts never run at once, and the kill (which names
+    # attempt 0) does not take attempt 1 with it. Before, the start was ignored as a
+    # duplicate and the kill removed the task: attempt 1 never ran.
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{closed_port()}") as channel:
+        await _supersede(WorkerAgent("w0", CAPACITY, [], channel))
+
+
+async def _supersede(agent: WorkerAgent) -> None:
+    from services._proto.megha.v1 import common_pb2
+
+    agent._start(_sim_task("t", 0, 30))
+    agent._start(_sim_task("t", 1, 0.2))
+    assert [e.task.attempt for e in agent._running.values()] == [0]  # 1 waits
+    agent._on_kill("t", 0, "preempted")
+    deadline = time.monotonic() + 5
+    while not any(
+        r.attempt == 1 and r.state == common_pb2.TASK_STATE_SUCCEEDED for r in agent._outbox
+    ):
+        assert time.monotonic() < deadline, [(r.attempt, r.state) for r in agent._outbox]
+        await asyncio.sleep(0.02)
+    states = [(r.attempt, common_pb2.TaskState.Name(r.state)) for r in agent._outbox]
+    assert states == [
+        (0, "TASK_STATE_RUNNING"),
+        (0, "TASK_STATE_LOST"),  # ended by the start of its successor, before its kill
+        (1, "TASK_STATE_RUNNING"),
+        (1, "TASK_STATE_SUCCEEDED"),
+    ]
+    agent._on_kill("t", 0, "preempted")  # a kill of an attempt that is gone: nothing
+    assert not agent._running

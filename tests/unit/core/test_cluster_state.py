@@ -257,3 +257,52 @@ def test_a_draining_node_keeps_its_tasks_takes_none_and_offers_nothing():
     assert state.launch("gm-a", task("new"), 0).ok
     with pytest.raises(IndexError):
         state.drain(9)
+
+
+def test_a_task_id_another_job_runs_or_ran_here_is_refused_for_good():
+    state = lm()
+    assert state.launch("gm-a", task("x", job_id="A"), 0).ok
+    # Another job's task with the same id: never here (not a DUPLICATE, which a GM takes
+    # for launched), whatever its attempt, through every kind of request.
+    for attempt in (0, 1):
+        refused = state.launch("gm-a", task("x", job_id="B", attempt=attempt), 0)
+        assert refused.status is S.REJECTED_TASK_ID_TAKEN and not refused.ok
+        assert refused.reason == (
+            "task id x is job A's (it runs on lm-1), not job B's: task ids are unique "
+            "across the federation"
+        )
+    assert state.repartition("gm-b", task("x", job_id="B"), 0).status is S.REJECTED_TASK_ID_TAKEN
+    preempt = state.preempt("gm-a", task("x", job_id="B"), 0, ["x"], lambda queue: True)
+    assert preempt.status is S.REJECTED_TASK_ID_TAKEN
+    assert state.allocations["x"].job_id == "A"  # nothing changed
+    # The job's own retry is still a duplicate.
+    assert state.launch("gm-a", task("x", job_id="A"), 0).status is S.DUPLICATE
+
+    state.release("x")
+    ended = state.launch("gm-a", task("x", job_id="B", attempt=5), 0)
+    assert ended.status is S.REJECTED_TASK_ID_TAKEN and "it ended on lm-1" in ended.reason
+    assert state.adopt(task("x", job_id="B"), 0) is None  # a worker's copy is not booked
+    assert state.launch("gm-a", task("x", job_id="A"), 0).status is S.DUPLICATE
+    assert state.launch("gm-a", task("x", job_id="A", attempt=1), 0).ok
+
+
+def test_a_task_id_is_compared_by_job_only_when_both_jobs_are_known():
+    state = lm()
+    # Recalled from a journal without its event: which job it was is not known, so a
+    # placement is judged by its attempt alone, as before task ids were checked.
+    state.remember_ended("old", 0)
+    assert state.launch("gm-a", task("old", job_id="B"), 0).status is S.DUPLICATE
+    state.remember_ended("known", 0, job_id="A")
+    assert state.launch("gm-a", task("known", job_id="B"), 0).status is S.REJECTED_TASK_ID_TAKEN
+    # A request that names no job (the simulator's) is not compared either.
+    assert state.launch("gm-a", task("known"), 0).status is S.DUPLICATE
+
+
+def test_the_jobs_of_ended_tasks_are_remembered_as_long_as_their_attempts():
+    state = ClusterState("lm-1", ("gm-a",), ended_kept=2)
+    state.add_node("w0", NODE, 0, partition=0)
+    for task_id in ("t1", "t2", "t3"):
+        assert state.launch("gm-a", task(task_id, job_id="A"), 0).ok
+        state.release(task_id)
+    assert state.launch("gm-a", task("t1", job_id="B"), 0).ok  # forgotten, job and all
+    assert state.launch("gm-a", task("t3", job_id="B"), 0).status is S.REJECTED_TASK_ID_TAKEN

@@ -454,3 +454,45 @@ def test_held_allocations_keep_each_queue_sum_whatever_comes_and_goes(ops):
             assert (held.held[q] == vector).all()
     with pytest.raises(TypeError):
         held.update({})
+
+
+# ---------------------------------------------------------------- silent LMs
+from services.core.global_view import silent_after  # noqa: E402
+
+
+def test_a_silent_lm_takes_no_task_until_it_is_heard_again():
+    states = federation(2, 2)
+    view = GlobalView("gm-a", silent_after_s=2.0)
+    for state in states:
+        view.apply(state.snapshot(), now=0.0)
+    # lm-1 goes on sending heartbeats (nothing changed: the same version); lm-0 stops.
+    view.apply(states[1].snapshot(since_version=states[1].version), now=2.5)
+    assert view.silent("lm-0", 2.5) and not view.silent("lm-1", 2.5)
+    placed = {view.match(task(f"t{i}", cpu=4000), now=2.5).lm_id for i in range(4)}
+    assert placed == {"lm-1"}
+    # Without a clock (the simulator's LMs never fall silent) every LM is matched.
+    assert view.match(task("t9", cpu=4000)).lm_id == "lm-0"
+    view.apply(states[0].snapshot(since_version=states[0].version), now=3.0)
+    assert not view.silent("lm-0", 3.0)
+    assert {view.match(task(f"t{i}", cpu=4000), now=3.0).lm_id for i in range(2)} == {
+        "lm-0",
+        "lm-1",
+    }
+
+
+def test_no_victim_is_chosen_on_a_silent_lm():
+    (state,) = federation(1, 1)
+    assert state.launch("gm-a", task("hog", cpu=4000, queue="hog"), 0).ok
+    view = GlobalView("gm-a", silent_after_s=2.0)
+    view.apply(state.snapshot(), now=0.0)
+    fair = FairShare([QueueShare("hog", 0.5, "gm-a"), QueueShare("small", 0.5, "gm-a")])
+    small = task("s", cpu=1000, queue="small")
+    assert isinstance(view.preemption_plan(small, fair, now=1.0), PreemptionPlan)
+    assert view.preemption_plan(small, fair, now=3.0) == (
+        "no node could hold it even after preempting queue hog"
+    )
+
+
+def test_an_lm_is_silent_after_a_few_heartbeats_and_never_within_two_seconds():
+    assert silent_after(1.0) == 5.0
+    assert silent_after(0.25) == 2.0

@@ -4,7 +4,7 @@ corrects its view from the reply and decides again, and nothing runs twice."""
 
 from services.core.cluster_state import ClusterState
 from services.core.fairness import FairShare, QueueShare
-from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
+from services.core.global_view import ApplyResult, GlobalView, PreemptionPlan
 from services.core.status import PlacementStatus as S
 from tests.builders import NODE, task
 
@@ -30,7 +30,7 @@ def test_a_victim_that_finished_first_is_refused_and_the_gm_retries_with_fresh_s
     plan = view.preemption_plan(small, FAIR)
     assert isinstance(plan, PreemptionPlan) and plan.victims.queue == "hog"
     (victim,) = plan.victims.task_ids
-    view.reserve(Placement(plan.lm_id, plan.victims.node, plan.node_id, False), small)
+    view.reserve_preemption(plan, small)
 
     # The victim ends on its own before the Preempt request reaches the LM.
     lm.release(victim)

@@ -310,3 +310,21 @@ def test_a_status_keeps_where_its_newest_earlier_attempts_ran_and_no_more():
     earlier = book.get("j").status("t").earlier_attempts
     assert sorted(e.attempt for e in earlier) == list(range(7, 39))  # the newest 32
     assert all(e.node_id == f"n{e.attempt}" for e in earlier)
+
+
+def test_the_book_knows_which_job_holds_each_task_id_while_it_remembers_the_job():
+    book = JobBook(max_jobs=3)
+    book.queued(common_pb2.Task(task_id="x", job_id="A", queue="q"))  # submitted here
+    other = event("y", S.TASK_STATE_RUNNING, node_id="w1")
+    other.job_id = "C"  # heard of from an LM: another GM's job
+    book.apply(other)
+    assert book.holder("x", "B") == "A" and book.holder("y", "B") == "C"
+    assert book.holder("x", "A") is None  # the job's own retry
+    assert book.holder("z", "B") is None
+    # A second job heard of with the same id (an LM refused it) does not take it over.
+    clash = event("x", S.TASK_STATE_REJECTED)
+    clash.job_id = "B"
+    book.apply(clash)
+    assert book.holder("x", "B") == "A"
+    book.queued(common_pb2.Task(task_id="w", job_id="D", queue="q"))  # A is forgotten
+    assert book.get("A") is None and book.holder("x", "B") is None

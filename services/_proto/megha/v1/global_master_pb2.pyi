@@ -594,11 +594,17 @@ class LocalMasterView(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     AGE_S_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
+    SILENT_FIELD_NUMBER: _builtins.int
     lm_id: _builtins.str
     version: _builtins.int
     """The LocalMasterState.version the view was last updated to."""
     age_s: _builtins.float
     """Seconds since the GM last heard from the LM."""
+    silent: _builtins.bool
+    """The GM has not heard from the LM for longer than it waits (a few heartbeat
+    intervals): it places no task there, and ``partitions`` show what the LM last
+    said, not what it has free now.
+    """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.PartitionState]: ...
     def __init__(
@@ -608,10 +614,11 @@ class LocalMasterView(_message.Message):
         version: _builtins.int = ...,
         age_s: _builtins.float = ...,
         partitions: _abc.Iterable[_common_pb2.PartitionState] | None = ...,
+        silent: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["age_s", b"age_s", "lm_id", b"lm_id", "partitions", b"partitions", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["age_s", b"age_s", "lm_id", b"lm_id", "partitions", b"partitions", "silent", b"silent", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,124 @@
+"""A preempted task's next attempt placed on the very node it was preempted from, before
+the kill of the old attempt reached the worker: the old attempt is killed, the new one
+runs. Before, the worker ignored the new start ("duplicate start ignored": it knew the
+task id) and then the kill, which named no attempt, removed the only copy; the LM kept
+the new attempt booked as running and its job never ended (4 of 7 two-queue replays).
+
+The LM and its worker are real (in this process, on the in-memory bus); the test plays
+the GM, so that the second launch can follow the preemption at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import pytest
+
+from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
+from services.common.bus import InMemoryBroker, make_bus
+from services.common.config import parse_config
+from services.common.runner import running_lm, running_workers
+from services.common.server import channel
+from tests.integration.harness import free_ports
+
+pytestmark = pytest.mark.integration
+
+PREEMPTED = common_pb2.TASK_STATE_PREEMPTED
+RUNNING = common_pb2.TASK_STATE_RUNNING
+SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
+
+
+def _task(task_id: str, queue: str, attempt: int, seconds: float) -> common_pb2.Task:
+    task = common_pb2.Task(
+        task_id=task_id, job_id=f"job-{task_id}", queue=queue, attempt=attempt, lease=1
+    )
+    task.resources.cpu_milli, task.resources.memory_mb = 1000, 256
+    task.sim.duration_s = seconds
+    return task
+
+
+@contextlib.asynccontextmanager
+async def _lm_with_one_worker():
+    (lm_port,) = free_ports(1)
+    config = parse_config(
+        {
+            "gms": [{"id": "gm-1", "port": free_ports(1)[0]}],
+            "lms": [{"id": "lm-1", "port": lm_port}],
+            "workers": [{"lm": "lm-1", "count": 1, "capacity": "cpu=2,mem=4Gi"}],
+            "queues": [
+                {"name": "low", "share": 0.1, "gm": "gm-1"},
+                {"name": "high", "share": 0.9, "gm": "gm-1"},
+            ],
+            "heartbeat_interval_s": 0.2,
+            "worker_heartbeat_interval_s": 0.2,
+            "event_batch_s": 0.01,
+        },
+        env={},
+    )
+    broker = InMemoryBroker()
+    events: list[common_pb2.TaskEvent] = []
+
+    async def on_events(_key: str, body: bytes) -> None:
+        events.extend(common_pb2.TaskEventBatch.FromString(body).events)
+
+    async with (
+        make_bus("memory://", broker=broker) as bus,
+        running_lm(config, "lm-1", bus) as lm,
+        running_workers(config, None, None),
+        channel(config.lm("lm-1").target) as ch,
+    ):
+        await bus.subscribe_topic("events", "task.#", on_events)
+        deadline = time.monotonic() + 10
+        while not lm.state.table.alive.count():
+            assert time.monotonic() < deadline, "the worker never registered"
+            await asyncio.sleep(0.02)
+        yield local_master_pb2_grpc.LocalMasterStub(ch), events
+
+
+async def _until(events, predicate, what: str, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not any(predicate(e) for e in events):
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+async def test_the_next_attempt_of_a_victim_runs_on_the_node_it_was_preempted_from():
+    async with _lm_with_one_worker() as (lm, events):
+        victim = _task("v", "low", 0, seconds=30)
+        launch = local_master_pb2.LaunchRequest(
+            gm_id="gm-1", placements=[local_master_pb2.Placement(task=victim, node_index=0)]
+        )
+        reply = await lm.Launch(launch, timeout=5)
+        assert reply.results[0].status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED
+        await _until(events, lambda e: e.task_id == "v" and e.state == RUNNING, "v never ran")
+
+        preempt = local_master_pb2.PreemptRequest(
+            gm_id="gm-1",
+            task=_task("p", "high", 0, seconds=30),
+            node_index=0,
+            victim_task_ids=["v"],
+        )
+        again = local_master_pb2.LaunchRequest(
+            gm_id="gm-1",
+            placements=[
+                local_master_pb2.Placement(task=_task("v", "low", 1, seconds=0.3), node_index=0)
+            ],
+        )
+        # The victim's next attempt follows the preemption at once, as a GM that takes
+        # it from the broker the moment the LM re-queues it does.
+        preempted = asyncio.ensure_future(lm.Preempt(preempt, timeout=5))
+        await asyncio.sleep(0)
+        relaunched = await lm.Launch(again, timeout=5)
+        assert (await preempted).results[0].status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED
+        assert relaunched.results[0].status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED
+
+        await _until(
+            events,
+            lambda e: e.task_id == "v" and e.attempt == 1 and e.state == SUCCEEDED,
+            "the victim's next attempt never ended",
+        )
+        ends = [(e.attempt, e.state) for e in events if e.task_id == "v" and e.state != RUNNING]
+        assert (0, PREEMPTED) in ends
+        starts = sorted(e.attempt for e in events if e.task_id == "v" and e.state == RUNNING)
+        assert starts == [0, 1]
