@@ -62,6 +62,18 @@ class ReplayResult:
             f"submissions behind the trace: p50 {report.ms(behind['p50'])} ms, "
             f"max {report.ms(behind['max'])} ms"
         )
+        asked, slots = s.get("asked_at_once"), s.get("slots")
+        if asked is not None and slots:
+            lines.append(
+                f"load                   the trace asks for {asked:,.0f} tasks running at once "
+                f"on average (its task-seconds over its span); the federation holds {slots:,}"
+            )
+            if asked > slots:
+                lines.append(
+                    f"                       saturated ({asked / slots:,.1f}x): tasks waited for "
+                    "a free node, which framework_queuing measures; the speedup does not "
+                    "change this ratio, more nodes do"
+                )
         if s["submit_errors"]:
             lines.append(f"submit errors          {s['submit_errors']}")
         if s.get("rerouted_submissions"):
@@ -137,6 +149,15 @@ async def replay_jobs(
     clients = [GlobalMasterClient(target, streaming=True) for target in gms]
     view = await _first_answer(clients)
     workers = sum(p.node_count for lm in view.lms for p in lm.partitions)
+    # What the federation holds at once against what the trace asks for at once on
+    # average (its task-seconds over its span: the speedup divides both), so a report
+    # of a saturated pool says why its tasks waited.
+    pool_cpu = sum(p.free.cpu_milli for lm in view.lms for p in lm.partitions)
+    task_cpu = [t.cpu_milli for j in jobs for t in j.tasks if t.cpu_milli > 0]
+    slots = pool_cpu // (sum(task_cpu) / len(task_cpu)) if task_cpu else 0
+    trace_span = max((j.arrival_s for j in jobs), default=0.0) - (jobs[0].arrival_s if jobs else 0)
+    work = sum(t.duration_s for j in jobs for t in j.tasks)
+    asked_at_once = work / trace_span if trace_span > 0 else None
     events = EventLog()
     accepted = AcceptedTasks()  # task id -> (job id, GM)
     errors: dict[str, int] = {}
@@ -264,6 +285,8 @@ async def replay_jobs(
         wall_s=round(wall_s, 3),
         speedup=speedup,
         offered_rate=round(total / span, 3) if span > 0 else None,
+        asked_at_once=round(asked_at_once, 1) if asked_at_once is not None else None,
+        slots=int(slots),
         accepted=len(accepted),
         submit_errors=errors,
         rerouted_submissions=rerouted,
