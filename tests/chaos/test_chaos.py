@@ -64,25 +64,17 @@ def _broker(action: str) -> None:
 async def _strike(fed: Federation, fault: str, rng: random.Random) -> str:
     """Inflict ``fault`` and undo it (restart, resume); what was done, for the report."""
     lm = rng.choice([lm.id for lm in fed.config.lms])
-    if fault == "gm-kill":
-        name = f"gm-{rng.choice(['gm-1', 'gm-2'])}"
-        fed.children.kill(name)
+    killed = {
+        "gm-kill": f"gm-{rng.choice(['gm-1', 'gm-2'])}",
+        "lm-kill": f"lm-{lm}",
+        "worker-host-kill": f"workers-{lm}",
+    }.get(fault)
+    if killed is not None:  # kill -9, back after a while (as a supervisor restarts it)
+        fed.children.kill(killed)
         down = rng.uniform(0.5, 3.0)
         await asyncio.sleep(down)
-        fed.children.restart(name)
-        return f"kill -9 {name}, back after {down:.1f} s"
-    if fault == "lm-kill":
-        fed.children.kill(f"lm-{lm}")
-        down = rng.uniform(0.5, 3.0)
-        await asyncio.sleep(down)
-        fed.children.restart(f"lm-{lm}")
-        return f"kill -9 lm-{lm}, back after {down:.1f} s"
-    if fault == "worker-host-kill":
-        fed.children.kill(f"workers-{lm}")
-        down = rng.uniform(0.5, 3.0)
-        await asyncio.sleep(down)
-        fed.children.restart(f"workers-{lm}")
-        return f"kill -9 workers-{lm}, back after {down:.1f} s"
+        fed.children.restart(killed)
+        return f"kill -9 {killed}, back after {down:.1f} s"
     if fault == "gm-kill-during-lm-pause":
         # The GM dies with launches out at a frozen LM; its successor gets their messages
         # again and must not run them elsewhere while the frozen LM may still take them.
