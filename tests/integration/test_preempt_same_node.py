@@ -5,7 +5,9 @@ task id) and then the kill, which named no attempt, removed the only copy; the L
 the new attempt booked as running and its job never ended (4 of 7 two-queue replays).
 
 The LM and its worker are real (in this process, on the in-memory bus); the test plays
-the GM, so that the second launch can follow the preemption at once."""
+the GM, so that the second launch can follow the preemption at once; the broker takes
+0.3 s to confirm a message (as a loaded one may), so the launch comes while the LM is
+re-queueing the victim, deterministically."""
 
 from __future__ import annotations
 
@@ -69,11 +71,18 @@ async def _lm_with_one_worker():
         channel(config.lm("lm-1").target) as ch,
     ):
         await bus.subscribe_topic("events", "task.#", on_events)
+        enqueue = bus.enqueue
+
+        async def slow_enqueue(queue: str, body: bytes) -> None:
+            await asyncio.sleep(0.3)
+            await enqueue(queue, body)
+
+        bus.enqueue = slow_enqueue  # the LM's broker confirms late
         deadline = time.monotonic() + 10
         while not lm.state.table.alive.count():
             assert time.monotonic() < deadline, "the worker never registered"
             await asyncio.sleep(0.02)
-        yield local_master_pb2_grpc.LocalMasterStub(ch), events
+        yield local_master_pb2_grpc.LocalMasterStub(ch), events, lm
 
 
 async def _until(events, predicate, what: str, timeout_s: float = 10) -> None:
@@ -84,7 +93,7 @@ async def _until(events, predicate, what: str, timeout_s: float = 10) -> None:
 
 
 async def test_the_next_attempt_of_a_victim_runs_on_the_node_it_was_preempted_from():
-    async with _lm_with_one_worker() as (lm, events):
+    async with _lm_with_one_worker() as (lm, events, books):
         victim = _task("v", "low", 0, seconds=30)
         launch = local_master_pb2.LaunchRequest(
             gm_id="gm-1", placements=[local_master_pb2.Placement(task=victim, node_index=0)]
@@ -106,9 +115,11 @@ async def test_the_next_attempt_of_a_victim_runs_on_the_node_it_was_preempted_fr
             ],
         )
         # The victim's next attempt follows the preemption at once, as a GM that takes
-        # it from the broker the moment the LM re-queues it does.
+        # it from the broker the moment the LM re-queues it does: once the LM has booked
+        # the preemption, while it waits for the broker.
         preempted = asyncio.ensure_future(lm.Preempt(preempt, timeout=5))
-        await asyncio.sleep(0)
+        while "p" not in books.state.allocations:
+            await asyncio.sleep(0.005)
         relaunched = await lm.Launch(again, timeout=5)
         assert (await preempted).results[0].status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED
         assert relaunched.results[0].status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED
