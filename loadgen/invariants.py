@@ -102,7 +102,8 @@ def check(
             finished[key] = max(finished.get(key, 0), stamps.finished_unix_nanos)
         if event.state in END_STATES:
             ended.add(event.task_id)
-        if event.state == common_pb2.TASK_STATE_SUCCEEDED:
+        if event.state == common_pb2.TASK_STATE_SUCCEEDED and stamps.started_unix_nanos:
+            # (an end learnt without its run's stamps, e.g. from a GM's book, proves no run)
             successes[event.task_id].add((event.attempt, event.node_id, stamps.started_unix_nanos))
 
     for task_id in sorted(acknowledged - ended):

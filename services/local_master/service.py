@@ -845,7 +845,25 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         del self.tasks[allocation.task_id]
         self._event(task, state, allocation.node, reason, peak_memory_mb)
         task.attempt = allocation.attempt
-        await enqueue_next_attempt(self.bus, task)
+        await self._enqueue_next(task)
+
+    async def _enqueue_next(self, task: common_pb2.Task) -> None:
+        """Queue ``task``'s next attempt, tried again while the broker is away (a
+        restart): the attempt has ended on the books, and this message is the task's
+        only way on. Before, a re-queue that failed lost the task (the chaos suite's
+        broker restart left one stuck)."""
+        while True:
+            try:
+                await enqueue_next_attempt(self.bus, task)
+                return
+            except Exception as err:
+                if self._closed:
+                    raise
+                log.warning(
+                    "re-queue failed; trying again",
+                    extra={"task_id": task.task_id, "error": repr(err)},
+                )
+                await asyncio.sleep(EVENT_RETRY_S)
 
     def _event_of(
         self, task: common_pb2.Task, state: int, node: int, reason: str = ""
@@ -1028,13 +1046,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             # Ended on the books first: a worker naming it meanwhile has its copy killed.
             task = self.orphans.pop(next(iter(self.orphans)))  # oldest first
             self.state.remember_ended(task.task_id, task.attempt, task.job_id)
-            while True:
-                try:
-                    await enqueue_next_attempt(self.bus, task)
-                    break
-                except Exception as err:  # the broker away: tried again
-                    log.warning("re-queue failed; trying again", extra={"error": repr(err)})
-                    await asyncio.sleep(EVENT_RETRY_S)
+            await self._enqueue_next(task)
             self._event(task, common_pb2.TASK_STATE_LOST, -1, f"{self.lm_id} restarted")
 
     async def _watchdog_loop(self) -> None:
