@@ -281,6 +281,7 @@ async def test_tasks_an_lm_lost_before_they_started_are_queued_again(tmp_path, j
         assert (requeued_by_lm, requeued_by_gm) == (journal, not journal)
 
 
+@pytest.mark.chaos
 async def test_after_a_long_lm_outage_its_workers_are_back_within_seconds(tmp_path):
     # gRPC's own reconnect backoff grows to 120 s: with it, after 40 s down a channel
     # polled every 0.1-3 s reached the server again 21-27 s after it was back (or at once,
@@ -591,6 +592,7 @@ async def test_a_launch_an_lm_reads_after_the_gm_gave_up_on_it_runs_once(tmp_pat
         assert "fencing it before placing its tasks again" in fed.log("gm-gm-1")
 
 
+@pytest.mark.chaos
 async def test_a_gm_stopped_for_a_while_goes_on_where_it_was(tmp_path):
     # Stopped (SIGSTOP) while its queue holds more than fits and the other GM schedules:
     # resumed, it neither loses nor repeats anything, and both GMs tell the same story.
