@@ -105,7 +105,7 @@ MAX_REJECTIONS = 20  # an LM rejecting a task this often parks it until the view
 # wall clock), which holds while the clocks differ by less than the gap between the two.
 LM_ACCEPT_S = 30.0
 IN_DOUBT_S = 60.0
-FENCE_RETRY_S = 1.0  # between tries to fence the tasks of an unanswered request
+FENCE_RETRY_S = 0.5  # between tries to fence tasks on an LM that does not answer
 OUTPUT_TIMEOUT_S = 8.0  # GetTaskOutput through an LM (which waits 5 s for its worker)
 
 
@@ -771,13 +771,20 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         """Tasks of a redelivered message that some LM already launched: a GM died after
         launching them but before acking the message. Launches are idempotent per LM,
         so without this check a retry on another LM would run them twice."""
-        attempts = {t.task_id: t.attempt for t in batch.tasks}
         # Fenced too: a launch of the GM that died, still on its way to an LM, must not
         # start there after this GM has placed the task elsewhere.
+        attempts = {t.task_id: t.attempt for t in batch.tasks}
+        return await self._fence(list(self._stubs), attempts, CATCH_UP_S)
+
+    async def _fence(self, lm_ids: list[str], attempts: dict[str, int], wait_s: float) -> set[str]:
+        """Fence these tasks (id -> attempt) on ``lm_ids`` under a new lease: each LM
+        says which it holds (at that attempt or a later one), and refuses from then on
+        any older request of the others. Returns the ids some LM holds. An LM is asked
+        again until it answers, for up to ``wait_s`` (``_answer``)."""
         self._lease += 1
         lease = self._lease
         replies = await asyncio.gather(
-            *(self._answer(lm_id, attempts, lease) for lm_id in self._stubs)
+            *(self._answer(lm_id, attempts, lease, wait_s) for lm_id in lm_ids)
         )
         return {
             known.task_id
@@ -804,26 +811,27 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             return None
 
     async def _answer(
-        self, lm_id: str, attempts: dict[str, int], fence_lease: int = 0
+        self, lm_id: str, attempts: dict[str, int], fence_lease: int, wait_s: float
     ) -> local_master_pb2.LookupTasksResponse | None:
-        """``_lookup``, asked again until ``lm_id`` answers, for up to ``CATCH_UP_S``: a
+        """``_lookup``, asked again until ``lm_id`` answers, for up to ``wait_s``: a
         GM and its LMs restarting together (a host, a whole federation) get a message
         back before the LMs serve, and an LM that did not answer has not said that it
         launched none of its tasks. Taken for that, tasks that ended on it ran again
         on another LM (``tests/integration/test_whole_crash.py``)."""
-        deadline = time.monotonic() + CATCH_UP_S
+        deadline = time.monotonic() + wait_s
         while True:
             reply = await self._lookup(lm_id, attempts, quiet=True, fence_lease=fence_lease)
             if reply is not None:
                 return reply
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or self._closed:
                 log.error(
-                    "an LM did not say which tasks of a message it launched; those it did "
-                    "may run twice",
-                    extra={"lm": lm_id, "tasks": len(attempts), "waited_s": CATCH_UP_S},
+                    "an LM did not say which of these tasks it holds, nor took their fence; "
+                    "they are placed again, and those it holds may run twice (a request "
+                    "it reads late is refused by its expiry)",
+                    extra={"lm": lm_id, "tasks": len(attempts), "waited_s": wait_s},
                 )
                 return None
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(FENCE_RETRY_S)
 
     async def _on_cancel_message(self, body: bytes) -> None:
         msg = common_pb2.JobCancel.FromString(body)
@@ -1278,28 +1286,12 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         return time.time_ns() + int(accept_s * 1e9)
 
     async def _settle(self, lm_id: str, items: list[Pending]) -> set[str]:
-        """Fence ``items`` on ``lm_id`` after a request of them went unanswered: the LM
-        says which it holds (at their attempt or a later one), and refuses the request
-        if it reads it only now. Returns the ids it holds; the others may be placed
-        again. Asked again until it answers, for up to ``IN_DOUBT_S``: an LM that said
-        nothing has not said it will not run them."""
-        self._lease += 1
-        lease = self._lease
-        attempts = {item.task.task_id: item.task.attempt for item in items}
-        deadline = time.monotonic() + IN_DOUBT_S
+        """Fence ``items`` on ``lm_id`` after a request of them went unanswered; the ids
+        it holds. Asked for up to ``IN_DOUBT_S``: an LM that said nothing has not said
+        it will not run them."""
         self.counters["fences"] += 1
-        while True:
-            reply = await self._lookup(lm_id, attempts, quiet=True, fence_lease=lease)
-            if reply is not None:
-                return {k.task_id for k in reply.tasks if k.attempt >= attempts[k.task_id]}
-            if time.monotonic() > deadline or self._closed:
-                log.error(
-                    "an LM answered neither a request nor its fence; its tasks are placed "
-                    "elsewhere, and the request's expiry must refuse it if read later",
-                    extra={"lm": lm_id, "tasks": len(items), "waited_s": IN_DOUBT_S},
-                )
-                return set()
-            await asyncio.sleep(FENCE_RETRY_S)
+        attempts = {item.task.task_id: item.task.attempt for item in items}
+        return await self._fence([lm_id], attempts, IN_DOUBT_S)
 
     def _rejected(self, lm_id: str, item: Pending, status: PlacementStatus, reason: str) -> None:
         if status is PlacementStatus.REJECTED_EXPIRED and lm_id not in self._early_expiry_warned:
