@@ -15,7 +15,7 @@ import time
 
 import grpc
 
-from services.client import GlobalMasterClient
+from services.common.client import GlobalMasterClient
 from services.common.config import ConfigError, FederationConfig, load_config
 from services.common.server import TlsError, use_tls
 

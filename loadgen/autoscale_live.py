@@ -29,12 +29,13 @@ import numpy as np
 
 from loadgen.bench_live import BenchError, free_ports_config, running_federation
 from services._proto.megha.v1 import common_pb2
-from services.client import GlobalMasterClient
 from services.common.argtypes import non_negative_float, positive_float, positive_int
 from services.common.bus import RabbitBus
+from services.common.client import GlobalMasterClient
 from services.common.config import ConfigError, FederationConfig, default_config, parse_config
+from services.common.names import EVENT_EXCHANGE, EVERY_TASK_EVENT
+from services.common.nodes import lm_rows
 from services.core.resources import ResourceError, parse_resources
-from services.nodes import lm_rows
 
 POOL = "burst"
 SAMPLE_S = 0.5
@@ -135,7 +136,7 @@ async def run_mode(options: Options, mode: str, log_dir: Path) -> ModeResult:
         stamps = Stamps()
         await bus.connect()
         try:  # subscribed before the first burst is offered
-            await bus.subscribe_topic("events", "task.#", stamps.on_batch)
+            await bus.subscribe_topic(EVENT_EXCHANGE, EVERY_TASK_EVENT, stamps.on_batch)
             return await children.guard(_offer(options, mode, config, stamps))
         finally:
             await bus.close()

@@ -48,25 +48,8 @@ from loadgen.queues import (
     summary_queues,
 )
 from loadgen.queues import render as render_queues
-from loadgen.sim.engine import Progress
 from services._proto.megha.v1 import common_pb2
-from services.client import GlobalMasterClient
-from services.common.bus import RabbitBus
-from services.common.config import ConfigError, FederationConfig, default_config, parse_config
-from services.common.convert import resources_to_proto
-from services.common.runner import wait_all_healthy
-from services.common.server import TlsError, broker_ssl_context, use_tls
-from services.common.stalls import STALL_S, StallTally, settle
-from services.common.stalls import watch as watch_stalls
-from services.core.resources import parse_resources, resources
-from services.local_master.service import (
-    CANCEL_EXCHANGE,
-    EVENT_EXCHANGE,
-    HEARTBEAT_EXCHANGE,
-    cancel_queue,
-    user_queue,
-)
-from services.operator import (
+from services.app.supervisor import (
     ChildDied,
     Children,
     amqp_port,
@@ -75,6 +58,23 @@ from services.operator import (
     wait_until_ready,
     write_federation,
 )
+from services.common.bus import RabbitBus
+from services.common.client import GlobalMasterClient
+from services.common.config import ConfigError, FederationConfig, default_config, parse_config
+from services.common.convert import resources_to_proto
+from services.common.names import (
+    CANCEL_EXCHANGE,
+    EVENT_EXCHANGE,
+    EVERY_TASK_EVENT,
+    HEARTBEAT_EXCHANGE,
+    cancel_queue,
+    user_queue,
+)
+from services.common.progress import Progress
+from services.common.server import TlsError, broker_ssl_context, use_tls, wait_all_healthy
+from services.common.stalls import STALL_S, StallTally, settle
+from services.common.stalls import watch as watch_stalls
+from services.core.resources import parse_resources, resources
 
 T = TypeVar("T")
 DRAIN_EXTRA_S = 30.0  # the wait after the offer is bounded by seconds + this
@@ -687,7 +687,7 @@ async def _measure(
         )
 
     async with bus:
-        await bus.subscribe_topic(EVENT_EXCHANGE, "task.#", on_batch)
+        await bus.subscribe_topic(EVENT_EXCHANGE, EVERY_TASK_EVENT, on_batch)
         reporter = asyncio.create_task(_keep_showing(progress, line))
         pids = {"loadgen": os.getpid()} | {n: p.pid for n, p in children.procs.items()}
         meter = ProcessMeter(pids, config.rabbitmq_url)

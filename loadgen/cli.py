@@ -7,6 +7,7 @@ Subcommands:
   simulator or against a live federation, their reports side by side, the paper's figures.
 - ``gpa-eval``, ``vm-sim``, ``forecast-eval``: the predictor's evaluations (issue 5).
 - ``autoscale-live``: bursts against a live federation, a fixed pool vs ``megha autoscale``.
+- ``chaos-sim``: the deterministic fault-injection simulation of the protocol (issue 27).
 
 Without a subcommand it describes itself. Errors come out as one line and exit code 2.
 """
@@ -33,6 +34,7 @@ SUBCOMMAND_MODULES = (
     "vm_sim",
     "forecast_eval",
     "autoscale_live",
+    "chaos_sim",
 )
 
 

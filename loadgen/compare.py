@@ -1,4 +1,6 @@
 """``megha-loadgen compare DIR...``: several runs' reports in one table and one CDF plot.
+The table's "GM spread" is max/min of the per-GM mean allocation time (``per_gm``): 1.0
+when every GM's users wait alike.
 
     DIR/summary.json ──▶ table row     DIR/tasks.csv (alloc_s) ──▶ one CDF curve each
 
@@ -66,9 +68,23 @@ def describe(summary: dict[str, Any]) -> str:
     return f"{summary['target']} {summary['scheduler']}, {shape}"
 
 
+def mean_s(run: Run) -> float | None:
+    """Mean allocation time: the summary's, else from tasks.csv (older reports)."""
+    mean = run.summary.get("alloc_mean_s")
+    if mean is None and run.alloc_s.size:
+        mean = float(run.alloc_s.mean())
+    return mean
+
+
+def spread(summary: dict[str, Any]) -> str:
+    """Max/min of the per-GM mean allocation time (``per_gm``), or "-"."""
+    value = report.gm_spread(summary)
+    return "-" if value is None else f"{value:.2f}"
+
+
 def table(runs: Sequence[Run]) -> str:
-    header = ["run", "what", "tasks", *[f"{k} ms" for k in report.PERCENTILE_KEYS]]
-    header += ["incons.", "repart.", "preempt.", "wall s"]
+    header = ["run", "what", "tasks", "mean ms", *[f"{k} ms" for k in report.PERCENTILE_KEYS]]
+    header += ["GM spread", "incons.", "repart.", "preempt.", "wall s"]
     rows = [header]
     for run in runs:
         s = run.summary
@@ -77,7 +93,9 @@ def table(runs: Sequence[Run]) -> str:
                 run.label,
                 describe(s),
                 f"{s['completed']}/{s['tasks']}",
+                report.ms(mean_s(run)),
                 *[report.ms(s["alloc_s"][k]) for k in report.PERCENTILE_KEYS],
+                spread(s),
                 str(s["inconsistencies"]),
                 str(s["repartitions"]),
                 str(s["preemptions"]),
@@ -99,14 +117,16 @@ def table(runs: Sequence[Run]) -> str:
 
 def markdown_table(runs: Sequence[Run]) -> str:
     """The same table in Markdown, for docs/results.md."""
-    head = "| run | what | tasks | " + " | ".join(f"{k} ms" for k in report.PERCENTILE_KEYS)
-    head += " | inconsistencies | repartitions | wall s |"
+    head = "| run | what | tasks | mean ms | "
+    head += " | ".join(f"{k} ms" for k in report.PERCENTILE_KEYS)
+    head += " | GM spread | inconsistencies | repartitions | wall s |"
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
     for run in runs:
         s = run.summary
-        cells = [run.label, describe(s), f"{s['completed']}/{s['tasks']}"]
+        cells = [run.label, describe(s), f"{s['completed']}/{s['tasks']}", report.ms(mean_s(run))]
         cells += [report.ms(s["alloc_s"][k]) for k in report.PERCENTILE_KEYS]
-        cells += [str(s["inconsistencies"]), str(s["repartitions"]), f"{s['wall_s']:.1f}"]
+        cells += [spread(s), str(s["inconsistencies"]), str(s["repartitions"])]
+        cells.append(f"{s['wall_s']:.1f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

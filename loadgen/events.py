@@ -17,13 +17,8 @@ from typing import Any, NamedTuple
 from loadgen import report
 from services._proto.megha.v1 import common_pb2
 from services.core.recent import GrowingMap
-from services.global_master.jobs import TERMINAL
+from services.core.states import RUNNING, SUCCEEDED, TERMINAL
 
-RUNNING = common_pb2.TASK_STATE_RUNNING
-SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
-# Ends a task for good (as the GMs' job books say); LOST, PREEMPTED and RETRYING tasks
-# come back as a new attempt.
-ENDED = TERMINAL
 # What a report needs of one event, packed: state, attempt and every stamp of
 # ``report.STAMPS``, then "lm_id\0node_id". A run keeps one record per task and event kind.
 _HEAD = struct.Struct(f"<ii{len(report.STAMPS)}q")
@@ -120,7 +115,7 @@ class EventLog:
             known = self.running.get(event.task_id)
             if known is None or event.attempt >= _STATE_ATTEMPT.unpack_from(known)[1]:
                 self.running[event.task_id] = record(event)
-        elif state in ENDED:
+        elif state in TERMINAL:  # LOST, PREEMPTED, RETRYING come back as a new attempt
             self.ended[event.task_id] = record(event)
             if state == SUCCEEDED:
                 self.successes[event.task_id] = self.successes.get(event.task_id, 0) + 1

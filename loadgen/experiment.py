@@ -9,6 +9,11 @@
 | fig6   | 6      | decentralized (10 x 10) vs centralized (1 x 1), 10k and 20k |
 | fig8   | 8      | cluster size 1k-50k workers with 10 GMs x 10 LMs            |
 | fig9   | 9      | GM and LM counts at 30,000 workers                          |
+| fig10  | 10-11  | fairness: 4 user queues on 3 GMs                            |
+| contention | —  | 3k-10k workers: Megha 10x10 vs central vs Sparrow (issue 29) |
+
+``--arrival-scale`` compresses every run's arrivals; ``--timeout-s`` bounds every run's
+wall time (a run that hits it is reported, marked timed out, with what it did by then).
 
 Every run is an ordinary ``simulate`` run, so ``megha-loadgen compare OUT/NAME/*`` works
 on the results too. ``docs/results.md`` shows the plots with the commands that made them.
@@ -24,11 +29,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loadgen import compare, report
+from loadgen import experiment_contention as contention
 from loadgen.experiment_fairness import fig10
 from loadgen.sim.config import SimConfig
-from loadgen.sim.engine import Progress
 from loadgen.trace import ReadStats, TraceError, read_tr
-from services.common.argtypes import positive_int
+from services.common.argtypes import positive_float, positive_int
+from services.common.progress import Progress
 
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "yahoo_YH1_sub.tr"
 MEGHA = SimConfig(scheduler="megha", workers=10_000, gms=10, lms=10)
@@ -38,7 +44,8 @@ MEGHA = SimConfig(scheduler="megha", workers=10_000, gms=10, lms=10)
 class Experiment:
     title: str
     runs: Callable[[], dict[str, SimConfig]]
-    plot: str  # "cdf": overlaid CDFs; "sweep:FIELD": p50/p99 against a config field
+    plot: str  # "cdf": overlaid CDFs; "sweep:FIELD": p50/p99 against a config field;
+    # "contention": experiment_contention's panels and table
 
 
 def _fig3() -> dict[str, SimConfig]:
@@ -77,6 +84,11 @@ EXPERIMENTS: dict[str, Experiment] = {
         fig10,
         "cdf",
     ),
+    "contention": Experiment(
+        "contention: Yahoo sample, 10 GMs x 10 LMs vs central vs Sparrow (issue 29)",
+        contention.contention,
+        "contention",
+    ),
 }
 
 
@@ -87,8 +99,11 @@ def run_experiment(
     max_jobs: int | None = None,
     progress: bool = True,
     reuse: bool = False,
+    arrival_scale: float = 1.0,
+    timeout_s: float | None = None,
 ) -> list[compare.Run]:
-    """Run (or with ``reuse``, read back) every run of ``name``; write the plot."""
+    """Run (or with ``reuse``, read back) every run of ``name``; write the plot.
+    ``arrival_scale`` goes into every run's config; ``timeout_s`` bounds each run."""
     from loadgen.sim.run import simulate, write_report
 
     experiment = EXPERIMENTS[name]
@@ -104,16 +119,31 @@ def run_experiment(
             continue
         if progress:
             print(f"[{n}/{len(configs)}] {name} {label}", file=sys.stderr)
-        result = simulate(config, jobs, Progress(enabled=progress), trace_name=str(trace))
+        config = replace(config, arrival_scale=arrival_scale)
+        result = simulate(
+            config,
+            jobs,
+            Progress(enabled=progress),
+            trace_name=str(trace),
+            wall_limit_s=timeout_s,
+        )
         write_report(where, result)
         runs.append(compare.load_run(where, label))
     plot_path = out / name / f"{name}.png"
     if experiment.plot == "cdf":
         compare.plot(runs, plot_path, experiment.title)
+    elif experiment.plot == "contention":
+        contention.plot([r.summary for r in runs], plot_path, experiment.title)
     else:
         sweep_plot(runs, experiment.plot.split(":", 1)[1], plot_path, experiment.title)
-    (out / name / "table.md").write_text(compare.markdown_table(runs) + "\n")
+    (out / name / "table.md").write_text(markdown_table(name, runs) + "\n")
     return runs
+
+
+def markdown_table(name: str, runs: list[compare.Run]) -> str:
+    if EXPERIMENTS[name].plot == "contention":
+        return contention.markdown_table([r.summary for r in runs])
+    return compare.markdown_table(runs)
 
 
 def sweep_plot(runs: list[compare.Run], field: str, path: Path, title: str) -> Path:
@@ -153,6 +183,8 @@ def headline(name: str, runs: list[compare.Run]) -> list[str]:
     if name == "fig3":
         lines.append(f"Sparrow/Megha p50 {ratio('megha', 'sparrow', 'p50')}")
         lines.append(f"Sparrow/Megha p99 {ratio('megha', 'sparrow', 'p99')}")
+    if name == "contention":
+        lines += contention.targets([r.summary for r in runs])
     if name == "fig6":
         for size in ("10k", "20k"):
             for key in ("p50", "p99"):
@@ -166,7 +198,7 @@ def headline(name: str, runs: list[compare.Run]) -> list[str]:
 def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "experiment",
-        help="run one of the paper's simulation experiments (fig3, fig6, fig8, fig9)",
+        help="run a simulation experiment (paper figures, contention)",
         description="Run the simulations of one paper figure, write each run's report "
         "under OUT/NAME/, the figure as OUT/NAME/NAME.png and a Markdown table.",
     )
@@ -177,6 +209,17 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     parser.add_argument(
         "--reuse", action="store_true", help="keep runs whose summary.json already exists"
     )
+    parser.add_argument(
+        "--arrival-scale",
+        type=positive_float,
+        default=1.0,
+        help="multiply every arrival time by this in every run (0.5: twice the load)",
+    )
+    parser.add_argument(
+        "--timeout-s",
+        type=positive_float,
+        help="stop any run after this much wall time (reported as timed out)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress")
     return parser
 
@@ -184,13 +227,20 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
 def main(args: argparse.Namespace) -> int:
     try:
         runs = run_experiment(
-            args.name, args.trace, args.out, args.max_jobs, not args.quiet, args.reuse
+            args.name,
+            args.trace,
+            args.out,
+            args.max_jobs,
+            not args.quiet,
+            args.reuse,
+            args.arrival_scale,
+            args.timeout_s,
         )
     except (TraceError, OSError, compare.CompareError) as err:
         print(f"megha-loadgen experiment: {err}", file=sys.stderr)
         return 2
     print(f"## {EXPERIMENTS[args.name].title}\n")
-    print(compare.markdown_table(runs))
+    print(markdown_table(args.name, runs))
     for line in headline(args.name, runs):
         print(f"\n{line}", end="")
     print(f"\n\nwrote {args.out / args.name}")

@@ -25,21 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from services._proto.megha.v1 import common_pb2
-
-END_STATES = frozenset(
-    {
-        common_pb2.TASK_STATE_SUCCEEDED,
-        common_pb2.TASK_STATE_FAILED,
-        common_pb2.TASK_STATE_REJECTED,
-        common_pb2.TASK_STATE_CANCELLED,
-    }
-)
-# States that end one attempt (the task goes on as the next attempt, or ends).
-ATTEMPT_ENDS = END_STATES | {
-    common_pb2.TASK_STATE_PREEMPTED,
-    common_pb2.TASK_STATE_LOST,
-    common_pb2.TASK_STATE_RETRYING,
-}
+from services.core.states import ATTEMPT_ENDED, TERMINAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,11 +82,11 @@ def check(
         stamps = event.timestamps
         if event.state == common_pb2.TASK_STATE_RUNNING and stamps.started_unix_nanos:
             starts[key].add((event.node_id, stamps.started_unix_nanos))
-        if event.state in ATTEMPT_ENDS and stamps.finished_unix_nanos:
+        if event.state in ATTEMPT_ENDED and stamps.finished_unix_nanos:
             if stamps.started_unix_nanos:  # the end of a run, not of a queued attempt
                 starts[key].add((event.node_id, stamps.started_unix_nanos))
             finished[key] = max(finished.get(key, 0), stamps.finished_unix_nanos)
-        if event.state in END_STATES:
+        if event.state in TERMINAL:
             ended.add(event.task_id)
         if event.state == common_pb2.TASK_STATE_SUCCEEDED and stamps.started_unix_nanos:
             # (an end learnt without its run's stamps, e.g. from a GM's book, proves no run)

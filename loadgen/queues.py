@@ -282,7 +282,7 @@ class LiveAttempts:
 
     def add_event(self, event: Any, now_ns: int) -> None:
         from services._proto.megha.v1 import common_pb2
-        from services.local_master.service import ENDED as ATTEMPT_ENDED  # an attempt's end
+        from services.core.states import RELEASED  # the end of an attempt an LM held
 
         queue = self.index.get(event.queue)
         if queue is None:
@@ -293,7 +293,7 @@ class LiveAttempts:
             row[1] = stamps.queued_unix_nanos
         if event.state == common_pb2.TASK_STATE_RUNNING:
             row[2] = stamps.started_unix_nanos or now_ns
-        elif event.state in ATTEMPT_ENDED:
+        elif event.state in RELEASED:
             row[2] = row[2] or stamps.started_unix_nanos
             row[3] = stamps.finished_unix_nanos or now_ns
             if event.state == common_pb2.TASK_STATE_PREEMPTED:

@@ -27,12 +27,14 @@ import grpc
 
 from loadgen import report
 from loadgen.events import AcceptedTasks, EventLog, TaskRows
-from loadgen.sim.engine import Progress, bar
 from loadgen.trace import ReadStats, TraceError, TraceJob
 from services._proto.megha.v1 import common_pb2
-from services.client import GlobalMasterClient
+from services.app.operator import WorkloadError
 from services.common.argtypes import positive_float, positive_int
+from services.common.client import GlobalMasterClient
+from services.common.config import FederationConfig
 from services.common.convert import resources_to_proto
+from services.common.progress import Progress, bar
 from services.core.resources import resources
 
 DEFAULT_MEMORY_MB = 128  # .tr tasks ask for no memory; a live node validates > 0
@@ -354,6 +356,37 @@ async def replay_trace(
     if out is not None:
         result.files = write_report(out, result)
     return result
+
+
+class TraceReplay:
+    """``megha up --replay TRACE``: the trace replayed once the federation is ready, its
+    report printed (a ``services.app.operator.Workload``; ``megha up`` then stops)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.loaded: tuple[list[TraceJob], ReadStats] | None = None
+
+    def load(self) -> None:
+        try:
+            self.loaded = read_replay(self.args.replay, self.args.max_jobs)
+        except (TraceError, OSError) as err:
+            raise WorkloadError(f"--replay: {err}") from err
+
+    async def run(self, config: FederationConfig) -> int:
+        args = self.args
+        result = await replay_trace(
+            args.replay,
+            [g.target for g in config.gms],
+            speedup=args.speedup,
+            max_jobs=args.max_jobs,
+            queues=[q.name for q in config.effective_queues()],
+            out=Path(args.out) if getattr(args, "out", "") else None,
+            progress=Progress(),
+            loaded=self.loaded,
+            timeout_s=getattr(args, "timeout", None),
+        )
+        print(result.render(), flush=True)
+        return 0 if result.completed == result.tasks else 1
 
 
 # ---------------------------------------------------------------------------- CLI

@@ -186,6 +186,38 @@ def detail_percentiles(tasks: Iterable[Stamps]) -> dict[str, dict[str, float | N
     return {name: percentiles(values) for name, values in columns.items()}
 
 
+def per_gm(gms: Sequence[str], alloc: Sequence[float]) -> dict[str, dict[str, Any]]:
+    """summary.json's ``per_gm``: for each GM (the one serving the task's user queue), its
+    started tasks and their mean and p99 allocation time. Decentralization is only fair if
+    these stay close: a GM that always loses the race for freed workers shows here first.
+    ``gms[i]`` names task ``i``'s GM ("" for none: left out)."""
+    values = np.asarray(alloc, dtype=float)
+    names = np.asarray(gms, dtype=object)
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted({str(g) for g in names if g}, key=_natural):
+        mine = values[names == name]
+        if mine.size:
+            p99 = float(np.percentile(mine, 99.0))
+            out[name] = {"tasks": int(mine.size), "mean_s": float(mine.mean()), "p99_s": p99}
+    return out
+
+
+def _natural(name: str) -> tuple[str, int]:
+    """``gm2`` before ``gm10``."""
+    head = name.rstrip("0123456789")
+    tail = name[len(head) :]
+    return head, int(tail) if tail else -1
+
+
+def gm_spread(summary: Mapping[str, Any]) -> float | None:
+    """Max over min of the per-GM mean allocation time (1.0: every GM's users wait alike);
+    None without two GMs that placed tasks, or when the fastest GM's mean is zero."""
+    means = [g["mean_s"] for g in (summary.get("per_gm") or {}).values() if g.get("tasks")]
+    if len(means) < 2 or min(means) <= 0:
+        return None
+    return max(means) / min(means)
+
+
 def make_summary(
     *,
     target: str,

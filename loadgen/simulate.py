@@ -68,6 +68,13 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         default=defaults.finish_notify,
         help="who hears of a finished task before the next heartbeat",
     )
+    parser.add_argument(
+        "--arrival-scale",
+        type=positive_float,
+        default=defaults.arrival_scale,
+        help="multiply every arrival time by this (0.5: the jobs arrive in half the span, "
+        "twice the load)",
+    )
     parser.add_argument("--policy", choices=sorted(POLICIES), default=defaults.policy)
     parser.add_argument("--probe-ratio", type=positive_float, default=defaults.probe_ratio)
     parser.add_argument(
@@ -102,6 +109,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         finish_notify=args.finish_notify,
         policy=args.policy,
         probe_ratio=args.probe_ratio,
+        arrival_scale=args.arrival_scale,
         fair_share=args.fair_share or args.queues is not None,
         queues=load_queues(args.queues) if args.queues is not None else (),
         seed=args.seed,
@@ -109,8 +117,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
 
 
 def main(args: argparse.Namespace) -> int:
-    from loadgen.sim.engine import Progress
     from loadgen.sim.run import render, simulate, write_report
+    from services.common.progress import Progress
 
     try:
         config = config_from_args(args)

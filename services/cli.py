@@ -322,14 +322,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         if args.command == "up":
-            from services import operator
+            from services.app import operator
 
-            return operator.up(args)
+            workload = None
+            if args.replay:  # the load generator's, handed down: the app does not import it
+                from loadgen.replay import TraceReplay
+
+                workload = TraceReplay(args)
+            return operator.up(args, workload)
         config = load_config(args.config)
         use_tls(config.tls)
         if args.command in ROLES:
+            from services.app.runner import serve_role
             from services.common.logs import setup_logging
-            from services.common.runner import serve_role
 
             setup_logging(f"{args.command}:{getattr(args, 'id', None) or ''}", args.log_level)
             if args.command in ("gm", "lm"):
@@ -348,12 +353,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             setup_logging("autoscale", args.log_level)
             path = str(Path(args.config).resolve()) if args.config else ""
             return asyncio.run(serve(config, path, Path(args.log_dir) if args.log_dir else None))
-        from services import operator
+        from services.app import operator
 
         if args.command == "drain":
             return asyncio.run(operator.drain(args, config))
         if args.command == "nodes":
-            from services.nodes import nodes
+            from services.common.nodes import nodes
 
             return asyncio.run(nodes(args, config))
         return asyncio.run(operator.client_command(args, config))
@@ -385,7 +390,7 @@ def _bench_hops(args: argparse.Namespace) -> int:
 def _bench_predict(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from services.predictor.bench import bench_predict, render_predict
+    from services.bench_predict import bench_predict, render_predict
     from services.predictor.lifetime_model import ModelError
 
     try:

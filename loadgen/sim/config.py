@@ -12,15 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from loadgen.queues import QueueFileError, QueueSpec, check_gms
+from services.core.contention import OWNER_GRACE_S
+from services.core.scheduler import MAX_REJECTIONS, ROUND_PER_QUEUE
 
 SCHEDULERS = ("megha", "sparrow", "central")
 FINISH_NOTIFY = ("all", "owner", "none")
 
-# The live GM takes up to this many tasks from a queue per scheduling round
-# (services/global_master/service.py: ROUND_PER_QUEUE) and gives up on a task the LMs
-# rejected this often until the view changes (MAX_REJECTIONS).
-LIVE_ROUND_PER_QUEUE = 512
-LIVE_MAX_REJECTIONS = 20
+# The scheduler core takes up to this many tasks from a queue per scheduling round and
+# gives up on a task the LMs rejected this often until the view changes.
+LIVE_ROUND_PER_QUEUE = ROUND_PER_QUEUE
+LIVE_MAX_REJECTIONS = MAX_REJECTIONS
 
 
 class SimConfigError(ValueError):
@@ -70,6 +71,12 @@ class SimConfig:
     the live LM's default); a GM further behind gets a full snapshot."""
     policy: str = "first-fit"
     """Placement policy of GM and LM (``services.core.match.POLICIES``)."""
+    owner_grace_s: float = OWNER_GRACE_S
+    """Room freed on a GM's partition is left to that GM this long before others
+    repartition onto it (``services.core.contention.OwnerFirst``; 0: no such rule)."""
+    arrival_scale: float = 1.0
+    """Multiplies every job's arrival time since the first (0.5: arrivals compressed into
+    half the span, so the same trace loads the cluster twice as hard)."""
     seed: int = 0
     """Seeds the generator behind every random choice (heartbeat phases, Sparrow probes)."""
 
@@ -92,13 +99,15 @@ class SimConfig:
         for name in ("round_size", "max_rejections", "lm_delta_history"):
             if getattr(self, name) < 1:
                 raise SimConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("network_delay_s", "gm_match_s", "lm_validate_s"):
+        for name in ("network_delay_s", "gm_match_s", "lm_validate_s", "owner_grace_s"):
             if getattr(self, name) < 0:
                 raise SimConfigError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.heartbeat_interval_s <= 0:
             raise SimConfigError("heartbeat_interval_s must be positive")
         if self.probe_ratio <= 0:
             raise SimConfigError("probe_ratio must be positive")
+        if not self.arrival_scale > 0:
+            raise SimConfigError(f"arrival_scale must be positive, got {self.arrival_scale}")
         if self.queues:
             if self.scheduler == "sparrow":
                 raise SimConfigError("the sparrow model has no user queues")

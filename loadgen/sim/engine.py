@@ -1,16 +1,15 @@
 """The discrete-event engine: a heap of ``(time_ns, seq, handler, args)`` and a virtual clock.
 
 Handlers run in time order; ``seq`` breaks ties in scheduling order, so a run is a pure
-function of its inputs and seed. Wall time is read only to redraw the progress line.
+function of its inputs and seed. (The progress line a run draws is
+``services/common/progress.py``.)
 """
 
 from __future__ import annotations
 
 import heapq
-import sys
-import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any
 
 Handler = Callable[..., None]
 
@@ -49,40 +48,3 @@ class Engine:
 
     def __len__(self) -> int:
         return len(self._heap)
-
-
-class Progress:
-    """One status line, redrawn at most twice a second (a plain line per 5 s off a tty)."""
-
-    def __init__(self, stream: TextIO | None = None, enabled: bool = True) -> None:
-        self.stream = stream if stream is not None else sys.stderr
-        self.enabled = enabled
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._period = 0.5 if self.tty else 5.0
-        self._last = 0.0
-        self._dirty = False
-
-    def show(self, line: Callable[[], str], force: bool = False) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        if not force and now - self._last < self._period:
-            return
-        self._last = now
-        if self.tty:
-            self.stream.write(f"\r{line()}\x1b[K")
-            self._dirty = True
-        else:
-            self.stream.write(line() + "\n")
-        self.stream.flush()
-
-    def done(self) -> None:
-        if self._dirty:
-            self.stream.write("\n")
-            self.stream.flush()
-            self._dirty = False
-
-
-def bar(fraction: float, width: int = 24) -> str:
-    filled = max(0, min(width, int(fraction * width)))
-    return "[" + "#" * filled + "." * (width - filled) + "]"

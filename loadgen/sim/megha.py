@@ -9,6 +9,8 @@ as the live services, with messages, heartbeats and processing as timed events.
         rejected ──delay──▶ reply with ClusterState.snapshot(since GM's version)
                              ──▶ GM: release reservation, GlobalView.apply, retry first
     every heartbeat_interval_s per LM ──delay──▶ every GM applies the LM's delta snapshot
+    (a message every GM hears, an end or a heartbeat, reaches them in a seeded random
+    order: live, each GM consumes its own queue, and none is always first)
     no node anywhere ──▶ fairness (Alg. 2, when on) else the task waits (parked) until the
         view changes, exactly as the live GM (services/global_master/service.py)
 
@@ -20,7 +22,6 @@ park, not N. Decisions, their order, and the per-round shape cache are the live 
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,12 +40,14 @@ from loadgen.sim.workload import TaskLog, Workload
 from services.core.cluster_state import ClusterState
 from services.core.constraints import DEFAULT_NUM_CONSTRAINTS
 from services.core.fairness import FairShare, QueueShare, usage_by_queue
-from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
-from services.core.limits import LimitLedger, QueueLimits
+from services.core.global_view import ApplyResult, GlobalView, PreemptionPlan
+from services.core.limits import QueueLimits
+from services.core.lm_lifecycle import Lifecycle
 from services.core.match import make_policy
 from services.core.resources import resources
+from services.core.scheduler import Decided, Scheduler
 from services.core.snapshot import Snapshot
-from services.core.status import PlacementStatus, Schedulability
+from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
 
@@ -53,41 +56,88 @@ ACCEPTED = PlacementStatus.ACCEPTED
 
 @dataclass(eq=False, slots=True)
 class TaskRun:
-    """Consecutive tasks of one job with one shape, waiting in a user queue, in order."""
+    """Consecutive tasks of one job with one shape, waiting in a user queue, in order:
+    the scheduler core's ``Work`` (a backlog of identical tasks parks as one item)."""
 
     tasks: list[int]
     shape: int
+    specs: list[TaskSpec | None]  # every task's spec, by task index (the simulator's)
     pos: int = 0
+    rejections: int = 0
+    lease: int = 0
+
+    def head(self) -> TaskSpec:
+        spec = self.specs[self.tasks[self.pos]]
+        assert spec is not None
+        return spec
+
+    def take(self) -> int:
+        self.pos += 1
+        return self.tasks[self.pos - 1]
+
+    def join(self, other: TaskRun) -> bool:
+        if other.shape != self.shape:
+            return False
+        self.tasks.extend(other.tasks[other.pos :])
+        return True
 
     def __len__(self) -> int:
         return len(self.tasks) - self.pos
 
 
+class _Orders:
+    """Seeded random orders of the GMs, for messages every GM hears at the same moment.
+
+    Live, every GM consumes its own copy of a heartbeat or lifecycle event, so which GM
+    acts on freed room first is a race none wins always. Delivering in ``self.gms`` order
+    made gm0 win every race (issue 29: per-GM mean allocation time rose with the GM's
+    index, 17x apart at 5,000 workers). Permutations are drawn in blocks: one per
+    message would cost more than the message.
+    """
+
+    BLOCK = 4096
+
+    def __init__(self, rng: np.random.Generator, count: int):
+        self.rng = rng
+        self.count = count
+        self._block: list[list[int]] = []
+
+    def shuffled(self, gms: list[SimGM]) -> list[SimGM]:
+        if len(gms) < 2:
+            return gms
+        if len(gms) != self.count:  # not every GM: rare (owner-only notices are one)
+            return [gms[i] for i in self.rng.permutation(len(gms))]
+        if not self._block:
+            rows = np.tile(np.arange(self.count), (self.BLOCK, 1))
+            self._block = self.rng.permuted(rows, axis=1).tolist()
+        return [gms[i] for i in self._block.pop()]
+
+
 @dataclass(eq=False)
 class SimLM:
     index: int
-    state: ClusterState
+    life: Lifecycle  # the LM's decisions over its books (the simulator keeps no tasks)
     busy_until: int = 0
     published: int | None = None  # version of the last heartbeat; None: send a full one
+
+    @property
+    def state(self) -> ClusterState:
+        return self.life.books
 
 
 @dataclass(eq=False)
 class SimGM:
     index: int
     gm_id: str
-    view: GlobalView
-    queues: UserQueues[TaskRun]
+    scheduler: Scheduler[TaskRun]
     busy_until: int = 0
     round_pending: bool = False
-    # Per user queue, the tail of its parked deque if it waits for "no node" and nothing
-    # was unparked since: a later run of its shape can join it (same order, one item
-    # instead of many).
-    last_parked: dict[str, TaskRun] = field(default_factory=dict)
-    infeasible_shapes: dict[int, bool] = field(default_factory=dict)
-    pledged: set[str] = field(default_factory=set)  # victims of preemptions under way
-    pledge_epoch: int = 0  # bumped whenever ``pledged`` changes
-    # (queue, shape) -> the view (table versions) and pledge epoch Alg. 2 refused it in
-    refused: dict[tuple[str, int, bytes], tuple] = field(default_factory=dict)
+    recheck_at: int | None = None  # a round asked to try parked work again then
+    infeasible_shapes: dict[tuple[str, int], bool] = field(default_factory=dict)
+
+    @property
+    def view(self) -> GlobalView:
+        return self.scheduler.view
 
 
 @dataclass
@@ -134,6 +184,7 @@ class MeghaSim:
         self.validate_ns = ns(config.lm_validate_s)
         self.heartbeat_ns = ns(config.heartbeat_interval_s)
         self.remaining = workload.tasks
+        self._orders = _Orders(rng, config.gms)
         self.total_capacity = resources(
             cpu_milli=config.cores_per_worker * 1000 * config.workers,
             memory_mb=config.memory_per_worker_mb * config.workers,
@@ -168,8 +219,20 @@ class MeghaSim:
             SimGM(
                 index=g,
                 gm_id=gm_ids[g],
-                view=GlobalView(gm_ids[g], make_policy(config.policy), num_constraints),
-                queues=UserQueues(n for n, at in zip(names, self.queue_gm, strict=True) if at == g),
+                scheduler=Scheduler(
+                    GlobalView(
+                        gm_ids[g],
+                        make_policy(config.policy),
+                        num_constraints,
+                        owner_grace_s=config.owner_grace_s,
+                    ),
+                    UserQueues(n for n, at in zip(names, self.queue_gm, strict=True) if at == g),
+                    self.fair if config.fair_share else None,
+                    self.limits,
+                    round_per_queue=config.round_size,
+                    max_rejections=config.max_rejections,
+                    explain=False,
+                ),
             )
             for g in range(config.gms)
         ]
@@ -180,12 +243,14 @@ class MeghaSim:
         self.lms = [
             SimLM(
                 index,
-                ClusterState(
-                    f"lm{index}",
-                    gm_ids,
-                    num_constraints,
-                    make_policy(config.policy),
-                    delta_history=config.lm_delta_history,
+                Lifecycle(
+                    ClusterState(
+                        f"lm{index}",
+                        gm_ids,
+                        num_constraints,
+                        make_policy(config.policy),
+                        delta_history=config.lm_delta_history,
+                    )
                 ),
             )
             for index in range(config.lms)
@@ -249,19 +314,21 @@ class MeghaSim:
                 continue
             run = runs.get(q)
             if run is None or run.shape != shape:
-                run = runs[q] = TaskRun([], shape)
-                gm.queues.push(queue, run)
+                run = runs[q] = TaskRun([], shape, self.specs)
+                gm.scheduler.submit(queue, run)
             run.tasks.append(task)
             woken[gm.index] = gm
         for gm in woken.values():
             self._wake(gm)
 
     def _infeasible(self, gm: SimGM, shape: int, spec: TaskSpec) -> bool:
-        """The live GM refuses a task no node could ever hold at submission."""
-        known = gm.infeasible_shapes.get(shape)
+        """The live GM refuses a task that can never run at submission (remembered per
+        queue and shape: the simulated nodes never change)."""
+        key = (spec.queue, shape)
+        known = gm.infeasible_shapes.get(key)
         if known is None:
-            verdict = gm.view.assess(spec).schedulability
-            known = gm.infeasible_shapes[shape] = verdict is Schedulability.INFEASIBLE
+            never = gm.scheduler.never_runs(spec.queue, spec, None)
+            known = gm.infeasible_shapes[key] = never is not None
         return known
 
     # ------------------------------------------------------------ GM rounds
@@ -271,135 +338,50 @@ class MeghaSim:
             self.engine.at(max(self.engine.now, gm.busy_until), self._round, gm)
 
     def _round(self, gm: SimGM) -> None:
-        """One scheduling round of the live GM (``_schedule_round``), in virtual time."""
+        """One scheduling round of the scheduler core, in virtual time: the GM is busy
+        ``gm_match_s`` per match, and sends one message per (LM, launch|repartition)."""
         gm.round_pending = False
         now = self.engine.now
-        view, queues, log = gm.view, gm.queues, self.log
-        dequeued, decided = log.stamps["dequeued"], log.stamps["decided"]
-        specs, shape_of = self.specs, self.workload.shape_of
-        groups: dict[tuple[int, bool], list[tuple[int, TaskSpec, Placement]]] = defaultdict(list)
-        preempts: list[tuple[int, TaskSpec, PreemptionPlan]] = []
-        failed: set[tuple[str, int]] = set()  # (queue, shape)s that found no node this round
-        budget = self.config.round_size
-        matches = 0
+        plan = gm.scheduler.round(now / 1e9)
+        dequeued, decided = self.log.stamps["dequeued"], self.log.stamps["decided"]
         lm_index = {lm.state.lm_id: lm.index for lm in self.lms}
-        popped: deque[tuple[str, TaskRun]] = deque()  # one run from each queue of the GM
-        # Queue limits as the live GM checks them (there, a GM that has not heard from
-        # every LM waits; the simulated GMs know every LM from the start).
-        ledger = LimitLedger(self.limits, view.queue_usage()) if self.limits else None
-        while budget > 0:
-            if not popped:
-                popped.extend(queues.pop_round(1))
-                if not popped:
-                    break
-            queue, run = popped.popleft()
-            if (queue, run.shape) in failed:
-                self._park(gm, queue, run, no_node=True)
-                continue
-            at_limit = False
-            while budget > 0 and run.pos < len(run.tasks):
-                task = run.tasks[run.pos]
-                spec = specs[task]
-                if ledger is not None and ledger.check(queue, spec.resources) is not None:
-                    at_limit = True
-                    break
-                matches += 1
-                placement = view.match(spec)
-                if placement is None:
-                    plan = self._preemption_plan(gm, spec)
-                    if plan is None:
-                        failed.add((queue, int(shape_of[task])))
-                        break
-                    if ledger is not None:
-                        ledger.take(queue, spec.resources)
-                    run.pos += 1
-                    budget -= 1
-                    dequeued[task] = now
-                    decided[task] = now + matches * self.match_ns
-                    preempts.append((task, spec, plan))
-                    continue
-                view.reserve(placement, spec)
-                if ledger is not None:
-                    ledger.take(queue, spec.resources)
-                run.pos += 1
-                budget -= 1
-                dequeued[task] = now
-                decided[task] = now + matches * self.match_ns
-                groups[(lm_index[placement.lm_id], placement.repartition)].append(
-                    (task, spec, placement)
-                )
-            if run.pos < len(run.tasks):
-                if (queue, run.shape) in failed:
-                    self._park(gm, queue, run, no_node=True)
-                elif at_limit:  # until a task of the queue ends (a view change)
-                    self._park(gm, queue, run, no_node=False)
-                else:
-                    queues.push_front(queue, run)
-        for queue, run in reversed(popped):  # popped, but the budget ran out first
-            queues.push_front(queue, run)
-        end = now + matches * self.match_ns
+        end = now + plan.matches * self.match_ns
         gm.busy_until = end
         self.counters.rounds += 1
-        self.counters.matches += matches
+        self.counters.matches += plan.matches
         sent = end + self.delay
-        for (lm_i, repartition), items in groups.items():
-            lm = self.lms[lm_i]
-            known = view.lms[lm.state.lm_id].version
+        view = gm.view
+        for (lm_id, repartition), items in plan.launches.items():
+            for d in items:
+                dequeued[d.handle] = now
+                decided[d.handle] = now + d.match * self.match_ns
+            lm = self.lms[lm_index[lm_id]]
             if repartition:
                 self.counters.repartitions += len(items)
+            known = view.lms[lm_id].version
             self.engine.at(sent, self._lm_place, lm, gm, repartition, items, known)
-        for task, spec, plan in preempts:
-            lm = self.lms[lm_index[plan.lm_id]]
-            known = view.lms[plan.lm_id].version
+        for p in plan.preemptions:
+            dequeued[p.handle] = now
+            decided[p.handle] = now + p.match * self.match_ns
+            lm = self.lms[lm_index[p.plan.lm_id]]
+            known = view.lms[p.plan.lm_id].version
             self.counters.preemption_attempts += 1
-            self.engine.at(sent, self._lm_preempt, lm, gm, task, spec, plan, known)
-        if any(queues.ready(name) for name in queues.names):
+            self.engine.at(sent, self._lm_preempt, lm, gm, p.handle, p.spec, p.plan, known)
+        if plan.more:
             self._wake(gm)
+        if plan.recheck_in is not None:
+            at = now + ns(plan.recheck_in)
+            if gm.recheck_at is None or at < gm.recheck_at:
+                gm.recheck_at = at
+                self.engine.at(at, self._recheck, gm, at)
 
-    def _park(self, gm: SimGM, queue: str, run: TaskRun, no_node: bool) -> None:
-        """``UserQueues.park``, merging into the parked tail when both wait for no node.
-
-        Sound because a shape that found no node keeps finding none until the view
-        changes, and every view change unparks (and forgets ``last_parked``).
-        """
-        last = gm.last_parked.get(queue)
-        if no_node and last is not None and last.shape == run.shape:
-            last.tasks.extend(run.tasks[run.pos :])
-            return
-        gm.queues.park(queue, run)
-        if no_node:
-            gm.last_parked[queue] = run
-        else:
-            gm.last_parked.pop(queue, None)
-
-    def _unpark(self, gm: SimGM) -> int:
-        gm.last_parked.clear()
-        return gm.queues.unpark()
-
-    def _preemption_plan(self, gm: SimGM, spec: TaskSpec) -> PreemptionPlan | None:
-        """The live GM's ``_unplaceable``: Alg. 2 when shares are configured, else wait."""
-        if not self.config.fair_share or len(self.fair.queues) < 2:
-            return None
-        # Alg. 2 is a function of the view and the pledged victims: while neither changed,
-        # a (queue, shape) it refused is refused again, so the answer is remembered (the
-        # decisions are the live GM's; only the repeated work is saved).
-        key = (spec.queue, spec.constraint_mask, spec.resources.tobytes())
-        token = (
-            gm.pledge_epoch,
-            tuple((id(v.table), v.table.version) for v in gm.view.lms.values()),
-        )
-        if gm.refused.get(key) == token:
-            return None
-        plan = gm.view.preemption_plan(spec, self.fair, gm.pledged)
-        if not isinstance(plan, PreemptionPlan):
-            gm.refused[key] = token
-            return None
-        gm.pledge_epoch += 1
-        # As the live GM: pledge the victims so no other task picks them while the
-        # request is out, and book the task on the node in their place.
-        gm.pledged.update(plan.victims.task_ids)
-        gm.view.reserve_preemption(plan, spec)
-        return plan
+    def _recheck(self, gm: SimGM, at: int) -> None:
+        """The live GM's ``_unpark_all`` timer: parked work is tried again."""
+        if gm.recheck_at != at:
+            return  # an earlier recheck took its place
+        gm.recheck_at = None
+        if gm.scheduler.unpark():
+            self._wake(gm)
 
     # ------------------------------------------------------------- LM requests
     def _lm_place(
@@ -407,22 +389,21 @@ class MeghaSim:
         lm: SimLM,
         gm: SimGM,
         repartition: bool,
-        items: list[tuple[int, TaskSpec, Placement]],
+        items: list[Decided],
         known: int,
     ) -> None:
         now = self.engine.now
-        place = lm.state.repartition if repartition else lm.state.launch
         t = max(now, lm.busy_until)
-        rejected: list[tuple[int, TaskSpec]] = []
-        for task, spec, placement in items:
+        rejected: list[tuple[int, TaskSpec, PlacementStatus]] = []
+        for d in items:
             t += self.validate_ns
-            decision = place(gm.gm_id, spec, placement.node)
+            decision, _ = lm.life.place(gm.gm_id, d.spec, d.placement.node, repartition)
             if decision.status is ACCEPTED:
                 if repartition:
                     self.counters.repartitions_accepted += 1
-                self._start(lm, task, placement.node, now, t)
+                self._start(lm, d.handle, d.placement.node, now, t)
             elif not decision.ok:
-                rejected.append((task, spec))
+                rejected.append((d.handle, d.spec, decision.status))
         lm.busy_until = t
         state = lm.state.snapshot(known) if rejected else None
         if state is not None and state.full:
@@ -459,19 +440,21 @@ class MeghaSim:
             gms = [self.gms[int(self.log.gm[task])]]
         else:
             return
-        self.engine.at(self.engine.now + self.delay, self._gms_learn_end, lm, spec.task_id, gms)
+        self.engine.at(
+            self.engine.now + self.delay, self._gms_learn_end, lm, spec.task_id, attempt, gms
+        )
 
     def _finish_count(self) -> None:
         self.remaining -= 1
         if self.remaining == 0:
             self.engine.stop()
 
-    def _gms_learn_end(self, lm: SimLM, task_id: str, gms: list[SimGM]) -> None:
+    def _gms_learn_end(self, lm: SimLM, task_id: str, attempt: int, gms: list[SimGM]) -> None:
         """The live GM's ``_on_events``: credit a finished task back before the heartbeat."""
         lm_id = lm.state.lm_id
-        for gm in gms:
+        for gm in self._orders.shuffled(gms):
             self.counters.finish_notices += 1
-            if gm.view.release(lm_id, task_id) and self._unpark(gm):
+            if gm.scheduler.ended([(lm_id, task_id, attempt)], self.engine.now / 1e9):
                 self._wake(gm)
 
     def _lm_preempt(
@@ -487,7 +470,7 @@ class MeghaSim:
             itertools.chain.from_iterable(other.state.allocations.values() for other in self.lms)
         )
         total = self.total_capacity
-        decision = state.preempt(
+        decision, _ = lm.life.preempt(
             gm.gm_id,
             spec,
             plan.victims.node,
@@ -501,8 +484,15 @@ class MeghaSim:
                 self._requeue(victim.task_id, t)
             self._start(lm, task, plan.victims.node, now, t)
             if self.config.finish_notify == "all":  # the PREEMPTED events of the live LM
-                for victim_id in victims:
-                    self.engine.at(t + self.delay, self._gms_learn_end, lm, victim_id, self.gms)
+                for victim in decision.preempted:
+                    self.engine.at(
+                        t + self.delay,
+                        self._gms_learn_end,
+                        lm,
+                        victim.task_id,
+                        victim.attempt,
+                        self.gms,
+                    )
         snap = state.snapshot(known) if not decision.ok else None
         self.engine.at(
             t + self.delay,
@@ -512,7 +502,7 @@ class MeghaSim:
             task,
             spec,
             plan,
-            decision.ok,
+            decision.status,
             victims,
             snap,
         )
@@ -552,24 +542,27 @@ class MeghaSim:
     def _requeued(self, gm: SimGM, task: int) -> None:
         spec = self.specs[task]
         assert spec is not None
-        gm.queues.push(spec.queue, TaskRun([task], int(self.workload.shape_of[task])))
+        run = TaskRun([task], int(self.workload.shape_of[task]), self.specs)
+        gm.scheduler.submit(spec.queue, run)
         self._wake(gm)
 
     # ------------------------------------------------------------- GM replies
     def _gm_reply(
-        self, gm: SimGM, lm: SimLM, rejected: list[tuple[int, TaskSpec]], state: Snapshot | None
+        self,
+        gm: SimGM,
+        lm: SimLM,
+        rejected: list[tuple[int, TaskSpec, PlacementStatus]],
+        state: Snapshot | None,
     ) -> None:
         lm_id = lm.state.lm_id
-        for _, spec in rejected:
-            # Undo the optimistic reservation first; the LM's state then overwrites every
-            # node that really changed.
-            gm.view.release(lm_id, spec.task_id)
+        for _, spec, _ in rejected:
+            gm.scheduler.refused(lm_id, spec.task_id)
         if state is not None:
             self.counters.inconsistencies += 1
             self._apply(gm, lm, state)
-        for task, _ in rejected:
+        for task, _, status in rejected:
             self.counters.rejected_placements += 1
-            self._rejected(gm, task)
+            self._rejected(gm, task, status)
         if rejected:
             self._wake(gm)
 
@@ -580,33 +573,27 @@ class MeghaSim:
         task: int,
         spec: TaskSpec,
         plan: PreemptionPlan,
-        ok: bool,
+        status: PlacementStatus,
         victims: list[str],
         state: Snapshot | None,
     ) -> None:
-        gm.pledged.difference_update(plan.victims.task_ids)
-        gm.pledge_epoch += 1
-        if not ok:
-            gm.view.release(plan.lm_id, spec.task_id)  # the booking made with the plan
+        gm.scheduler.preempt_replied(plan, spec.task_id, status.ok)
         if state is not None:
             self._apply(gm, lm, state)
-        if ok:
+        if status.ok:
             self.counters.preemptions += len(victims)
-            for victim in victims:
-                gm.view.release(plan.lm_id, victim)
         else:
-            self._rejected(gm, task)
+            self._rejected(gm, task, status)
             self._wake(gm)
 
-    def _rejected(self, gm: SimGM, task: int) -> None:
-        self.log.rejections[task] += 1
-        run = TaskRun([task], int(self.workload.shape_of[task]))
+    def _rejected(self, gm: SimGM, task: int, status: PlacementStatus) -> None:
+        log = self.log
+        run = TaskRun([task], int(self.workload.shape_of[task]), self.specs)
+        run.rejections = int(log.rejections[task])
         spec = self.specs[task]
         assert spec is not None
-        if self.log.rejections[task] >= self.config.max_rejections:
-            self._park(gm, spec.queue, run, no_node=False)
-        else:
-            gm.queues.push_front(spec.queue, run)
+        gm.scheduler.rejected(spec.queue, run, status)
+        log.rejections[task] = run.rejections
 
     # ------------------------------------------------------------- heartbeats
     def _heartbeat(self, lm: SimLM, reschedule: bool = True) -> None:
@@ -626,16 +613,15 @@ class MeghaSim:
             self.engine.at(self.engine.now + self.heartbeat_ns, self._heartbeat, lm)
 
     def _deliver_heartbeat(self, lm: SimLM, snap: Snapshot) -> None:
-        for gm in self.gms:
+        for gm in self._orders.shuffled(self.gms):
             self._apply(gm, lm, snap)
 
     def _apply(self, gm: SimGM, lm: SimLM, snap: Snapshot) -> None:
         """The live GM's ``_apply_state``: fold in, fetch full state if the delta is too new."""
-        result = gm.view.apply(snap, self.engine.now / 1e9)
+        result, wake = gm.scheduler.apply(snap, self.engine.now / 1e9)
         if result is ApplyResult.NEEDS_FULL:
             self.engine.at(self.engine.now + self.delay, self._get_state, gm, lm)
-            return
-        if result is ApplyResult.APPLIED and self._unpark(gm):
+        elif wake:
             self._wake(gm)
 
     def _get_state(self, gm: SimGM, lm: SimLM) -> None:

@@ -17,11 +17,12 @@ import numpy as np
 from loadgen import report
 from loadgen.queues import render as render_queues
 from loadgen.sim.config import SimConfig, SimConfigError
-from loadgen.sim.engine import Engine, Progress, bar
+from loadgen.sim.engine import Engine
 from loadgen.sim.megha import MeghaSim
 from loadgen.sim.sparrow import SparrowSim
 from loadgen.sim.workload import TaskLog, Workload
 from loadgen.trace import ReadStats, TraceJob, read_tr
+from services.common.progress import Progress, bar
 
 # Summary keys that depend on the machine, not on the model: left out when runs are
 # compared for determinism.
@@ -53,13 +54,18 @@ def simulate(
     progress: Progress | None = None,
     trace_name: str = "",
     machine_masks: np.ndarray | None = None,
+    wall_limit_s: float | None = None,
 ) -> SimResult:
-    """Run ``jobs`` through the configured scheduler; deterministic for a seed."""
+    """Run ``jobs`` through the configured scheduler; deterministic for a seed.
+
+    ``wall_limit_s``: stop after this much wall time (a sweep stays bounded); the summary
+    then says ``"timed_out": true`` and counts only what was done by then."""
     config.check()
     began = time.monotonic()
     cpu_began = time.process_time()
     progress = progress or Progress(enabled=False)
     workload = Workload.from_jobs(jobs)
+    workload.scale_arrivals(config.arrival_scale)
     engine = Engine()
     rng = np.random.default_rng(config.seed)
     model: MeghaSim | SparrowSim
@@ -83,7 +89,17 @@ def simulate(
             f"{engine.events:,} events, wall {time.monotonic() - began:.0f} s"
         )
 
-    engine.run(tick=lambda: progress.show(line))
+    deadline = None if wall_limit_s is None else began + wall_limit_s
+    timed_out = False
+
+    def tick() -> None:
+        nonlocal timed_out
+        progress.show(line)
+        if deadline is not None and time.monotonic() > deadline:
+            timed_out = True
+            engine.stop()
+
+    engine.run(tick=tick)
     sim_wall = time.monotonic() - sim_began
     progress.show(line, force=True)
     progress.done()
@@ -94,6 +110,9 @@ def simulate(
     # CPU seconds of this process: what the run costs when the machine is shared.
     summary["cpu_s"] = round(time.process_time() - cpu_began, 3)
     summary["sim_tasks_per_wall_s"] = round(workload.tasks / wall, 1) if wall > 0 else 0.0
+    if timed_out:
+        summary["timed_out"] = True
+        summary["wall_limit_s"] = wall_limit_s
     return SimResult(summary, model.log, workload)
 
 
@@ -131,6 +150,7 @@ def summarise(
             "finish_notices": c.finish_notices,
         }
         gms, lms = effective.gms, effective.lms
+        extra["per_gm"] = report.per_gm([f"gm{g}" for g in log.gm[started].tolist()], alloc)
         if effective.queues:
             extra["queues"], extra["queues_backlogged_s"] = model.queue_report()
     else:
@@ -151,6 +171,7 @@ def summarise(
         tasks=workload.tasks,
         completed=int(np.count_nonzero(finished)),
         alloc_s=report.percentiles(alloc),
+        alloc_mean_s=float(alloc.mean()) if alloc.size else None,
         components_s=report.component_medians(measured),
         **counters,
         throughput_tasks_per_s=round(throughput, 3),

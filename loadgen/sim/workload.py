@@ -54,6 +54,13 @@ class Workload:
         """Job index of every task."""
         return np.repeat(np.arange(self.jobs), np.diff(self.first))
 
+    def scale_arrivals(self, scale: float) -> None:
+        """Multiply every job's arrival time since the first by ``scale`` (0.5: the
+        trace's jobs arrive in half the time, twice the load on the same cluster)."""
+        if scale != 1.0:
+            since = (self.arrival_ns - START_NS).astype(float) * scale
+            self.arrival_ns = np.rint(since).astype(np.int64) + START_NS
+
     @classmethod
     def from_jobs(cls, jobs: Iterable[TraceJob], num_constraints: int = 64) -> Workload:
         job_ids: list[str] = []

@@ -43,18 +43,18 @@ from services._proto.megha.v1 import (
     predictor_pb2,
     predictor_pb2_grpc,
 )
-from services.client import GlobalMasterClient
+from services.common.client import GlobalMasterClient
 from services.common.config import AutoscaleConfig, FederationConfig
 from services.common.convert import resources_from_proto, resources_to_proto
-from services.common.runner import wait_all_healthy
-from services.common.server import channel
+from services.common.nodes import NodeRow, lm_nodes, node_rows
+from services.common.server import channel, wait_all_healthy
 from services.core.autoscale import (
     ALIVE,
     DRAINING,
     STARTING,
-    Decision,
     Pool,
     PoolNode,
+    ScaleDecision,
     active_nodes,
     busy_nodes,
     decide,
@@ -63,7 +63,6 @@ from services.core.autoscale import (
 from services.core.constraints import to_mask
 from services.core.forecast import Seasons
 from services.core.resources import NUM_RESOURCES, parse_resources
-from services.nodes import NodeRow, lm_nodes, node_rows
 from services.predictor.demand import (
     LAGS,
     MAX_HISTORY_DAYS,
@@ -313,7 +312,7 @@ class Look:
     target: np.ndarray  # max(forecast, demand), within the pool's min and max
     method: str
     nodes: list[PoolNode]
-    decision: Decision
+    decision: ScaleDecision
 
 
 class Autoscaler:
@@ -490,7 +489,7 @@ class Autoscaler:
         self._report(look)
         return look
 
-    async def _act(self, decision: Decision, draining: set[str]) -> None:
+    async def _act(self, decision: ScaleDecision, draining: set[str]) -> None:
         """Carry out ``decision``; ``draining``: the ids the pools' LMs hold drained (an
         LM keeps a drain by node id, so a slot's next node would start drained)."""
         for p, slot in decision.start:

@@ -92,6 +92,9 @@ KEPT_QUEUE_IDLE_S = 7 * 24 * 3600.0
 _STREAM_ACK_EVERY_S = 0.05
 # Bound on the broker round trips of cancel/close, so shutdown never hangs on a dead broker.
 _CLOSE_TIMEOUT_S = 5.0
+# An enqueue not confirmed within this fails (TimeoutError): its caller retries or
+# tells its client (see RabbitBus.enqueue).
+ENQUEUE_TIMEOUT_S = 10.0
 # Errors that mean "this channel or connection is gone"; the broker requeues what we held.
 _GONE = (AMQPError, ChannelInvalidStateError, ConnectionError, asyncio.TimeoutError)
 
@@ -397,14 +400,18 @@ class RabbitBus(Bus):
     async def enqueue(self, queue: str, body: bytes) -> None:
         self._require()
         name = self.queue_name(queue)
-        await self._work_queue(name)
-        try:
-            await self._publish_persistent(name, body)
-        except PublishError:
-            # Returned as unroutable: the queue was deleted since we declared it.
-            self._work_queues.discard(name)
+        # Bounded: a publish on a robust channel whose connection is lost waits for the
+        # reconnection, and one caught in it may never be confirmed (aio-pika #636); the
+        # caller's retry may then store it twice, which consumers tell apart by task id.
+        async with asyncio.timeout(ENQUEUE_TIMEOUT_S):
             await self._work_queue(name)
-            await self._publish_persistent(name, body)
+            try:
+                await self._publish_persistent(name, body)
+            except PublishError:
+                # Returned as unroutable: the queue was deleted since we declared it.
+                self._work_queues.discard(name)
+                await self._work_queue(name)
+                await self._publish_persistent(name, body)
 
     async def _publish_persistent(self, name: str, body: bytes) -> None:
         assert self._confirmed is not None

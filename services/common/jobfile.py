@@ -30,8 +30,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from services.client import TaskTemplate
 from services.common.argtypes import ENV_NAME
+from services.common.client import TaskTemplate
 from services.common.convert import MAX_RETRIES, PRIORITY_RANGE
 from services.core.constraints import ConstraintError, from_mask, parse_constraints
 from services.core.resources import ResourceError, parse_resources
@@ -44,7 +44,7 @@ class JobFileError(ValueError):
     """What is wrong with a job file, one line per mistake."""
 
 
-class TaskSpec(BaseModel):
+class JobFileTask(BaseModel):
     """One entry of ``tasks`` (or the ``defaults``)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -97,8 +97,8 @@ class JobFile(BaseModel):
 
     job_id: str = ""
     queue: str = ""
-    defaults: TaskSpec = Field(default_factory=TaskSpec)
-    tasks: list[TaskSpec] = Field(min_length=1)
+    defaults: JobFileTask = Field(default_factory=JobFileTask)
+    tasks: list[JobFileTask] = Field(min_length=1)
 
 
 def load_job(
@@ -136,15 +136,15 @@ def load_job(
 
 
 def build_template(
-    spec: TaskSpec,
+    spec: JobFileTask,
     num_constraints: int,
-    defaults: TaskSpec | None = None,
+    defaults: JobFileTask | None = None,
     constraint_names: Mapping[str, int] | None = None,
 ) -> TaskTemplate:
     """What ``megha submit`` builds its tasks from, for a task of a job file under its
     ``defaults``, or for the task the command line describes; ``ResourceError``,
     ``ConstraintError`` or ``ValueError`` say what is wrong."""
-    defaults = TaskSpec() if defaults is None else defaults
+    defaults = JobFileTask() if defaults is None else defaults
     command = _pick(spec, defaults, "command") or []
     image = _pick(spec, defaults, "image") or ""
     if spec.env and not (command or image):
@@ -167,7 +167,7 @@ def build_template(
     )
 
 
-def _pick(spec: TaskSpec, defaults: TaskSpec, name: str) -> Any:
+def _pick(spec: JobFileTask, defaults: JobFileTask, name: str) -> Any:
     """The task's own value, else the default's."""
     value = getattr(spec, name)
     return getattr(defaults, name) if value is None else value

@@ -21,7 +21,7 @@ from prometheus_client import start_http_server
 from services.common.checked_requests import CheckedRequests
 
 if TYPE_CHECKING:
-    from services.common.config import TlsConfig
+    from services.common.config import FederationConfig, TlsConfig
 
 log = logging.getLogger("megha.server")
 
@@ -268,3 +268,20 @@ async def wait_healthy(target: str, timeout_s: float = 10.0, service: str = "") 
             if asyncio.get_running_loop().time() > deadline:
                 raise TimeoutError(f"{target} did not become healthy within {timeout_s:.0f} s")
             await asyncio.sleep(0.1)
+
+
+def endpoints(config: FederationConfig) -> list[tuple[str, str]]:
+    """Every gRPC server of ``config`` that answers health checks, named: GMs, LMs, the
+    predictor."""
+    out = [(f"GM {g.id}", g.target) for g in config.gms]
+    out += [(f"LM {m.id}", m.target) for m in config.lms]
+    if config.predictor is not None:
+        out.append(("predictor", config.predictor.target))
+    return out
+
+
+async def wait_all_healthy(config: FederationConfig, timeout_s: float = 30.0) -> None:
+    """``wait_healthy`` for every one of ``endpoints(config)`` at once."""
+    import asyncio
+
+    await asyncio.gather(*(wait_healthy(t, timeout_s) for _, t in endpoints(config)))

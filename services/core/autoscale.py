@@ -140,7 +140,7 @@ class PoolNode:
 
 
 @dataclass
-class Decision:
+class ScaleDecision:
     start: list[tuple[int, int]] = field(default_factory=list)  # (pool, slot)
     undrain: list[str] = field(default_factory=list)
     drain: list[str] = field(default_factory=list)
@@ -174,9 +174,9 @@ def decide(
     target: Sequence[int],
     now: float,
     idle_s: float,
-) -> Decision:
+) -> ScaleDecision:
     """What to do so each pool holds ``target`` nodes, within its bounds."""
-    out = Decision()
+    out = ScaleDecision()
     for p, pool in enumerate(pools):
         mine = [n for n in nodes if n.pool == p]
         want = int(min(max(int(target[p]), pool.low), pool.high))

@@ -21,6 +21,7 @@ from bitarray import bitarray
 from bitarray.util import ones
 
 from services.core.constraints import DEFAULT_NUM_CONSTRAINTS
+from services.core.contention import OWNER_GRACE_S, OwnerFirst
 from services.core.fairness import FairShare, Victims, pick_victims
 from services.core.gpa import task_usage
 from services.core.match import NO_NODE, FirstFit, PlacementPolicy, assess, match
@@ -166,7 +167,7 @@ class LMView:
     # them again before the table changes would find none again (an overloaded
     # federation otherwise re-scans every full partition for every task).
     misses: set[tuple] = field(default_factory=set)
-    miss_at: tuple[NodeTable | None, int] = (None, -1)  # (table, its version)
+    miss_at: tuple[NodeTable | None, int, int] = (None, -1, 0)  # (table, version, holds)
 
     def queue_usage(self) -> dict[str, np.ndarray]:
         """Resources held per queue on this LM (the view's own arrays: do not change)."""
@@ -216,9 +217,13 @@ class GlobalView:
         num_constraints: int = DEFAULT_NUM_CONSTRAINTS,
         constraint_labels: Mapping[int, str] | None = None,
         silent_after_s: float = math.inf,
+        owner_grace_s: float = OWNER_GRACE_S,
     ):
+        """``owner_grace_s``: room freed on another GM's partition is left to that GM for
+        this long before this one repartitions onto it (``OwnerFirst``; 0: no rule)."""
         self.gm_id = gm_id
         self.silent_after_s = silent_after_s  # see ``silent``
+        self.owner_first = OwnerFirst(owner_grace_s) if owner_grace_s > 0 else None
         self.policy: PlacementPolicy = policy or FirstFit()
         self.num_constraints = num_constraints
         self.constraint_labels = dict(constraint_labels or {})  # id -> name, for reasons
@@ -242,6 +247,8 @@ class GlobalView:
                 return ApplyResult.STALE
             if not snapshot.full:
                 return ApplyResult.NEEDS_FULL
+            if self.owner_first is not None:
+                self.owner_first.forget(snapshot.lm_id)
             self._apply_full(snapshot, now)
             return ApplyResult.APPLIED
         if view is not None and snapshot.version <= view.version:
@@ -383,6 +390,8 @@ class GlobalView:
         """Drop an LM (gone silent for too long); its nodes take no more placements."""
         if self.lms.pop(lm_id, None) is not None:
             self._order.remove(lm_id)
+            if self.owner_first is not None:
+                self.owner_first.forget(lm_id)
 
     def reserve(self, placement: Placement, task: TaskSpec, now: float | None = None) -> None:
         """Optimistic deduction after deciding a placement; kept until a snapshot shows
@@ -506,6 +515,9 @@ class GlobalView:
         if allocation is not None:
             back = allocation.resources if evicted is None else allocation.resources - evicted[1]
             view.table.give_back(allocation.node, back, allocation.usage_mean, allocation.usage_var)
+            owned = view.internal is not None and view.internal[allocation.node]
+            if ended and now is not None and self.owner_first is not None and not owned:
+                self.owner_first.freed(lm_id, view.table.size, allocation.node, now)
         # A preemption that ended (the task ran) killed its victims; one that was refused
         # or never left did not: they hold their node again.
         self._end_eviction(view, task_id, allocation, restore=not ended)
@@ -523,6 +535,9 @@ class GlobalView:
     def _search(self, task: TaskSpec, internal: bool, now: float | None) -> Placement | None:
         count = len(self._order)
         start = self._rr_internal if internal else self._rr_external
+        owner_first = None if internal or now is None else self.owner_first
+        if owner_first is not None:
+            owner_first.expire(now)
         # Everything a policy's verdict depends on besides the table.
         shape = (
             internal,
@@ -538,12 +553,15 @@ class GlobalView:
             if within is None or (now is not None and self.silent(view.lm_id, now)):
                 continue
             table = view.table
-            stamp = (table, table.version)  # NodeTable compares by identity
+            # NodeTable compares by identity; a hold that ended offers nodes again.
+            stamp = (table, table.version, self.owner_first.epoch if self.owner_first else 0)
             if view.miss_at != stamp:
                 view.misses.clear()
                 view.miss_at = stamp
             elif shape in view.misses:
                 continue
+            if owner_first is not None:
+                within = owner_first.exclude(view.lm_id, within)
             node = match(table, task, self.policy, within)
             if node == NO_NODE:
                 view.misses.add(shape)
@@ -554,6 +572,10 @@ class GlobalView:
                     self._rr_external = slot + 1
                 return Placement(view.lm_id, node, view.table.node_ids[node], not internal)
         return None
+
+    def held_until(self) -> float | None:
+        """When the next node held for its owner (``OwnerFirst``) is anyone's again."""
+        return self.owner_first.next_due() if self.owner_first is not None else None
 
     def assess(self, task: TaskSpec) -> Verdict:
         """Placeable now, later (with why), or never, judged on this view."""

@@ -362,7 +362,7 @@ def first_among(candidates: np.ndarray) -> int:
     return int(idx[0]) if len(idx) else NO_HOST
 
 
-class BestFit:
+class BestFitBaseline:
     """Baseline: ignore lifetimes; the fitting host with the least room left wins."""
 
     name = "best_fit"
@@ -507,7 +507,7 @@ class Lava:
         return host, (4 if host != NO_HOST else -1)
 
 
-POLICIES: dict[str, type] = {p.name: p for p in (BestFit, LaBinary, Las, Lava)}
+POLICIES: dict[str, type] = {p.name: p for p in (BestFitBaseline, LaBinary, Las, Lava)}
 
 
 def make_lifetime_policy(name: str) -> LifetimePolicy:

@@ -133,18 +133,30 @@ class UserQueues(Generic[T]):
 
     def pop_round(self, per_queue: int) -> list[tuple[str, T]]:
         """Up to ``per_queue`` items from each non-empty queue (its highest priorities
-        first), starting after the queue the previous round started with, so no queue
-        is always served first."""
+        first), in ``rotation`` order."""
         out: list[tuple[str, T]] = []
-        count = len(self.names)
-        for step in range(count):
-            name = self.names[(self._next + step) % count]
+        for name in self.rotation():
             ready = self._ready[name]
             if ready.count:
                 out.extend((name, item) for item in ready.take(per_queue))
-        if count:
-            self._next = (self._next + 1) % count
         return out
+
+    def rotation(self) -> list[str]:
+        """The queues in the order a round serves them: starting after the queue the
+        previous round started with, so no queue is always served first."""
+        count = len(self.names)
+        if not count:
+            return []
+        start = self._next
+        self._next = (self._next + 1) % count
+        return [self.names[(start + step) % count] for step in range(count)]
+
+    def take(self, queue: str) -> T | None:
+        """The next ready item of ``queue`` (highest priority first), or None."""
+        ready = self._ready.get(queue)
+        if ready is None or not ready.count:
+            return None
+        return ready.take(1)[0]
 
     def items(self, queue: str) -> Iterator[T]:
         """Every item of ``queue``, ready (highest priority first) then parked."""

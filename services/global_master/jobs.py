@@ -16,21 +16,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from services._proto.megha.v1 import common_pb2, global_master_pb2
+from services.core.states import REQUEUED, TERMINAL
 
-TERMINAL = {
-    common_pb2.TASK_STATE_SUCCEEDED,
-    common_pb2.TASK_STATE_FAILED,
-    common_pb2.TASK_STATE_REJECTED,
-    common_pb2.TASK_STATE_CANCELLED,
-}
 # States in which a task's end is still to come, from the LM that holds it.
 _OPEN = {common_pb2.TASK_STATE_PLACED, common_pb2.TASK_STATE_RUNNING}
-# How an attempt ends when the task is queued again as its next attempt.
-_REQUEUED = {
-    common_pb2.TASK_STATE_RETRYING,
-    common_pb2.TASK_STATE_LOST,
-    common_pb2.TASK_STATE_PREEMPTED,
-}
 # States after which a task with the same id and attempt may be queued again.
 _NOT_TAKEN = {common_pb2.TASK_STATE_UNSPECIFIED, common_pb2.TASK_STATE_REJECTED}
 # Lifecycle order: a late, older event never overwrites a newer state of the same attempt.
@@ -223,7 +212,7 @@ class JobBook:
         if not (newer_attempt or same_attempt_later or status.state == 0):
             # An earlier attempt's event, after a later attempt was heard of.
             remembered = _remember_node(status, event.attempt, event.lm_id, event.node_id)
-            if event.state in _REQUEUED and event.attempt + 1 == status.attempt:
+            if event.state in REQUEUED and event.attempt + 1 == status.attempt:
                 # The previous attempt's end.
                 status.previous_end.CopyFrom(event)
                 job.store(status, before)
@@ -249,6 +238,30 @@ class JobBook:
             self.open.pop((job.job_id, task_id), None)
         for watcher in job.watchers:
             watcher.put_nowait(event)
+
+    def accepted(self, task: common_pb2.Task, lm_id: str) -> None:
+        """An LM accepted ``task``: PLACED there, unless an event already told as much
+        or more. Should every event of the task be lost (a broker restart while it ran),
+        the book still names the LM to ask how it ended (``GlobalMaster._recover_lost_ends``);
+        shown QUEUED, with no LM, it would stay so for ever."""
+        job = self.jobs.get(task.job_id)
+        status = job.status(task.task_id) if job is not None else None
+        if status is not None and (
+            status.attempt > task.attempt
+            or (status.attempt == task.attempt and status.state != common_pb2.TASK_STATE_QUEUED)
+        ):
+            return
+        self.apply(
+            common_pb2.TaskEvent(
+                task_id=task.task_id,
+                job_id=task.job_id,
+                queue=task.queue,
+                state=common_pb2.TASK_STATE_PLACED,
+                lm_id=lm_id,
+                attempt=task.attempt,
+                timestamps=task.timestamps,
+            )
+        )
 
     def taken(self, job_id: str, tasks: Iterable[common_pb2.Task]) -> set[str]:
         """The ids of ``tasks`` this GM already knows as queued, placed, running or ended,
@@ -293,7 +306,7 @@ def _carry_previous_end(
     """``new`` (of attempt ``attempt``, default its own) follows ``old``: keep how the
     attempt just before it ended, if ``old`` is that end, else drop what ``new`` kept."""
     attempt = new.attempt if attempt is None else attempt
-    if old.state in _REQUEUED and old.attempt + 1 == attempt:
+    if old.state in REQUEUED and old.attempt + 1 == attempt:
         new.previous_end.CopyFrom(status_event(job, old))
     elif old.HasField("previous_end") and old.previous_end.attempt + 1 == attempt:
         if new is not old:

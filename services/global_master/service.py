@@ -44,10 +44,20 @@ from services.common.convert import (
     resources_to_proto,
     snapshot_from_proto,
 )
+from services.common.names import (
+    CANCEL_EXCHANGE,
+    EVENT_EXCHANGE,
+    EVERY_TASK_EVENT,
+    HEARTBEAT_EXCHANGE,
+    LIST_BATCH,
+    cancel_queue,
+    event_key,
+    user_queue,
+)
 from services.common.request_stream import Launcher
+from services.common.requeue import RESTART_GRACE_S, enqueue_next_attempt
 from services.common.server import channel
 from services.core.autoscale import waiting_shapes
-from services.core.cancels import CancelledJobs
 from services.core.fairness import FairShare, QueueShare, dominant_share
 from services.core.global_view import (
     ApplyResult,
@@ -59,22 +69,20 @@ from services.core.global_view import (
 from services.core.ids import id_problem, shown
 from services.core.limits import UNLIMITED, LimitLedger, QueueLimits, limit_to_wire
 from services.core.resources import NUM_RESOURCES, RESOURCE_NAMES
+from services.core.scheduler import (
+    MAX_REJECTIONS,
+    ROUND_PER_QUEUE,
+    Drop,
+    Reply,
+    RoundPlan,
+    Scheduler,
+)
+from services.core.states import RELEASED, TERMINAL
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
-from services.global_master.jobs import TERMINAL, JobBook, status_event
+from services.global_master.jobs import JobBook, status_event
 from services.global_master.predictions import LifetimePredictions
-from services.local_master.service import (
-    CANCEL_EXCHANGE,
-    ENDED,
-    EVENT_EXCHANGE,
-    HEARTBEAT_EXCHANGE,
-    LIST_BATCH,
-    RESTART_GRACE_S,
-    cancel_queue,
-    enqueue_next_attempt,
-    user_queue,
-)
 
 log = logging.getLogger("megha.gm")
 
@@ -85,16 +93,13 @@ MAX_LISTED_JOBS = 1_000
 # the broker confirmed its job); past this one is refused RESOURCE_EXHAUSTED, telling
 # the client to retry: an overloaded GM says so at once instead of answering ever later.
 MAX_SUBMISSIONS = 10_000
-ROUND_PER_QUEUE = 512  # tasks taken from each queue per scheduling round
 # Jobs of up to this many tasks are scheduled while the broker confirms them, bigger ones
 # once it has (see SubmitJob).
 SCHEDULE_BEFORE_CONFIRM = 16
 # How long after an LM restarted a task no node in the view fits is queued, not refused.
-RESTART_SETTLE_S = 30.0
 CATCH_UP_S = 60.0  # how long a starting GM keeps asking an LM that does not answer
 RECOVER_EVERY_S = 2.0  # how often a GM looks for task ends it never heard of
 UNSTARTED_KEPT = 100_000  # accepted launches remembered until they start
-MAX_REJECTIONS = 20  # an LM rejecting a task this often parks it until the view changes
 # A launch, repartition or preemption the LM has not answered within lm_call_timeout_s
 # (config; or whose call broke) is in doubt: the LM may have read it, or may read it late (frozen,
 # overloaded). Before its tasks are placed again, the GM fences them on that LM
@@ -161,10 +166,28 @@ class Refused(Exception):
 
 @dataclass(eq=False)
 class Pending:
+    """One task waiting in a user queue: the scheduler core's ``Work`` of one task."""
+
     task: common_pb2.Task
     spec: TaskSpec
     batch: Batch
     rejections: int = 0
+
+    def head(self) -> TaskSpec:
+        return self.spec
+
+    def take(self) -> Pending:
+        return self
+
+    def join(self, _other: Pending) -> bool:
+        return False
+
+    def __len__(self) -> int:
+        return 1
+
+    @property
+    def lease(self) -> int:
+        return self.task.lease
 
 
 @dataclass
@@ -218,6 +241,19 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self._submissions = 0  # under way now, of any job id
         self._overloaded = False  # refusing submissions (said once per spell)
         self.recent = Recent()
+        # Every decision about the queued tasks: the round, replies, the view's changes.
+        self.scheduler: Scheduler[Pending] = Scheduler(
+            self.view,
+            self.queues,
+            self.fair,
+            self.limits,
+            round_per_queue=ROUND_PER_QUEUE,
+            max_rejections=MAX_REJECTIONS,
+            lm_ids=[lm.id for lm in config.lms],
+            started_at=self._started_at,
+            limit_settle_s=self.limit_settle_s,
+            withdrawn=lambda item: item.batch.cancelled,
+        )
         self._stubs = {
             lm.id: local_master_pb2_grpc.LocalMasterStub(channel(lm.target)) for lm in config.lms
         }
@@ -227,12 +263,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self._wake = asyncio.Event()
         self._loops: list[asyncio.Task] = []
         self._inflight: set[asyncio.Task] = set()
-        self._pledged: set[str] = set()  # victims of preemptions under way
-        self.cancelled = CancelledJobs()  # jobs whose tasks are dropped wherever they turn up
+        self.cancelled = self.scheduler.cancelled  # dropped wherever they turn up
         # The fencing token of this GM's requests (Task.lease): above every lease of an
         # earlier life (a restart takes far longer than the nanoseconds counted), raised
         # by each fence, so a request older than a fence is refused wherever it lands.
-        self._lease = time.time_ns()
+        self.scheduler.lease = time.time_ns()
         self._early_expiry_warned: set[str] = set()  # LMs whose clocks look off
         # Tasks an LM accepted from this GM that no event has shown started yet, by id:
         # (LM, when, the wire task). If that LM dies before passing one to its worker,
@@ -242,6 +277,14 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self._closed = False
         self.counters: dict[str, int] = defaultdict(int)
 
+    @property
+    def _lease(self) -> int:
+        return self.scheduler.lease
+
+    @_lease.setter
+    def _lease(self, lease: int) -> None:
+        self.scheduler.lease = lease
+
     # ----------------------------------------------------------- lifecycle
     async def start(self) -> None:
         self._subscriptions.append(
@@ -250,7 +293,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             )
         )
         self._subscriptions.append(
-            await self.bus.subscribe_topic(EVENT_EXCHANGE, "task.#", self._on_events)
+            await self.bus.subscribe_topic(EVENT_EXCHANGE, EVERY_TASK_EVENT, self._on_events)
         )
         self._subscriptions.append(
             await self.bus.subscribe_fanout(
@@ -423,12 +466,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 spec = parse_task(task, self.config.num_constraints)
             except InvalidTask as err:
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(err)) from None
-            never = self.view.infeasible(spec)
-            if never is not None and self.view.restarted(time.monotonic(), RESTART_SETTLE_S):
-                # Right after an LM restart its nodes come back one by one: the task
-                # waits for them rather than being refused.
-                never = None
-            never = self.limits.never_fits(queue, spec.resources) or never
+            never = self.scheduler.never_runs(queue, spec, time.monotonic())
             if never is not None:
                 raise Refused(
                     grpc.StatusCode.FAILED_PRECONDITION,
@@ -516,8 +554,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             local.cancelled = True
             self._failed[job_id] = local
             self._spawn(self._forget_failed(key, local))
-            for item in self.queues.remove(queue, lambda item: item.batch is local):
-                self._dropped_if_refused(item)
+            for item in self.scheduler.withdraw(queue, lambda item: item.batch is local):
+                self._drop(item, Drop.WITHDRAWN)
             log.warning(
                 "enqueue failed; dropping the job's unlaunched tasks",
                 extra={"job_id": job_id, "error": repr(err)},
@@ -541,7 +579,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
     def _push(self, queue: str, items: list[Pending]) -> None:
         for item in items:
-            self.queues.push(queue, item)
+            self.scheduler.submit(queue, item)
         self._wake.set()
 
     async def GetJob(self, request, context):
@@ -764,7 +802,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 await self._launched(batch)
                 continue
             self.jobs.queued(task)
-            self.queues.push(batch_msg.queue or task.queue, Pending(task, spec, batch))
+            self.scheduler.submit(batch_msg.queue or task.queue, Pending(task, spec, batch))
         self._wake.set()
 
     async def _already_launched(self, batch: common_pb2.TaskBatch) -> set[str]:
@@ -842,18 +880,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         request come back refused (REJECTED_CANCELLED: the LMs heard it too) or are
         killed where they landed; later deliveries are dropped when they arrive. Also
         when the job is known cancelled already (an LM's refusal told first)."""
-        self.cancelled.add(job_id, reason)
-        dropped: list[Pending] = []
-        for queue in list(self.queues.names):
-            dropped += self.queues.remove(queue, lambda item: item.task.job_id == job_id)
-        self._drop_cancelled(dropped)
-
-    def _dropped_if_cancelled(self, item: Pending) -> bool:
-        """A task of a cancelled job ends here, CANCELLED. True when it was dropped."""
-        if item.task.job_id not in self.cancelled:
-            return False
-        self._drop_cancelled([item])
-        return True
+        self._drop_cancelled(self.scheduler.cancel(job_id, reason))
 
     def _drop_cancelled(self, items: list[Pending]) -> None:
         """End ``items`` CANCELLED; a message whose tasks are all done now is acked."""
@@ -881,7 +908,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 for start in range(0, len(events), LIST_BATCH):
                     batch = common_pb2.TaskEventBatch(events=events[start : start + LIST_BATCH])
                     body = batch.SerializeToString()
-                    await self.bus.publish_topic(EVENT_EXCHANGE, f"task.{self.gm_id}", body)
+                    await self.bus.publish_topic(EVENT_EXCHANGE, event_key(self.gm_id), body)
             except Exception as err:  # this GM's own book has them all the same
                 log.warning("could not publish task ends", extra={"error": repr(err)})
 
@@ -893,9 +920,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
     async def _apply_state(self, msg: common_pb2.LocalMasterState) -> None:
         snapshot = snapshot_from_proto(msg, self.config.num_constraints)
-        now = time.monotonic()
-        was_silent = msg.lm_id in self.view.lms and self.view.silent(msg.lm_id, now)
-        result = self.view.apply(snapshot, now)
+        result, wake = self.scheduler.apply(snapshot, time.monotonic())
         if result is ApplyResult.NEEDS_FULL:
             stub = self._stubs.get(msg.lm_id)
             if stub is None:
@@ -906,22 +931,19 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 log.warning("GetState failed", extra={"lm": msg.lm_id, "code": err.code().name})
                 return
             snapshot = snapshot_from_proto(reply.state, self.config.num_constraints)
-            result = self.view.apply(snapshot, time.monotonic())
+            result, wake = self.scheduler.apply(snapshot, time.monotonic())
         metrics.HEARTBEATS_APPLIED.labels(self.gm_id, result.value).inc()
         if msg.sent_unix_nanos:
             age = max(0.0, (time.time_ns() - msg.sent_unix_nanos) / 1e9)
             metrics.HEARTBEAT_AGE_SECONDS.labels(self.gm_id).observe(age)
-        # An LM heard again after a silence may hold room though its books did not change
-        # (its heartbeat is then STALE): what waits for room is tried again.
-        back = was_silent and not self.view.silent(msg.lm_id, time.monotonic())
-        if (result is ApplyResult.APPLIED or back) and self.queues.unpark():
+        if wake:
             self._wake.set()
 
     async def _on_events(self, routing_key: str, body: bytes) -> None:
         self._take_events(common_pb2.TaskEventBatch.FromString(body).events)
 
     def _take_events(self, events: Iterable[common_pb2.TaskEvent]) -> None:
-        freed = False
+        ends = []
         for event in events:
             self.jobs.apply(event)
             if event.state not in (common_pb2.TASK_STATE_QUEUED, common_pb2.TASK_STATE_PLACED):
@@ -932,21 +954,15 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     and event.job_id == unstarted[2].job_id  # not another job's, refused
                 ):
                     del self._unstarted[event.task_id]
-            if event.state in ENDED:
-                freed |= self.view.release(
-                    event.lm_id,
-                    event.task_id,
-                    ended=True,
-                    attempt=event.attempt,
-                    now=time.monotonic(),
-                )
+            if event.state in RELEASED:
+                ends.append((event.lm_id, event.task_id, event.attempt))
             elif event.state == common_pb2.TASK_STATE_RUNNING and event.queue in self.my_queues:
                 stamps = event.timestamps
                 if stamps.started_unix_nanos and stamps.submitted_unix_nanos:
                     seconds = (stamps.started_unix_nanos - stamps.submitted_unix_nanos) / 1e9
                     self.recent.values.append(seconds)
                     metrics.ALLOCATION_SECONDS.labels(self.gm_id).observe(seconds)
-        if freed and self.queues.unpark():
+        if ends and self.scheduler.ended(ends, time.monotonic()):
             self._wake.set()
 
     async def _catch_up(self) -> None:
@@ -996,12 +1012,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         GM's view has them) do not hold: a suspect once, asked about if still so a round
         later (the view may just lag), from the LM, which remembers how they ended.
         Returns this round's new suspects."""
-        now: dict[tuple[str, str], global_master_pb2.TaskStatus] = {}
-        for key, status in self.jobs.open.items():
-            view = self.view.lms.get(status.lm_id)
-            held = view.allocations.get(status.task_id) if view is not None else None
-            if held is None or held.attempt < status.attempt:
-                now[key] = status
+        open_ = self.jobs.open
+        unheld = self.scheduler.unheld(
+            {key: (s.lm_id, s.task_id, s.attempt) for key, s in open_.items()}
+        )
+        now = {key: open_[key] for key in unheld}
         ask: dict[str, list[global_master_pb2.TaskStatus]] = defaultdict(list)
         for key in now.keys() & suspects:
             if now[key].lm_id in self._stubs:
@@ -1027,7 +1042,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
     async def _accepted(self, lm_id: str, item: Pending) -> None:
         """An LM took the task (launch or preemption): booked in the view, kept until an
         event shows it started, one task of its message landed."""
-        self.view.accepted(lm_id, item.task.task_id)
+        self.scheduler.accepted(lm_id, item.task.task_id)
+        self.jobs.accepted(item.task, lm_id)
         self._unstarted[item.task.task_id] = (lm_id, time.monotonic(), item.task)
         self._unstarted.move_to_end(item.task.task_id)
         while len(self._unstarted) > UNSTARTED_KEPT:
@@ -1035,23 +1051,25 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         await self._launched(item.batch)
 
     async def _requeue_lost_starts(self, lm_id: str, task_ids: set[str]) -> None:
-        """Tasks ``lm_id`` accepted from this GM, never started, and no longer knows: it
-        restarted before passing them to their workers. Queued again as their next
-        attempt, once the LM has been back long enough for every live worker to have
-        registered again and named what it runs (a task that did start is adopted)."""
-        view = self.view.lms.get(lm_id)
-        if view is None or view.restarted_at is None:
-            return
-        if time.monotonic() - view.restarted_at < self.config.worker_timeout_s + RESTART_GRACE_S:
-            return
-        for task_id in sorted(task_ids):
-            unstarted = self._unstarted.get(task_id)
-            if unstarted is None or unstarted[0] != lm_id or unstarted[1] > view.restarted_at:
+        """Tasks ``lm_id`` accepted from this GM, never started, and no longer knows
+        (``Scheduler.lost_starts``): queued again as their next attempt. One the broker
+        did not take is tried again at the next recovery round."""
+        grace_s = self.config.worker_timeout_s + RESTART_GRACE_S
+        lost = self.scheduler.lost_starts(
+            lm_id, task_ids, self._unstarted, time.monotonic(), grace_s
+        )
+        for task_id in lost:
+            task = self._unstarted[task_id][2]
+            try:
+                await enqueue_next_attempt(self.bus, task)
+            except Exception as err:
+                log.warning(
+                    "could not re-queue a task its LM lost; trying again later",
+                    extra={"lm": lm_id, "task_id": task_id, "error": repr(err)},
+                )
                 continue
-            del self._unstarted[task_id]
-            task = unstarted[2]
+            self._unstarted.pop(task_id, None)
             self._event(task, common_pb2.TASK_STATE_LOST, f"{lm_id} restarted before it started")
-            await enqueue_next_attempt(self.bus, task)
             log.warning("re-queued a task its LM lost", extra={"lm": lm_id, "task_id": task_id})
 
     async def _gauge_loop(self) -> None:
@@ -1078,73 +1096,44 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             await self._wake.wait()
             self._wake.clear()
             while True:
-                round_ = self.queues.pop_round(ROUND_PER_QUEUE)
-                if not round_:
+                plan = self.scheduler.round(time.monotonic())
+                if not plan.taken:
                     break
-                self._schedule_round(round_)
+                self._carry_out(plan)
                 await asyncio.sleep(0)  # let replies and heartbeats in between rounds
 
-    def _schedule_round(self, round_: list[tuple[str, Pending]]) -> None:
-        groups: dict[tuple[str, bool], list[tuple[Pending, Placement]]] = defaultdict(list)
-        # Within one round the view only shrinks, so a shape (queue, constraints, request)
-        # that found no node finds none for any later task either: a backlog of identical
-        # tasks costs one match per round, not one per task. The queue is part of the
-        # shape because what fairness decides depends on it.
-        failed: dict[tuple[str, int, bytes], str] = {}
+    def _carry_out(self, plan: RoundPlan[Pending]) -> None:
+        """Send what a round decided, and tell the tasks that wait why."""
         now = time.time_ns()
-        ledger = self._limit_ledger()
-        for queue, item in round_:
-            if self._dropped_if_refused(item) or self._dropped_if_cancelled(item):
-                continue
+        for item in plan.taken:
             item.task.timestamps.dequeued_unix_nanos = now
-            if ledger is not None and (why := ledger.check(queue, item.spec.resources)):
-                self._wait(queue, item, why)
-                continue
-            shape = (queue, item.spec.constraint_mask, item.spec.resources.tobytes())
-            if shape in failed:
-                self._wait(queue, item, failed[shape])
-                continue
-            placement = self.view.match(item.spec, now=time.monotonic())
-            if placement is None:
-                reason = self._unplaceable(queue, item)
-                if reason is not None:
-                    failed[shape] = reason
-                elif ledger is not None:  # a preemption makes room for it
-                    ledger.take(queue, item.spec.resources)
-                continue
-            self.view.reserve(placement, item.spec, now=time.monotonic())
-            if ledger is not None:
-                ledger.take(queue, item.spec.resources)
-            item.task.timestamps.decided_unix_nanos = now
-            groups[(placement.lm_id, placement.repartition)].append((item, placement))
-            metrics.SCHEDULE_ATTEMPTS.labels(self.gm_id, "placed").inc()
-        for (lm_id, repartition), items in groups.items():
-            self._spawn_launch([item for item, _ in items], self._send(lm_id, repartition, items))
-
-    def _limit_ledger(self) -> LimitLedger | None:
-        """What the limited queues served here hold, for one round (None: no limit here).
-
-        Until every LM has been heard from, what a queue holds is not known: a GM that
-        just started would count only part of it and overshoot. So its limited queues
-        wait for the LMs, up to ``limit_settle_s`` after the start; then what the LMs
-        heard from hold is taken as all (an LM may be down for long).
-        """
-        if not self._limited_here:
-            return None
-        unknown = None
-        unheard = sorted(set(self._stubs) - set(self.view.lms))
-        left = self._started_at + self.limit_settle_s - time.monotonic()
-        if unheard and left > 0:
-            unknown = (
-                f"this GM has not heard from {', '.join(unheard)} yet, so it does not know "
-                f"what the queue holds against its limit; waiting at most {left:.0f} s more"
+        for item, drop in plan.dropped:
+            self._drop(item, drop)
+        for item, why in plan.waiting:
+            self.jobs.set_reason(item.task.job_id, item.task.task_id, why)
+        if plan.waiting:
+            metrics.SCHEDULE_ATTEMPTS.labels(self.gm_id, "unschedulable").inc(len(plan.waiting))
+        if plan.placed:
+            metrics.SCHEDULE_ATTEMPTS.labels(self.gm_id, "placed").inc(plan.placed)
+        if plan.recheck_in is not None and self._settle_timer is None:
+            self._settle_timer = asyncio.get_running_loop().call_later(
+                plan.recheck_in, self._unpark_all
             )
-            # Nothing may change in the view meanwhile, so wake up by the clock too.
-            if self._settle_timer is None:
-                self._settle_timer = asyncio.get_running_loop().call_later(
-                    left + 0.05, self._unpark_all
-                )
-        return LimitLedger(self.limits, self.view.queue_usage(), unknown)
+        for (lm_id, repartition), decided in plan.launches.items():
+            for d in decided:
+                d.handle.task.timestamps.decided_unix_nanos = now
+            items = [(d.handle, d.placement) for d in decided]
+            self._spawn_launch([d.handle for d in decided], self._send(lm_id, repartition, items))
+        for p in plan.preemptions:
+            self._spawn_launch([p.handle], self._preempt(p.queue, p.handle, p.plan))
+
+    def _drop(self, item: Pending, drop: Drop | None) -> bool:
+        """End a task the scheduler dropped from its queue; True if it was."""
+        if drop is Drop.WITHDRAWN:
+            self._event(item.task, common_pb2.TASK_STATE_REJECTED, "the broker refused it")
+        elif drop is Drop.CANCELLED:
+            self._drop_cancelled([item])
+        return drop is not None
 
     @property
     def limit_settle_s(self) -> float:
@@ -1154,38 +1143,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
     def _unpark_all(self) -> None:
         self._settle_timer = None
-        if self.queues.unpark():
+        if self.scheduler.unpark():
             self._wake.set()
-
-    def _unplaceable(self, queue: str, item: Pending) -> str | None:
-        """No node internal or external: fairness (Alg. 2), else wait for room.
-
-        Returns why the task waits, or None when a preemption was started for it."""
-        if len(self.fair.queues) > 1:
-            plan = self.view.preemption_plan(
-                item.spec, self.fair, self._pledged, now=time.monotonic()
-            )
-            if isinstance(plan, PreemptionPlan):
-                # Pledge the victims so no other task picks them while the request is
-                # out, and book the task on the node in their place (the view gives
-                # their room back to it, and takes it again if the LM refuses).
-                self._pledged.update(plan.victims.task_ids)
-                self.view.reserve_preemption(plan, item.spec, now=time.monotonic())
-                self._spawn_launch([item], self._preempt(queue, item, plan))
-                return None
-            # Why fairness cannot help, then what the task waits for: "queue q1 is over
-            # share (32% of 25%); waiting for resources: needs ...; largest free ...".
-            room = self.view.assess(item.spec).reason or "waiting for resources"
-            reason = f"{plan}; {room}"
-        else:
-            reason = self.view.assess(item.spec).reason or "waiting for resources"
-        self._wait(queue, item, reason)
-        return reason
-
-    def _wait(self, queue: str, item: Pending, reason: str) -> None:
-        metrics.SCHEDULE_ATTEMPTS.labels(self.gm_id, "unschedulable").inc()
-        self.jobs.set_reason(item.task.job_id, item.task.task_id, reason)
-        self.queues.park(queue, item)
 
     def _spawn(self, coro) -> asyncio.Task:
         task = asyncio.create_task(coro)
@@ -1243,13 +1202,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 "launch not answered; fencing it before placing its tasks again",
                 extra={"lm": lm_id, "code": err.code().name, "tasks": len(items)},
             )
-            self.view.forget(lm_id)  # until its next heartbeat proves it is back
+            self.scheduler.unanswered(lm_id)
             held = await self._settle(lm_id, [item for item, _ in items])
             for item, _ in items:
                 if item.task.task_id in held:  # it took it after all
                     await self._accepted(lm_id, item)
-                elif not self._dropped_if_refused(item):
-                    self.queues.push_front(item.task.queue, item)
+                else:
+                    self._drop(item, self.scheduler.retry(item.task.queue, item))
             self._wake.set()
             return
         rejected = []
@@ -1258,25 +1217,14 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             if status.ok:
                 await self._accepted(lm_id, item)
             else:
-                # Undo the optimistic reservation first; the LM's state then overwrites
-                # every node that really changed.
-                self.view.release(lm_id, item.task.task_id)
+                self.scheduler.refused(lm_id, item.task.task_id)
                 rejected.append((item, status, result.reason))
         if reply.HasField("state"):
             self.counters["inconsistencies"] += 1
             metrics.INCONSISTENCIES.labels(self.gm_id, lm_id).inc()
             await self._apply_state(reply.state)
         for item, status, reason in rejected:
-            if status is PlacementStatus.REJECTED_INVALID:
-                # This LM cannot read the task (a federation file that differs between
-                # GM and LM): it can never run here, so it leaves its queue.
-                log.error("an LM refused a malformed task", extra={"lm": lm_id, "why": reason})
-                self._event(item.task, common_pb2.TASK_STATE_REJECTED, f"{lm_id}: {reason}")
-                await self._launched(item.batch)
-            elif status is PlacementStatus.REJECTED_TASK_ID_TAKEN:
-                await self._id_taken(lm_id, item, reason)
-            else:
-                self._rejected(lm_id, item, status, reason)
+            self._rejected(lm_id, item, status, reason)
         if rejected:
             self._wake.set()
 
@@ -1295,7 +1243,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
     def _rejected(self, lm_id: str, item: Pending, status: PlacementStatus, reason: str) -> None:
         if status is PlacementStatus.REJECTED_EXPIRED and lm_id not in self._early_expiry_warned:
-            # Refused as expired, yet answered before this GM gave up: delivered late
+            # Refused as expired, yet answered before this GM gave up on it: delivered late
             # (the LM was paused or overloaded), or the two clocks disagree. Retried like
             # any refusal; nothing is inferred from it (a fence, not a clock, keeps a
             # late request from running twice).
@@ -1306,60 +1254,54 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 "(if every request to it is refused, sync the clocks)",
                 extra={"lm": lm_id, "why": reason},
             )
-        if status is PlacementStatus.REJECTED_TASK_ID_TAKEN:  # (a preemption's refusal)
+        verdict = self.scheduler.rejected(item.task.queue, item, status)
+        if verdict is Reply.INVALID:
+            # This LM cannot read the task (a federation file that differs between GM and
+            # LM): it can never run here, so it leaves its queue.
+            log.error("an LM refused a malformed task", extra={"lm": lm_id, "why": reason})
+            self._event(item.task, common_pb2.TASK_STATE_REJECTED, f"{lm_id}: {reason}")
+            self._spawn(self._launched(item.batch))
+        elif verdict is Reply.ID_TAKEN:
             self._spawn(self._id_taken(lm_id, item, reason))
-            return
-        if status is PlacementStatus.REJECTED_FENCED:
-            if item.task.lease < self._lease:  # this GM fenced it since: sent again
-                self.queues.push_front(item.task.queue, item)
-                return
-            # Fenced above this GM's own lease: another GM took over its queue message
-            # (this one lost its broker connection), and that one owns it now.
+        elif verdict is Reply.LET_GO:
             log.warning(
                 "a task was fenced by a newer GM; this one lets it go",
                 extra={"lm": lm_id, "task_id": item.task.task_id},
             )
-            return
-        if self._dropped_if_refused(item) or self._dropped_if_cancelled(item):
-            return
-        if status is PlacementStatus.REJECTED_CANCELLED:  # the LM heard it first
+        elif verdict is Reply.WITHDRAWN:
+            self._drop(item, Drop.WITHDRAWN)
+        elif verdict is Reply.CANCELLED:  # known here, or the LM heard it first
             self._cancel(item.task.job_id, reason)
             self._drop_cancelled([item])
-            return
-        item.rejections += 1
-        if item.rejections >= MAX_REJECTIONS:
+        elif verdict is Reply.PARKED:
             self.jobs.set_reason(item.task.job_id, item.task.task_id, f"LM rejected: {reason}")
-            self.queues.park(item.task.queue, item)
-        else:
-            self.queues.push_front(item.task.queue, item)
 
     async def _preempt(self, queue: str, item: Pending, plan: PreemptionPlan) -> None:
         metrics.PREEMPTION_ATTEMPTS.labels(self.gm_id).inc()
         self.counters["preemption_attempts"] += 1
         self.jobs.set_reason(item.task.job_id, item.task.task_id, "waiting for preemption")
         lmv = self.view.lms.get(plan.lm_id)
+        reply = None
         try:
             reply = await self._preempt_call(plan, item, lmv)
         finally:
-            self._pledged.difference_update(plan.victims.task_ids)
+            status = placement_status_from_proto(reply.results[0].status) if reply else None
+            self.scheduler.preempt_replied(
+                plan, item.task.task_id, None if status is None else status.ok
+            )
         if reply is None:
-            self.view.release(plan.lm_id, item.task.task_id)
             if item.task.task_id in await self._settle(plan.lm_id, [item]):
                 await self._accepted(plan.lm_id, item)  # it took it after all
-            elif not self._dropped_if_refused(item) and not self._dropped_if_cancelled(item):
-                self.queues.park(queue, item)
+            else:
+                self._drop(item, self.scheduler.preempt_unanswered(queue, item))
             return
-        result = reply.results[0]
-        status = placement_status_from_proto(result.status)
-        if not status.ok:
-            self.view.release(plan.lm_id, item.task.task_id)
         if reply.HasField("state"):
             await self._apply_state(reply.state)
         if status.ok:
             self.counters["preemptions"] += len(reply.preempted_task_ids)
             await self._accepted(plan.lm_id, item)
         else:
-            self._rejected(plan.lm_id, item, status, result.reason)
+            self._rejected(plan.lm_id, item, status, reply.results[0].reason)
             self._wake.set()
 
     async def _preempt_call(self, plan: PreemptionPlan, item: Pending, lmv):
@@ -1391,15 +1333,6 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         why = f"{lm_id}: {reason}"
         self._publish_ends([self._event(item.task, common_pb2.TASK_STATE_REJECTED, why)])
         await self._launched(item.batch)
-
-    def _dropped_if_refused(self, item: Pending) -> bool:
-        """A task of a job the broker did not confirm ends here, rejected, instead of
-        going back to its queue, so that a retry (or the message, if it was stored after
-        all) queues it again. True when it was dropped."""
-        if not item.batch.cancelled:
-            return False
-        self._event(item.task, common_pb2.TASK_STATE_REJECTED, "the broker refused it")
-        return True
 
     async def _launched(self, batch: Batch) -> None:
         delivery = _one_done(batch)

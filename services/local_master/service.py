@@ -1,16 +1,19 @@
 """The Local Master process: authoritative books (``ClusterState``) behind gRPC.
 
-    GM ──Launch/Repartition/Preempt──▶ validate in ClusterState ──▶ StartTask on the worker stream
+    GM ──Launch/Repartition/Preempt──▶ Lifecycle.place | preempt ──▶ StartTask on the worker stream
        ◀── results (+ full state if any rejected)
-    worker ──heartbeats + reports──▶ release on finish, events on the topic exchange
+    worker ──register / heartbeats + reports──▶ Lifecycle.take_back | report ──▶ plan
+    plan (Kill, Start, Publish, Requeue, Journal) ──▶ worker streams, topic exchange,
+                                                     user queues (attempt + 1), journal
     every interval ──▶ LocalMasterState (full or delta) on the heartbeat fanout exchange
 
-Every decision is the core's; this module moves bytes, keeps worker sessions, and turns
-lost or preempted tasks back into durable queue messages (attempt + 1).
+Every decision is the core's (``services.core.lm_lifecycle``, over ``ClusterState``):
+this module moves bytes, keeps worker sessions, and carries out the plans it returns, in
+their order (``_carry_out``).
 
 An LM that restarts is a new ``incarnation`` with empty books; each worker, registering
 again, names what it runs and what it has not reported, and the LM books that again
-(``_take_back``). What it remembers of ended tasks (``endings``) answers GMs that missed
+(``Lifecycle.take_back``). What it remembers of ended tasks (``endings``) answers GMs that missed
 an event (``LookupTasks``) or restarted (``ListTasks``). With a ``journal`` file in its
 config, those endings are also on disk (``journal.py``), so a restarted LM still refuses
 to run an ended attempt again and still knows how it ended; and so is every task it
@@ -26,7 +29,8 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import OrderedDict, defaultdict, deque
+from collections import OrderedDict, deque
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -39,7 +43,6 @@ from services.common.bus import Bus
 from services.common.config import FederationConfig
 from services.common.convert import (
     InvalidTask,
-    next_attempt,
     parse_task,
     partition_totals,
     placement_status_to_proto,
@@ -47,35 +50,42 @@ from services.common.convert import (
     snapshot_from_proto,
     snapshot_to_proto,
 )
+from services.common.names import (
+    CANCEL_EXCHANGE,
+    EVENT_EXCHANGE,
+    HEARTBEAT_EXCHANGE,
+    LIST_BATCH,
+    cancel_queue,
+    event_key,
+)
+from services.common.requeue import RESTART_GRACE_S, enqueue_next_attempt
 from services.core.cancels import CancelledJobs
 from services.core.cluster_state import ClusterState, Decision
 from services.core.constraints import to_mask
 from services.core.fairness import FairShare, QueueShare, usage_by_queue
 from services.core.global_view import GlobalView
+from services.core.lm_lifecycle import (
+    Action,
+    Held,
+    InventoryVerdict,
+    Journal,
+    Kill,
+    Lifecycle,
+    Publish,
+    ReportVerdict,
+    Requeue,
+    Start,
+)
 from services.core.snapshot import Allocation
+from services.core.states import RELEASED
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.local_master.journal import FLUSH_S, TaskJournal
 
 log = logging.getLogger("megha.lm")
 
-HEARTBEAT_EXCHANGE = "heartbeats"
-EVENT_EXCHANGE = "events"
-CANCEL_EXCHANGE = "cancels"  # JobCancel, from the GM that took a CancelJob
-TERMINAL = {
-    common_pb2.TASK_STATE_SUCCEEDED,
-    common_pb2.TASK_STATE_FAILED,
-    common_pb2.TASK_STATE_PREEMPTED,
-    common_pb2.TASK_STATE_CANCELLED,
-}
-# Events that end an attempt (LOST, PREEMPTED and RETRYING re-queue the task as the next).
-ENDED = TERMINAL | {common_pb2.TASK_STATE_LOST, common_pb2.TASK_STATE_RETRYING}
 EVENT_RETRY_S = 0.5  # between tries to publish events while the broker is away
-LIST_BATCH = 5_000  # task events per ListTasks message, far below gRPC's 4 MiB
-# After an LM restarts, past ``worker_timeout_s`` plus this, a worker that has not
-# registered again is taken for gone with what it ran (the GM's rule for tasks the LM
-# lost, the LM's for the tasks its journal holds and no worker named: ``orphans``).
-RESTART_GRACE_S = 5.0
+REQUEUE_DRAIN_S = 5.0  # a stopping LM waits this long for its re-queues to be stored
 # A refusal that says nothing about the GM's view: no fresh state goes with it.
 CANCELLED = PlacementStatus.REJECTED_CANCELLED
 
@@ -85,31 +95,12 @@ def _expired(request, now: int) -> bool:
     return 0 < request.expires_unix_nanos < now
 
 
-def cancel_queue(process_id: str) -> str:
-    """The kept queue through which GM or LM ``process_id`` hears of cancelled jobs."""
-    return f"cancels.{process_id}"
-
-
-def user_queue(queue: str) -> str:
-    """The durable work queue that holds a user queue's pending tasks."""
-    return f"user.{queue}"
-
-
-async def enqueue_next_attempt(bus: Bus, task: common_pb2.Task) -> None:
-    """Put ``task``'s next attempt in its user queue (the LM's re-queue of a lost or
-    preempted task, and the GM's of one an LM lost before it started)."""
-    again = next_attempt(task, time.time_ns())
-    batch = common_pb2.TaskBatch(job_id=again.job_id, queue=again.queue, tasks=[again])
-    await bus.enqueue(user_queue(again.queue), batch.SerializeToString())
-
-
 @dataclass(eq=False)
 class WorkerSession:
     """An attached worker: the commands waiting for its stream, and when we last heard."""
 
     node: int
     node_id: str
-    last_seen: float
     commands: deque[local_master_pb2.WorkerCommand] = field(default_factory=deque)
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # set when commands wait
     streams: int = 0
@@ -153,8 +144,15 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         # GetTaskOutput calls waiting for their worker's SendTaskOutput, by request id.
         self._output_waiters: dict[int, asyncio.Future] = {}
         self._output_ids = itertools.count(1)
-        self.tasks: dict[str, common_pb2.Task] = {}  # running attempt's wire task, by id
         self.cancelled = CancelledJobs()  # jobs whose tasks must not run here
+        # What happens to the tasks held here (requests, reports, inventories, dead
+        # nodes, cancels, orphans) is decided there; this class carries out its actions.
+        self.life: Lifecycle[common_pb2.Task] = Lifecycle(
+            self.state,
+            self.cancelled,
+            worker_timeout_s=config.worker_timeout_s,
+            orphan_grace_s=config.worker_timeout_s + RESTART_GRACE_S,
+        )
         # Each task's final event, newest last, serialized: a quarter of the memory of
         # the message (0.27 against 0.99 KB with its key), and read only by LookupTasks
         # and ListTasks, which parse what they send.
@@ -169,8 +167,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         # is verified against global shares, not this LM's slice of them.
         self.peers = GlobalView("", num_constraints=config.num_constraints)
         self._closed = False
-        # Tasks accepted in an earlier life that no worker has named since, by id.
-        self.orphans: dict[str, common_pb2.Task] = {}
+        self._requeues: set[asyncio.Task] = set()  # re-queues on their way (``_requeue``)
         # Nodes an operator drains (DrainNode), by id: drained again when they register.
         self.draining: set[str] = set()
         path = config.lm(lm_id).journal
@@ -201,7 +198,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             self.state.remember_ended(task_id, attempt, jobs.get(task_id, ""))
         for event in recalled.events:
             self.endings[event.task_id] = event.SerializeToString()
-        self.orphans = {task.task_id: task for task in recalled.accepted}
+        self.life.recall(recalled.accepted)
         for job_id, reason in recalled.cancelled:
             self.cancelled.add(job_id, reason)
         self.draining = set(recalled.draining)
@@ -213,7 +210,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             extra={
                 "lm": self.lm_id,
                 "tasks": len(recalled.attempts),
-                "unfinished": len(self.orphans),
+                "unfinished": len(self.life.orphans),
                 "unpublished": len(recalled.unpublished),
                 "cancelled_jobs": len(recalled.cancelled),
                 "journal": str(journal.path),
@@ -241,7 +238,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         ]
         if self.journal is not None:
             self._loops.append(asyncio.create_task(self._journal_loop(), name="lm-journal"))
-        if self.orphans:
+        if self.life.orphans:
             self._loops.append(asyncio.create_task(self._orphans_loop(), name="lm-orphans"))
 
     async def shutdown(self) -> None:
@@ -256,6 +253,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         for loop in self._loops:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await loop
+        if self._requeues:  # what is on its way to the broker gets there, if it can
+            await asyncio.wait(set(self._requeues), timeout=REQUEUE_DRAIN_S)
         if self.journal is not None:
             with contextlib.suppress(Exception):
                 self._write_pending()  # before the flush, which marks them published
@@ -301,19 +300,18 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 if not stream:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
                 specs.append(Decision(PlacementStatus.REJECTED_INVALID, str(err)))
-        place = self.state.launch if kind == "launch" else self.state.repartition
+        repartition = kind == "repartition"
         results, rejected, accepted = [], False, []
         for placement, spec in zip(request.placements, specs, strict=True):
             if isinstance(spec, Decision):  # malformed: the books are not involved
                 results.append(self._result(placement.task.task_id, spec, kind))
                 continue
-            older = self.state.allocations.get(spec.task_id)
-            decision = self._refuse_cancelled(placement.task) or place(
-                request.gm_id, spec, placement.node_index
+            decision, actions = self.life.place(
+                request.gm_id, spec, placement.node_index, repartition
             )
             results.append(self._result(spec.task_id, decision, kind))
             if decision.status is PlacementStatus.ACCEPTED:
-                self._supersede(older)
+                self._apply(actions)  # an older attempt it replaced: killed, LOST
                 accepted.append(self._start(placement.task, decision.allocation, received))
             rejected |= not decision.ok and decision.status is not CANCELLED
         reply: dict = {"results": results}
@@ -333,7 +331,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             return local_master_pb2.PreemptResponse(results=[result])
         spec = await self._spec(request.task, context)
         usage, total = self.global_usage()
-        decision = self._refuse_cancelled(request.task) or self.state.preempt(
+        decision, actions = self.life.preempt(
             request.gm_id,
             spec,
             request.node_index,
@@ -344,16 +342,17 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             results=[self._result(spec.task_id, decision, "preempt")]
         )
         if decision.status is PlacementStatus.ACCEPTED:
-            # Every kill is queued for its worker before the first re-queue is awaited:
-            # the GM may place a victim's next attempt on this very node as soon as the
-            # broker has it, and the worker must read this attempt's kill first.
-            for victim in decision.preempted:
-                self._send(victim.node, kill=(victim.task_id, victim.attempt, "preempted"))
-            for victim in decision.preempted:
-                await self._requeue(victim, common_pb2.TASK_STATE_PREEMPTED, "preempted")
+            # The victims' kills and this task's start before any re-queue is awaited: a
+            # broker that is away holds the re-queues back for as long as it is, and
+            # meanwhile the task must be held here, started (a later preemption of it
+            # re-queues only a held task; a fence must find it held).
+            requeues = [a for a in actions if isinstance(a, Requeue)]
+            self._apply(a for a in actions if not isinstance(a, Requeue))
+            started = self._start(request.task, decision.allocation, received)
             metrics.PREEMPTIONS.labels(self.lm_id).inc(len(decision.preempted))
             reply.preempted_task_ids.extend(v.task_id for v in decision.preempted)
-            await self._journal_accepted([self._start(request.task, decision.allocation, received)])
+            await self._journal_accepted([started])
+            await self._carry_out(requeues)
         if not decision.ok and decision.status is not CANCELLED:  # the GM's view was wrong
             reply.state.CopyFrom(self._state_proto(request.known_version or None))
         return reply
@@ -388,38 +387,20 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 self.journal.cancel(msg.job_id, reason)
             except Exception as err:
                 self._journal_failed(err)
-        self._cancel_booked({msg.job_id})
+        # The job's booked tasks end CANCELLED, journalled like any end (a restart does
+        # not queue them again), and are killed; a worker's report of the kill finds
+        # nothing held.
+        actions = self.life.cancel({msg.job_id})
+        self._apply(actions)
+        self._count_cancelled({msg.job_id}, sum(isinstance(a, Kill) for a in actions))
 
-    def _cancel_booked(self, job_ids: set[str]) -> None:
-        """End the booked tasks of cancelled ``job_ids`` CANCELLED and kill them on their
-        workers. Their ends are journalled like any other, so a restart does not queue
-        them again; the worker's report of the kill finds nothing booked."""
-        doomed = [t for t in self.tasks.values() if t.job_id in job_ids]
-        for task in doomed:
-            allocation = self.state.allocations.get(task.task_id)
-            if allocation is None:
-                continue
-            reason = self.cancelled.reason(task.job_id) or "cancelled"
-            self.state.release(task.task_id)
-            del self.tasks[task.task_id]
-            self._event(task, common_pb2.TASK_STATE_CANCELLED, allocation.node, reason)
-            self._send(
-                allocation.node, kill=(task.task_id, allocation.attempt, f"cancelled: {reason}")
-            )
-            metrics.TASKS_FINISHED.labels(self.lm_id, "cancelled").inc()
-        if doomed:
+    def _count_cancelled(self, job_ids: set[str], killed: int) -> None:
+        if killed:
+            metrics.TASKS_FINISHED.labels(self.lm_id, "cancelled").inc(killed)
             log.info(
                 "killed the tasks of a cancelled job",
-                extra={"jobs": ",".join(sorted(job_ids)), "tasks": len(doomed)},
+                extra={"jobs": ",".join(sorted(job_ids)), "tasks": killed},
             )
-
-    def _refuse_cancelled(self, task: common_pb2.Task) -> Decision | None:
-        reason = self.cancelled.reason(task.job_id)
-        if reason is None:
-            return None
-        return Decision(
-            PlacementStatus.REJECTED_CANCELLED, f"job {task.job_id} was cancelled: {reason}"
-        )
 
     async def DrainNode(self, request, context):
         node = self.state.table.index_of(request.node_id)
@@ -478,20 +459,23 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         session = self.sessions.get(node)
         if session is None:
-            session = self.sessions[node] = WorkerSession(node, request.node_id, time.monotonic())
-        session.last_seen = time.monotonic()
-        stale, lost = self._take_back(node, request, session)
-        held = {t.job_id for t in request.running_tasks if t.job_id in self.cancelled}
-        if held:  # cancelled after this LM restarted, before the worker came back
-            self._cancel_booked(held)
-        for task_id, attempt in stale:
-            self._send(node, kill=(task_id, attempt, "this attempt ended on the LM's books"))
-        for allocation in lost:
-            await self._requeue(
-                allocation,
-                common_pb2.TASK_STATE_LOST,
-                f"worker {request.node_id} came back without it (restarted?)",
+            session = self.sessions[node] = WorkerSession(node, request.node_id)
+        self.life.heard(node, time.monotonic())
+        # Square the books with what the worker holds (see Lifecycle.take_back): what it
+        # runs unbooked is adopted (journalled, so a later restart knows it too), what
+        # it runs of cancelled jobs is cancelled, what the books saw end is killed, and
+        # what the books hold on it that it lost is re-queued.
+        pending = (c.start.task.task_id for c in session.commands if c.HasField("start"))
+        plan = self.life.take_back(node, self._inventory(request), pending)
+        adopted = plan.count(InventoryVerdict.ADOPTED)
+        if adopted:
+            log.info(
+                "took back tasks a worker holds",
+                extra={"node": node, "tasks": adopted, "incarnation": self.state.incarnation},
             )
+            metrics.TASKS_ADOPTED.labels(self.lm_id).inc(adopted)
+        self._count_cancelled(plan.cancelled_jobs, plan.cancelled)
+        await self._carry_out(plan.actions)
         self._count_workers()
         log.info("worker registered", extra={"node_id": request.node_id, "node": node})
         return local_master_pb2.RegisterWorkerResponse(
@@ -500,62 +484,25 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             heartbeat_interval_s=self.config.worker_heartbeat_interval_s,
         )
 
-    def _take_back(
-        self, node: int, request, session: WorkerSession
-    ) -> tuple[list[tuple[str, int]], list[Allocation]]:
-        """Square the books with what a registering worker holds. What it holds that the
-        books do not is booked: after an LM restart they are empty, and without this the
-        tasks would run unbooked and their ends never reach anyone; its reports then go
-        the usual way. What the books hold on the node that the worker neither holds nor
-        is yet to be sent was lost with it (a worker process that died and came back
-        before the watchdog noticed): released, for the caller to re-queue. Returns (the
-        running attempts to kill, by (id, attempt): these books saw them end or fenced
-        them; the lost allocations)."""
-        named = {t.task_id for t in request.running_tasks}
-        named.update(t.task_id for t in request.finished_tasks)
-        named.update(c.start.task.task_id for c in session.commands if c.HasField("start"))
-        for held in itertools.chain(request.running_tasks, request.finished_tasks):
-            self._unorphan(held.task_id, held.attempt)
-        lost = [
-            self.state.allocations[task_id]
-            for task_id in self.state.task_ids_on(node)
-            if task_id not in named
-        ]
-        for allocation in lost:
-            self.state.release(allocation.task_id)
-        stale: list[tuple[str, int]] = []
-        adopted = 0
-        for held, running in itertools.chain(
-            zip(request.running_tasks, itertools.repeat(True)),
-            zip(request.finished_tasks, itertools.repeat(False)),
-        ):
-            try:
-                spec = parse_task(held, self.config.num_constraints)
-            except InvalidTask as err:
-                log.warning(
-                    "worker holds a malformed task",
-                    extra={"task_id": held.task_id, "error": str(err)},
-                )
-                continue
-            booked = self.state.allocations.get(held.task_id)
-            if booked is not None and booked.node == node and booked.attempt == held.attempt:
-                continue  # known: a worker reconnecting to the LM it left
-            if self.state.adopt(spec, node) is None:
-                if running:
-                    stale.append((held.task_id, held.attempt))
-                continue
-            task = self.tasks[held.task_id] = common_pb2.Task().FromString(held.SerializeToString())
-            if self.journal is not None:  # a later restart must know it too
-                self._unaccepted.append(task)
-                self._schedule_write()
-            adopted += 1
-        if adopted:
-            log.info(
-                "took back tasks a worker holds",
-                extra={"node": node, "tasks": adopted, "incarnation": self.state.incarnation},
-            )
-            metrics.TASKS_ADOPTED.labels(self.lm_id).inc(adopted)
-        return stale, lost
+    def _inventory(self, request) -> list[Held[common_pb2.Task]]:
+        """What a registering worker names, read: running first, then the ended tasks
+        whose final report it owes. A task that cannot be read is named (its id counts)
+        but left alone; one that can is our own copy (it may be held from now on)."""
+        held: list[Held[common_pb2.Task]] = []
+        for tasks, running in ((request.running_tasks, True), (request.finished_tasks, False)):
+            for task in tasks:
+                try:
+                    spec = parse_task(task, self.config.num_constraints)
+                except InvalidTask as err:
+                    log.warning(
+                        "worker holds a malformed task",
+                        extra={"task_id": task.task_id, "error": str(err)},
+                    )
+                    held.append(Held(task, None, running))
+                    continue
+                own = common_pb2.Task.FromString(task.SerializeToString())
+                held.append(Held(own, spec, running))
+        return held
 
     async def WorkerHeartbeats(self, request_iterator, context):
         """Bidirectional: reports in, commands out, for as long as the worker stays."""
@@ -670,44 +617,20 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
 
     async def LookupTasks(self, request, context):
         reply = local_master_pb2.LookupTasksResponse()
-        held: set[str] = set()
-        for task_id in request.task_ids:
-            known = self.state.known_attempt(task_id)
-            orphan = self.orphans.get(task_id)
-            if known is None and orphan is not None:
-                known = orphan.attempt, True  # not ended: a worker may still name it
-            if known is not None and known[1]:
-                held.add(task_id)
-            if known is not None:
-                ended = self.endings.get(task_id)
-                reply.tasks.add(
-                    task_id=task_id,
-                    attempt=known[0],
-                    running=known[1],
-                    last_ended=None if ended is None else common_pb2.TaskEvent.FromString(ended),
-                )
-        if request.fence_lease:
-            # In the same step as the answer: a request of these tasks read after it,
-            # with an older lease, does nothing (see ClusterState.fence). What this LM
-            # holds (booked, or accepted before a restart and not yet named by its
-            # worker) is left alone: the GM counts it as launched, and its worker's
-            # copy must still be taken back when it registers.
-            for task_id in request.task_ids:
-                if task_id not in held:
-                    self.state.fence(task_id, request.fence_lease)
+        # Fenced (with a lease) in the same step as the answer: see Lifecycle.lookup.
+        for found in self.life.lookup(request.task_ids, request.fence_lease):
+            ended = self.endings.get(found.task_id)
+            reply.tasks.add(
+                task_id=found.task_id,
+                attempt=found.attempt,
+                running=found.running,
+                last_ended=None if ended is None else common_pb2.TaskEvent.FromString(ended),
+            )
         return reply
 
     async def ListTasks(self, request, context):
         ended = list(self.endings.values())  # parsed a batch at a time, as sent
-        events: list[common_pb2.TaskEvent] = []
-        for task_id, task in self.tasks.items():
-            allocation = self.state.allocations.get(task_id)
-            if allocation is not None:
-                started = task.timestamps.started_unix_nanos
-                state = common_pb2.TASK_STATE_RUNNING if started else common_pb2.TASK_STATE_PLACED
-                events.append(self._event_of(task, state, allocation.node))
-        for task in self.orphans.values():
-            events.append(self._event_of(task, common_pb2.TASK_STATE_PLACED, -1))
+        events = [self._event_of(task, state, node) for task, state, node in self.life.listing()]
         for start in range(0, len(ended), LIST_BATCH):
             batch = [common_pb2.TaskEvent.FromString(e) for e in ended[start : start + LIST_BATCH]]
             yield local_master_pb2.ListTasksResponse(events=batch)
@@ -715,7 +638,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             yield local_master_pb2.ListTasksResponse(events=events[start : start + LIST_BATCH])
 
     async def _on_heartbeat(self, session: WorkerSession, beat) -> None:
-        session.last_seen = now = time.monotonic()
+        now = time.monotonic()
+        self.life.heard(session.node, now)
         for report in beat.reports:
             await self._on_report(session.node, report)
         if beat.leaving and self.state.table.is_alive(session.node):
@@ -729,37 +653,19 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             session.ready.set()
 
     async def _on_report(self, node: int, report) -> bool:
-        task = self.tasks.get(report.task_id)
-        allocation = self.state.allocations.get(report.task_id)
-        if task is None or allocation is None or allocation.node != node:
-            return False  # a report about an attempt that already ended here
-        if report.attempt != allocation.attempt:
-            return False
-        if report.state == common_pb2.TASK_STATE_RUNNING and task.timestamps.started_unix_nanos:
-            return True  # a reconnecting worker's inventory: already known to run
-        task.timestamps.MergeFrom(report.timestamps)
-        if report.state == common_pb2.TASK_STATE_LOST:
-            # The worker killed it, going away (a graceful stop): queued again now, not
-            # once the watchdog takes the node for dead.
-            self.state.release(report.task_id)
-            await self._requeue(allocation, report.state, report.message)
-            return True
-        if report.state == common_pb2.TASK_STATE_FAILED and task.failures < task.max_retries:
-            # Its own failure, with retries left: the next attempt is queued now.
-            self.state.release(report.task_id)
-            task.failures += 1
+        """A worker's report: what it does is the lifecycle's (``ReportVerdict``)."""
+        outcome = self.life.report(node, report)
+        if outcome.task is not None:  # the report counts: its times are the task's
+            outcome.task.timestamps.MergeFrom(report.timestamps)
+        verdict = outcome.verdict
+        if verdict is ReportVerdict.RETRYING:
             metrics.TASKS_FINISHED.labels(self.lm_id, "retrying").inc()
-            await self._requeue(
-                allocation, common_pb2.TASK_STATE_RETRYING, report.message, report.peak_memory_mb
-            )
-            return True
-        if report.state in TERMINAL:
-            self.state.release(report.task_id)
-            del self.tasks[report.task_id]
+        elif verdict is ReportVerdict.ENDED:
             state_name = common_pb2.TaskState.Name(report.state).removeprefix("TASK_STATE_")
             metrics.TASKS_FINISHED.labels(self.lm_id, state_name.lower()).inc()
-        self._event(task, report.state, node, report.message, report.peak_memory_mb)
-        return True
+        if outcome.actions:
+            await self._carry_out(outcome.actions)
+        return verdict.accepted
 
     # --------------------------------------------------------------- helpers
     async def _spec(self, task: common_pb2.Task, context) -> TaskSpec:
@@ -796,29 +702,38 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         task = common_pb2.Task().FromString(task.SerializeToString())  # our own copy
         task.timestamps.lm_received_unix_nanos = received
         task.timestamps.lm_decided_unix_nanos = time.time_ns()
-        self.tasks[task.task_id] = task
-        self._unorphan(task.task_id, task.attempt)
-        self._send(allocation.node, start=task)
-        self._event(task, common_pb2.TASK_STATE_PLACED, allocation.node, "")
+        self._apply(self.life.hold(task, allocation))
         return task
 
-    def _supersede(self, older: Allocation | None) -> None:
-        """An older attempt the books held when a newer one of its task was accepted
-        (the books replaced it): it ends LOST, and its worker kills it, so that two
-        attempts of one task never run at once."""
-        if older is None:  # (accepted over an older attempt only by replacing it)
-            return
-        self._send(older.node, kill=(older.task_id, older.attempt, "superseded"))
-        task = self.tasks.get(older.task_id)
-        if task is not None and task.attempt == older.attempt:
-            del self.tasks[older.task_id]
-            self._event(task, common_pb2.TASK_STATE_LOST, older.node, "superseded")
+    async def _carry_out(self, actions: Iterable[Action]) -> None:
+        """Carry out a lifecycle plan, in its order; a re-queue is awaited until the
+        broker has it (``_enqueue_next``)."""
+        for action in actions:
+            if isinstance(action, Requeue):
+                await self._requeue(action.task)
+            else:
+                self._apply_one(action)
 
-    def _unorphan(self, task_id: str, attempt: int) -> None:
-        """This attempt of the task (or a later one) is held again: no orphan any more."""
-        orphan = self.orphans.get(task_id)
-        if orphan is not None and orphan.attempt <= attempt:
-            del self.orphans[task_id]
+    def _apply(self, actions: Iterable[Action]) -> None:
+        """``_carry_out`` for a plan that re-queues nothing (a start, a cancel, a
+        superseded attempt)."""
+        for action in actions:
+            self._apply_one(action)
+
+    def _apply_one(self, action: Action) -> None:
+        if isinstance(action, Publish):
+            a = action
+            self._event(a.task, a.state, a.node, a.reason, a.peak_memory_mb)
+        elif isinstance(action, Kill):
+            self._send(action.node, kill=(action.task_id, action.attempt, action.reason))
+        elif isinstance(action, Start):
+            self._send(action.node, start=action.task)
+        elif isinstance(action, Journal):
+            if self.journal is not None:  # a later restart must know it too
+                self._unaccepted.append(action.task)
+                self._schedule_write()
+        else:
+            raise TypeError(f"{action!r} must be awaited: use _carry_out")
 
     def _send(self, node: int, start=None, kill: tuple[str, int, str] | None = None) -> None:
         session = self.sessions.get(node)
@@ -835,17 +750,16 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         session.commands.append(command)
         session.ready.set()
 
-    async def _requeue(
-        self, allocation: Allocation, state: int, reason: str, peak_memory_mb: int = 0
-    ) -> None:
-        """A task that lost its place goes back to its user queue as the next attempt."""
-        task = self.tasks.get(allocation.task_id)
-        if task is None or task.attempt != allocation.attempt:
-            return  # requeued already, or a later attempt runs here now
-        del self.tasks[allocation.task_id]
-        self._event(task, state, allocation.node, reason, peak_memory_mb)
-        task.attempt = allocation.attempt
-        await self._enqueue_next(task)
+    async def _requeue(self, task: common_pb2.Task) -> None:
+        """``_enqueue_next`` in a task of the LM's own, awaited but not cancelled with its
+        caller: a GM's Preempt whose deadline passes while the broker is away, or a
+        worker's stream that ends, cancels its handler, and a re-queue cancelled with it
+        lost the task for good (the attempt has ended on the books; the chaos suite's
+        broker restart left it stuck)."""
+        job = asyncio.create_task(self._enqueue_next(task))
+        self._requeues.add(job)
+        job.add_done_callback(self._requeues.discard)
+        await asyncio.shield(job)
 
     async def _enqueue_next(self, task: common_pb2.Task) -> None:
         """Queue ``task``'s next attempt, tried again while the broker is away (a
@@ -887,7 +801,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         event.peak_memory_mb = peak_memory_mb
         self._events.append(event)
         self._events_ready.set()
-        if state in ENDED:
+        if state in RELEASED:
             self.endings[task.task_id] = event.SerializeToString()
             self.endings.move_to_end(task.task_id)
             if len(self.endings) > self.config.lm_endings_kept:
@@ -947,7 +861,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         if events:
             body = common_pb2.TaskEventBatch(events=events).SerializeToString()
             try:
-                await self.bus.publish_topic(EVENT_EXCHANGE, f"task.{self.lm_id}", body)
+                await self.bus.publish_topic(EVENT_EXCHANGE, event_key(self.lm_id), body)
             except BaseException:
                 # Kept, in order, for the next try (the broker may be restarting). What
                 # is lost anyway (sent into a dying connection) GMs recover: LookupTasks.
@@ -1005,7 +919,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         """The tasks of ``tasks`` whose attempt this LM still holds: one that ended needs
         no accepted row (and its ending may be among those a failing journal dropped,
         which would leave the row standing for ever)."""
-        return [t for t in tasks if self.tasks.get(t.task_id) is t]
+        return [t for t in tasks if self.life.tasks.get(t.task_id) is t]
 
     def _journal_failed(self, err: Exception) -> None:
         """One warning per spell of failures (a full disk may get room again)."""
@@ -1035,35 +949,33 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
     async def _orphans_loop(self) -> None:
         """Tasks accepted in an earlier life that no worker named within the grace
         period: their workers died too, or never got them. Each goes back to its queue
-        as the next attempt, this one ended LOST (so a late worker's copy is killed)."""
-        await asyncio.sleep(self.config.worker_timeout_s + RESTART_GRACE_S)
-        if self.orphans:
+        as the next attempt, this one ended LOST (so a late worker's copy is killed):
+        ``Lifecycle.expire_orphan``, one at a time, oldest first."""
+        due = self.life.arm_orphans(time.monotonic())
+        while (now := time.monotonic()) < due:  # (a timer may fire a little early)
+            await asyncio.sleep(due - now)
+        if self.life.orphans:
             log.warning(
                 "re-queueing tasks accepted before a restart that no worker holds",
-                extra={"lm": self.lm_id, "tasks": len(self.orphans)},
+                extra={"lm": self.lm_id, "tasks": len(self.life.orphans)},
             )
-        while self.orphans:
-            # Ended on the books first: a worker naming it meanwhile has its copy killed.
-            task = self.orphans.pop(next(iter(self.orphans)))  # oldest first
-            self.state.remember_ended(task.task_id, task.attempt, task.job_id)
-            await self._enqueue_next(task)
-            self._event(task, common_pb2.TASK_STATE_LOST, -1, f"{self.lm_id} restarted")
+        while (actions := self.life.expire_orphan(time.monotonic())) is not None:
+            await self._carry_out(actions)
 
     async def _watchdog_loop(self) -> None:
         """A worker silent for longer than the timeout is dead; its tasks are re-queued."""
         timeout = self.config.worker_timeout_s
         while True:
             await asyncio.sleep(min(timeout / 4, 1.0))
-            now = time.monotonic()
-            for session in list(self.sessions.values()):
-                if now - session.last_seen > timeout and self.state.table.is_alive(session.node):
-                    await self.mark_dead(session.node, f"no heartbeat for {timeout:g} s")
+            for node in self.life.silent(time.monotonic()):
+                await self.mark_dead(node, f"no heartbeat for {timeout:g} s")
 
     async def mark_dead(self, node: int, reason: str, left: bool = False) -> None:
         """Take ``node`` out and re-queue its tasks; ``left``: its worker said it shuts
         down (an operator's stop, a scale-down), which is no fault: said at info level
         when it ran nothing, so that stopping a federation is quiet."""
-        lost = self.state.set_alive(node, False)
+        loss = self.life.node_lost(node, reason)
+        lost = loss.lost
         self._count_workers()
         session = self.sessions.get(node)
         if session is not None:
@@ -1075,7 +987,4 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             "worker left" if left else "worker lost",
             extra={"node_id": self.state.table.node_ids[node], "tasks": len(lost), "why": reason},
         )
-        by_queue: dict[str, int] = defaultdict(int)
-        for allocation in lost:
-            by_queue[allocation.queue] += 1
-            await self._requeue(allocation, common_pb2.TASK_STATE_LOST, f"worker lost: {reason}")
+        await self._carry_out(loss.actions)

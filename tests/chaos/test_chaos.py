@@ -17,17 +17,18 @@ of the overlap and capacity sweeps; the summary counts them."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import signal
-import subprocess
 import time
 
 import grpc
 import pytest
 
-from loadgen.invariants import END_STATES, check
+from loadgen.invariants import check
 from services._proto.megha.v1 import common_pb2
-from tests.integration.harness import Federation, sim_tasks
+from services.core.states import TERMINAL
+from tests.integration.harness import Federation, broker_ctl, sim_tasks
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -39,7 +40,8 @@ FAULTS = [
     "gm-kill-during-lm-pause",
     "broker-restart",
 ]
-SEEDS = range(4)
+# MEGHA_CHAOS_SEEDS=N runs N seeds of each fault (CI: 4).
+SEEDS = range(int(os.environ.get("MEGHA_CHAOS_SEEDS", "4")))
 CALL_TIMEOUT_S = 1.0  # lm_call_timeout_s: an LM paused longer has its requests fenced
 WORKER_TIMEOUT_S = 4.0  # a pause shorter than this keeps the LM's workers alive
 CPU = 1000
@@ -55,10 +57,6 @@ def _tasks(rng: random.Random, count: int) -> list[common_pb2.Task]:
         task.sim.duration_s = task.expected_duration_s = round(rng.uniform(0.5, 3.0), 2)
         tasks.append(task)
     return tasks
-
-
-def _broker(action: str) -> None:
-    subprocess.run(["rabbitmqctl", action], check=True, capture_output=True, timeout=60)
 
 
 async def _strike(fed: Federation, fault: str, rng: random.Random) -> str:
@@ -103,11 +101,11 @@ async def _strike(fed: Federation, fault: str, rng: random.Random) -> str:
         return f"SIGSTOP lm-{lm} for {paused:.1f} s"
     assert fault == "broker-restart"
     try:
-        _broker("stop_app")
+        broker_ctl("stop_app")
         down = rng.uniform(1.0, 3.0)
         await asyncio.sleep(down)
     finally:
-        _broker("start_app")
+        broker_ctl("start_app")
     return f"broker stopped for {down:.1f} s"
 
 
@@ -141,13 +139,45 @@ async def _final_states(fed: Federation, jobs: list[tuple[str, str]], missing: s
         else:
             continue
         for t in job.tasks:
-            if t.task_id in missing and t.state in END_STATES:
+            if t.task_id in missing and t.state in TERMINAL:
                 events.append(
                     common_pb2.TaskEvent(
                         task_id=t.task_id, state=t.state, attempt=t.attempt, node_id=t.node_id
                     )
                 )
     return events
+
+
+async def _books(fed: Federation, jobs: list[tuple[str, str]], task_ids: set[str]) -> str:
+    """What the GMs' books say of ``task_ids`` (state, LM, attempt, why it waits)."""
+    lines = []
+    for gm_id, job_id in jobs:
+        try:
+            job = await fed.gm(gm_id).job(job_id)
+        except Exception as err:
+            lines.append(f"  {gm_id} {job_id}: {err!r}")
+            continue
+        for t in job.tasks:
+            if t.task_id in task_ids:
+                state = common_pb2.TaskState.Name(t.state)
+                lines.append(
+                    f"  {gm_id}: {t.task_id} attempt {t.attempt} {state} lm={t.lm_id} "
+                    f"node={t.node_id} {t.pending_reason}"
+                )
+    return "\nthe GMs' books:\n" + ("\n".join(lines) or "  (none)")
+
+
+def _history(events: list, task_ids: set[str]) -> str:
+    """Every event the recorder holds of ``task_ids``, to tell a failure's story."""
+    lines = []
+    for e in events:
+        if e.task_id in task_ids:
+            state = common_pb2.TaskState.Name(e.state)
+            lines.append(
+                f"  {e.task_id} attempt {e.attempt} {state} lm={e.lm_id} node={e.node_id} "
+                f"{e.reason}"
+            )
+    return "\nevents of those tasks:\n" + ("\n".join(lines) or "  (none)")
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -189,7 +219,7 @@ async def test_no_task_is_lost_or_run_twice(tmp_path, fault, seed):
         learnt: list = []  # ends the recorder missed (the broker was away), from the GMs
         seen, quiet_since = 0, time.monotonic()
         while True:
-            ended = {e.task_id for e in [*fed.events.events, *learnt] if e.state in END_STATES}
+            ended = {e.task_id for e in [*fed.events.events, *learnt] if e.state in TERMINAL}
             if acknowledged <= ended or time.monotonic() > deadline:
                 break
             if len(fed.events.events) != seen:
@@ -203,8 +233,12 @@ async def test_no_task_is_lost_or_run_twice(tmp_path, fault, seed):
         nodes = {e.node_id for e in events if e.node_id}
         report = check(events, acknowledged, cpu, dict.fromkeys(nodes, CAPACITY))
         print(f"{fault} seed {seed}: {what}; {report.summary()}")
-        assert report.ok, f"{what}: {report.summary()}\n" + "\n".join(
-            str(v) for v in report.violations[:20]
+        told = {v.task_id for v in report.violations[:5]}
+        assert report.ok, (
+            f"{what}: {report.summary()}\n"
+            + "\n".join(str(v) for v in report.violations[:20])
+            + _history(events, told)
+            + await _books(fed, jobs, told)
         )
         for _ in range(20):  # the last ends reach the books
             try:

@@ -48,7 +48,7 @@ GM = {"gm-1": ("gm-1:50050", "research"), "gm-2": ("gm-2:50051", "prod")}
 # What GM gm-2 sees: {lm: [[partition gm, nodes, free cpu milli], ...]}; run in a container.
 CLUSTER_VIEW = """
 import asyncio, json
-from services.client import GlobalMasterClient
+from services.common.client import GlobalMasterClient
 async def main():
     async with GlobalMasterClient("gm-2:50051") as client:
         view = await client.cluster()

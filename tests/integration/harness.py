@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
+import subprocess
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -18,16 +20,26 @@ from pathlib import Path
 import yaml
 
 from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
-from services.client import GlobalMasterClient
+from services.app.runner import running_gm, running_lm, running_workers
+from services.app.supervisor import Children, start_federation, wait_until_ready
 from services.common.bus import InMemoryBroker, RabbitBus, make_bus
+from services.common.client import GlobalMasterClient
 from services.common.config import FederationConfig, parse_config
-from services.common.runner import running_gm, running_lm, running_workers, wait_all_healthy
-from services.common.server import channel
-from services.local_master.service import cancel_queue, user_queue
-from services.operator import Children, start_federation, wait_until_ready
+from services.common.names import EVENT_EXCHANGE, EVERY_TASK_EVENT, cancel_queue, user_queue
+from services.common.server import channel, wait_all_healthy
 
-RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672/"
+# Another broker node for a test run (e.g. chaos runs beside other tests: a broker
+# restart must not reach them).
+RABBITMQ_URL = os.environ.get("MEGHA_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/")
 HEARTBEAT_S = 0.25
+
+
+def broker_ctl(action: str) -> None:
+    """``rabbitmqctl action`` (``stop_app``, ``start_app``) on the test broker: the node
+    MEGHA_TEST_RABBITMQ_NODE names, when MEGHA_RABBITMQ_URL points at another one."""
+    node = os.environ.get("MEGHA_TEST_RABBITMQ_NODE")
+    where = ["-n", node] if node else []
+    subprocess.run(["rabbitmqctl", *where, action], check=True, capture_output=True, timeout=60)
 
 
 def free_ports(count: int) -> list[int]:
@@ -142,7 +154,7 @@ class Federation:
     # ---------------------------------------------------------------- control
     async def __aenter__(self) -> Federation:
         await self.bus.connect()
-        await self.bus.subscribe_topic("events", "task.#", self.events.on_batch)
+        await self.bus.subscribe_topic(EVENT_EXCHANGE, EVERY_TASK_EVENT, self.events.on_batch)
         start_federation(self.config, self.config_path, self.children)
         try:
             await self.children.guard(wait_all_healthy(self.config, timeout_s=60))

@@ -17,7 +17,7 @@ import pytest
 from services._proto.megha.v1 import common_pb2
 from services.autoscaler.service import Autoscaler
 from services.common.config import AutoscaleConfig
-from services.nodes import lm_rows
+from services.common.nodes import lm_rows
 from services.worker.leftovers import proc_stat
 from tests.integration.harness import Federation, sim_tasks
 

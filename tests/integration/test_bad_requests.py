@@ -8,8 +8,8 @@ import grpc
 import pytest
 
 from services._proto.megha.v1 import common_pb2, local_master_pb2
+from services.common.names import user_queue
 from services.common.server import channel
-from services.local_master.service import user_queue
 from tests.integration.harness import Federation, job_in_state, shell_task, sim_tasks
 
 pytestmark = pytest.mark.integration

@@ -10,8 +10,8 @@ import time
 
 import grpc
 
-from services import operator
 from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
+from services.app import operator
 from services.common.server import channel
 from tests.integration.harness import Federation, sim_tasks
 

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from services._proto.megha.v1 import common_pb2
-from services.operator import JOB_ROWS, _follow, _job, _jobs
+from services.app.operator import JOB_ROWS, _follow, _job, _jobs
 from tests.integration.harness import embedded_federation, sim_tasks
 
 pytestmark = pytest.mark.integration

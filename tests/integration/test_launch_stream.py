@@ -9,11 +9,11 @@ import grpc
 import pytest
 
 from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
+from services.app.runner import running_lm
 from services.common.bus import make_bus
 from services.common.config import parse_config
 from services.common.convert import resources_to_proto
 from services.common.request_stream import Launcher
-from services.common.runner import running_lm
 from services.common.server import channel
 from services.core.resources import resources
 from tests.integration.harness import free_ports

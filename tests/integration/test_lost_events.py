@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
 import time
 
 import pytest
 
 from services._proto.megha.v1 import common_pb2
-from services.local_master.service import EVENT_EXCHANGE
-from tests.integration.harness import Federation, embedded_federation, job_in_state, sim_tasks
+from services.common.names import EVENT_EXCHANGE, EVERY_TASK_EVENT
+from tests.integration.harness import (
+    Federation,
+    broker_ctl,
+    embedded_federation,
+    job_in_state,
+    sim_tasks,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -26,20 +31,32 @@ async def test_a_gm_that_missed_the_ends_learns_them_from_the_lm():
         await client.submit(sim_tasks(4, 0.5), job_id="unheard")
         await job_in_state(client, "unheard", RUNNING, timeout_s=10)
         # The GM's event queue goes away (as in a broker restart) while the tasks end.
-        (events,) = [s for s in gm._subscriptions if getattr(s, "binding_key", "") == "task.#"]
+        subs = gm._subscriptions
+        (events,) = [s for s in subs if getattr(s, "binding_key", "") == EVERY_TASK_EVENT]
         await events.cancel()
         await asyncio.sleep(1.5)
         assert {t.state for t in (await client.job("unheard")).tasks} == {RUNNING}
         gm._subscriptions.append(
-            await gm_bus.subscribe_topic(EVENT_EXCHANGE, "task.#", gm._on_events)
+            await gm_bus.subscribe_topic(EVENT_EXCHANGE, EVERY_TASK_EVENT, gm._on_events)
         )
         job = await job_in_state(client, "unheard", SUCCEEDED, timeout_s=15)
         assert all(t.lm_id == "lm-1" and t.node_id for t in job.tasks)
         assert not gm.jobs.open
 
 
-def _broker(action: str) -> None:
-    subprocess.run(["rabbitmqctl", action], check=True, capture_output=True, timeout=60)
+async def test_a_task_whose_every_event_was_lost_still_ends_in_its_job():
+    """Its PLACED, RUNNING and SUCCEEDED events all lost (it ran within a broker
+    restart): the GM's book, told only QUEUED, must still name the LM that accepted it,
+    or no one ever asks how it ended and its job never ends."""
+    async with embedded_federation("all-events-lost") as (_config, gm, _gm_bus, client):
+        (events,) = [
+            s for s in gm._subscriptions if getattr(s, "binding_key", "") == EVERY_TASK_EVENT
+        ]
+        await events.cancel()
+        await client.submit(sim_tasks(4, 0.2), job_id="unheard")
+        job = await job_in_state(client, "unheard", SUCCEEDED, timeout_s=20)
+        assert all(t.lm_id == "lm-1" for t in job.tasks)
+        assert not gm.jobs.open
 
 
 @pytest.mark.skipif(shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl")
@@ -52,10 +69,10 @@ async def test_a_broker_restart_mid_run_loses_no_task_end(tmp_path):
                 jobs.append((gm, reply.job_id))
         await asyncio.sleep(1.0)  # some run, some wait
         try:
-            _broker("stop_app")
+            broker_ctl("stop_app")
             await asyncio.sleep(2.0)  # tasks end while nobody can hear of it
         finally:
-            _broker("start_app")
+            broker_ctl("start_app")
         deadline = time.monotonic() + 60
         for gm, job_id in jobs:
             while True:

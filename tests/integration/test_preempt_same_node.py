@@ -15,12 +15,14 @@ import asyncio
 import contextlib
 import time
 
+import grpc
 import pytest
 
 from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
+from services.app.runner import running_lm, running_workers
 from services.common.bus import InMemoryBroker, make_bus
 from services.common.config import parse_config
-from services.common.runner import running_lm, running_workers
+from services.common.names import EVENT_EXCHANGE, EVERY_TASK_EVENT
 from services.common.server import channel
 from tests.integration.harness import free_ports
 
@@ -70,7 +72,7 @@ async def _lm_with_one_worker():
         running_workers(config, None, None),
         channel(config.lm("lm-1").target) as ch,
     ):
-        await bus.subscribe_topic("events", "task.#", on_events)
+        await bus.subscribe_topic(EVENT_EXCHANGE, EVERY_TASK_EVENT, on_events)
         enqueue = bus.enqueue
 
         async def slow_enqueue(queue: str, body: bytes) -> None:
@@ -133,3 +135,80 @@ async def test_the_next_attempt_of_a_victim_runs_on_the_node_it_was_preempted_fr
         assert (0, PREEMPTED) in ends
         starts = sorted(e.attempt for e in events if e.task_id == "v" and e.state == RUNNING)
         assert starts == [0, 1]
+
+
+async def test_a_preempting_task_starts_while_its_victims_wait_for_the_broker():
+    """The victim's re-queue waits for a broker that is away; the task that preempted it
+    is started and held meanwhile. Before, the LM started it only once every re-queue
+    was confirmed: through a broker restart it sat booked but neither started nor held,
+    and when it was preempted in turn nobody re-queued it (the chaos suite's stuck task)."""
+    async with _lm_with_one_worker() as (lm, events, books):
+        reply = await lm.Launch(
+            local_master_pb2.LaunchRequest(
+                gm_id="gm-1",
+                placements=[
+                    local_master_pb2.Placement(task=_task("v", "low", 0, 30), node_index=0)
+                ],
+            ),
+            timeout=5,
+        )
+        assert reply.results[0].status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED
+        await _until(events, lambda e: e.task_id == "v" and e.state == RUNNING, "v never ran")
+        back = asyncio.Event()
+        enqueue = books.bus.enqueue
+
+        async def broker_away(queue: str, body: bytes) -> None:
+            await back.wait()
+            await enqueue(queue, body)
+
+        books.bus.enqueue = broker_away
+        preempt = local_master_pb2.PreemptRequest(
+            gm_id="gm-1", task=_task("p", "high", 0, 30), node_index=0, victim_task_ids=["v"]
+        )
+        preempted = asyncio.ensure_future(lm.Preempt(preempt, timeout=10))
+        await _until(events, lambda e: e.task_id == "p" and e.state == RUNNING, "p never ran")
+        held = await lm.LookupTasks(local_master_pb2.LookupTasksRequest(task_ids=["p"]))
+        assert [t.task_id for t in held.tasks] == ["p"]
+        assert not preempted.done()  # the victim's re-queue still waits
+        back.set()
+        assert (await preempted).results[0].status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED
+
+
+async def test_a_victims_requeue_outlives_the_preempt_call_that_timed_out():
+    """A GM's Preempt whose deadline passes while the LM waits for the broker: gRPC
+    cancels the LM's handler, and the victim's re-queue was cancelled with it. The
+    victim's attempt had ended on the books, so the task was lost for good."""
+    async with _lm_with_one_worker() as (lm, events, books):
+        reply = await lm.Launch(
+            local_master_pb2.LaunchRequest(
+                gm_id="gm-1",
+                placements=[
+                    local_master_pb2.Placement(task=_task("v", "low", 0, 30), node_index=0)
+                ],
+            ),
+            timeout=5,
+        )
+        assert reply.results[0].status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED
+        await _until(events, lambda e: e.task_id == "v" and e.state == RUNNING, "v never ran")
+        back, stored = asyncio.Event(), []
+        enqueue = books.bus.enqueue
+
+        async def broker_away(queue: str, body: bytes) -> None:
+            await back.wait()
+            await enqueue(queue, body)
+            stored.append(common_pb2.TaskBatch.FromString(body))
+
+        books.bus.enqueue = broker_away
+        preempt = local_master_pb2.PreemptRequest(
+            gm_id="gm-1", task=_task("p", "high", 0, 30), node_index=0, victim_task_ids=["v"]
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await lm.Preempt(preempt, timeout=0.5)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await asyncio.sleep(0.2)  # the handler is cancelled by now
+        back.set()
+        deadline = time.monotonic() + 5
+        while not stored:
+            assert time.monotonic() < deadline, "the victim's next attempt was never queued"
+            await asyncio.sleep(0.02)
+        assert [(t.task_id, t.attempt) for t in stored[0].tasks] == [("v", 1)]

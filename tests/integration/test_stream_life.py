@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from services.local_master.service import EVENT_EXCHANGE
+from services.common.names import EVENT_EXCHANGE, EVERY_TASK_EVENT
 from tests.integration.harness import Events, embedded_federation, sim_tasks
 
 pytestmark = pytest.mark.integration
@@ -25,7 +25,7 @@ async def test_streams_replaced_under_load_lose_no_task_and_run_none_twice():
         worker_stream_life_s=0.3,  # ~10 replacements per agent while the tasks run
         event_batch_s=0.01,
     ) as (_config, _gm, gm_bus, client):
-        await gm_bus.subscribe_topic(EVENT_EXCHANGE, "task.#", events.on_batch)
+        await gm_bus.subscribe_topic(EVENT_EXCHANGE, EVERY_TASK_EVENT, events.on_batch)
         (host,) = hosts
         opened = [agent.streams for agent in host.agents]
         began = time.monotonic()

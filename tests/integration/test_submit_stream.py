@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from services._proto.megha.v1 import common_pb2
-from services.client import GlobalMasterClient
+from services.common.client import GlobalMasterClient
 from tests.integration.harness import embedded_federation, job_in_state, sim_tasks
 
 pytestmark = pytest.mark.integration

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from services._proto.megha.v1 import common_pb2
-from services.local_master.service import user_queue
+from services.common.names import user_queue
 from tests.integration.harness import Federation, job_in_state, sim_tasks
 
 pytestmark = pytest.mark.integration

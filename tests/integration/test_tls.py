@@ -14,9 +14,9 @@ import pytest
 import yaml
 from aiormq.exceptions import AMQPConnectionError
 
-from services.client import GlobalMasterClient
 from services.common import server
 from services.common.bus import RabbitBus
+from services.common.client import GlobalMasterClient
 from services.common.config import TlsConfig, default_config
 from tests.integration.harness import Federation, sim_tasks
 from tests.integration.tls_broker import tls_rabbitmq

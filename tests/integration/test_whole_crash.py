@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 
 from services._proto.megha.v1 import common_pb2
-from services.local_master.service import RESTART_GRACE_S
+from services.common.requeue import RESTART_GRACE_S
 from tests.integration.harness import Federation, job_in_state, lm_lookup, sim_tasks
 
 pytestmark = pytest.mark.integration

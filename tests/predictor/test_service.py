@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from services._proto.megha.v1 import predictor_pb2, predictor_pb2_grpc
+from services.app.runner import running_predictor
 from services.common.config import parse_config
-from services.common.runner import running_predictor
 from services.common.server import Service, channel, wait_healthy
 from services.predictor.lifetime_model import ModelError
 from services.predictor.service import MODEL_ENV, PredictorService

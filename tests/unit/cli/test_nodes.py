@@ -1,7 +1,7 @@
-"""``megha nodes``' table from an LM's full state (services/nodes.py)."""
+"""``megha nodes``' table from an LM's full state (services/common/nodes.py)."""
 
 from services._proto.megha.v1 import common_pb2
-from services.nodes import node_rows, render
+from services.common.nodes import node_rows, render
 
 
 def state() -> common_pb2.LocalMasterState:

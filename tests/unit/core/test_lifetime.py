@@ -10,7 +10,7 @@ from services.core.lifetime import (
     HOUR_S,
     LAS_COST_BUCKETS_S,
     NO_HOST,
-    BestFit,
+    BestFitBaseline,
     HostPool,
     HostState,
     LaBinary,
@@ -190,10 +190,10 @@ def test_best_fit_takes_the_fullest_fitting_host_and_skips_draining_ones():
     p.place(0, 1, shape(32), 0, H, 0)
     p.place(1, 2, shape(60), 0, H, 0)
     vm = VmRequest(shape(8), 0.0)
-    assert BestFit().choose_host(p, vm, est(1)) == 1  # host 2 has only 4 cores left
+    assert BestFitBaseline().choose_host(p, vm, est(1)) == 1  # host 2 has only 4 cores left
     p.available[1] = False
-    assert BestFit().choose_host(p, vm, est(1)) == 0
-    assert BestFit().choose_host(p, VmRequest(shape(65), 0.0), est(1)) == NO_HOST
+    assert BestFitBaseline().choose_host(p, vm, est(1)) == 0
+    assert BestFitBaseline().choose_host(p, VmRequest(shape(65), 0.0), est(1)) == NO_HOST
 
 
 def test_la_binary_segregates_long_from_short_at_2_hours():

@@ -22,7 +22,7 @@ from services._proto.megha.v1 import (
 from services.common import stalls
 from services.common.bus import Bus, InMemoryBroker, make_bus
 from services.common.config import FederationConfig, WorkerGroup
-from services.common.server import Service, start_metrics, wait_healthy
+from services.common.server import Service, start_metrics, wait_all_healthy
 
 log = logging.getLogger("megha.runner")
 
@@ -216,15 +216,3 @@ async def serve_embedded(config: FederationConfig, ready: asyncio.Event | None =
         if ready is not None:
             ready.set()
         await until_signalled()
-
-
-def endpoints(config: FederationConfig) -> list[tuple[str, str]]:
-    out = [(f"GM {g.id}", g.target) for g in config.gms]
-    out += [(f"LM {m.id}", m.target) for m in config.lms]
-    if config.predictor is not None:
-        out.append(("predictor", config.predictor.target))
-    return out
-
-
-async def wait_all_healthy(config: FederationConfig, timeout_s: float = 30.0) -> None:
-    await asyncio.gather(*(wait_healthy(t, timeout_s) for _, t in endpoints(config)))

@@ -14,7 +14,7 @@ from services._proto.megha.v1 import common_pb2, global_master_pb2, global_maste
 from services.common.convert import resources_to_proto
 from services.common.request_stream import Submitter
 from services.common.server import channel
-from services.global_master.jobs import TERMINAL
+from services.core.states import TERMINAL
 
 # Errors after which GlobalMasterClient.follow watches again (NOT_FOUND too, for a job
 # it knows exists: a GM that restarted learns of it shortly). RESOURCE_EXHAUSTED: a GM

@@ -14,19 +14,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import signal
-import subprocess
 import sys
 import tempfile
-import time
-from collections import Counter, defaultdict, deque
-from collections.abc import Sequence
+from collections import Counter, defaultdict
 from pathlib import Path
-from urllib.parse import urlparse
+from typing import Protocol
 
 import grpc
-import yaml
 
 from services._proto.megha.v1 import (
     common_pb2,
@@ -34,7 +29,15 @@ from services._proto.megha.v1 import (
     local_master_pb2,
     local_master_pb2_grpc,
 )
-from services.client import STATE_NAMES, FollowStalled, GlobalMasterClient, TaskTemplate
+from services.app.supervisor import (
+    ChildDied,
+    Children,
+    broker_reachable,
+    start_federation,
+    wait_until_ready,
+    write_federation,
+)
+from services.common.client import STATE_NAMES, FollowStalled, GlobalMasterClient, TaskTemplate
 from services.common.config import (
     ConfigError,
     FederationConfig,
@@ -43,32 +46,32 @@ from services.common.config import (
     parse_config,
 )
 from services.common.convert import resources_from_proto
-from services.common.jobfile import JobFileError, TaskSpec, build_template, load_job
-from services.common.runner import endpoints, wait_all_healthy
-from services.common.server import channel, use_tls
+from services.common.jobfile import JobFileError, JobFileTask, build_template, load_job
+from services.common.server import channel, endpoints, use_tls, wait_all_healthy
 from services.core.constraints import ConstraintError
 from services.core.limits import describe_held, limit_from_wire
 from services.core.resources import ResourceError, format_resources
-from services.global_master.jobs import TERMINAL
+from services.core.states import TERMINAL
+
+JOB_ROWS = 50  # tasks ``megha job`` lists without --all
+FOLLOW_POLL_S = 0.5  # megha logs --follow: how often it asks for more
+DRAIN_POLL_S = 1.0  # megha drain --wait: how often it asks again
 
 
-def amqp_port(url: str) -> int:
-    """The port of a broker URL, or AMQP's default for its scheme (5671 for amqps)."""
-    parsed = urlparse(url)
-    return parsed.port or (5671 if parsed.scheme == "amqps" else 5672)
+class WorkloadError(ValueError):
+    """Why a workload cannot run; ``megha up`` stops before anything starts."""
 
 
-def broker_reachable(url: str, timeout_s: float = 1.0) -> bool:
-    if url.startswith("memory://"):
-        return True
-    parsed = urlparse(url)
-    import socket
+class Workload(Protocol):
+    """What ``megha up`` runs once its federation is ready, then stops (``--replay``: a
+    trace, replayed by the load generator). The CLI hands it in: the load generator sits
+    above this layer, which does not import it."""
 
-    try:
-        with socket.create_connection((parsed.hostname or "127.0.0.1", amqp_port(url)), timeout_s):
-            return True
-    except OSError:
-        return False
+    def load(self) -> None:
+        """Read it before anything starts; raise ``WorkloadError`` if it cannot run."""
+
+    async def run(self, config: FederationConfig) -> int:
+        """Run it against the ready federation: the exit code of ``megha up``."""
 
 
 def _federation(args: argparse.Namespace) -> FederationConfig:
@@ -83,16 +86,13 @@ def _federation(args: argparse.Namespace) -> FederationConfig:
 
 
 # --------------------------------------------------------------------------- up
-def up(args: argparse.Namespace) -> int:
+def up(args: argparse.Namespace, workload: Workload | None = None) -> int:
     config = _federation(args)
-    if args.replay:  # a trace that cannot be replayed stops us before anything starts
-        from loadgen.replay import read_replay
-        from loadgen.trace import TraceError
-
+    if workload is not None:  # one that cannot run stops us before anything starts
         try:
-            args.replay_jobs = read_replay(args.replay, args.max_jobs)
-        except (TraceError, OSError) as err:
-            print(f"megha: --replay: {err}", file=sys.stderr)
+            workload.load()
+        except WorkloadError as err:
+            print(f"megha: {err}", file=sys.stderr)
             return 2
     embedded = args.embedded
     if not embedded and not broker_reachable(config.rabbitmq_url):
@@ -109,8 +109,8 @@ def up(args: argparse.Namespace) -> int:
                 "nodes is a process); run megha up against RabbitMQ for them",
                 file=sys.stderr,
             )
-        return asyncio.run(_up_embedded(config, args))
-    return asyncio.run(_up_processes(config, args))
+        return asyncio.run(_up_embedded(config, workload))
+    return asyncio.run(_up_processes(config, args, workload))
 
 
 def _print_endpoints(config: FederationConfig, mode: str) -> None:
@@ -124,8 +124,8 @@ def _print_endpoints(config: FederationConfig, mode: str) -> None:
         print(f"  {name:<12} {target}", flush=True)
 
 
-async def _up_embedded(config: FederationConfig, args: argparse.Namespace) -> int:
-    from services.common.runner import serve_embedded
+async def _up_embedded(config: FederationConfig, workload: Workload | None) -> int:
+    from services.app.runner import serve_embedded
 
     ready = asyncio.Event()
     server = asyncio.create_task(serve_embedded(config, ready))
@@ -137,15 +137,17 @@ async def _up_embedded(config: FederationConfig, args: argparse.Namespace) -> in
     await wait_until_ready(config)
     _print_endpoints(config, "embedded")
     code = 0
-    if args.replay:
-        code = await _replay(config, args)
+    if workload is not None:
+        code = await workload.run(config)
         server.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await server
     return code
 
 
-async def _up_processes(config: FederationConfig, args: argparse.Namespace) -> int:
+async def _up_processes(
+    config: FederationConfig, args: argparse.Namespace, workload: Workload | None
+) -> int:
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="megha-up-"))
     config, config_path = write_federation(config, log_dir)
     children = Children(log_dir)
@@ -155,8 +157,8 @@ async def _up_processes(config: FederationConfig, args: argparse.Namespace) -> i
         await children.guard(wait_until_ready(config))
         _print_endpoints(config, f"processes, logs in {log_dir}")
         # From here on a child that dies is started again: the federation recovers.
-        if args.replay:
-            return await children.guard(_replay(config, args), restart=True)
+        if workload is not None:
+            return await children.guard(workload.run(config), restart=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -168,176 +170,6 @@ async def _up_processes(config: FederationConfig, args: argparse.Namespace) -> i
         return 1
     finally:
         children.stop()
-
-
-def write_federation(config: FederationConfig, log_dir: Path) -> tuple[FederationConfig, Path]:
-    """``config`` as ``megha up`` runs it (each LM's journal in ``log_dir``, and the
-    tasks' output under it), written to ``log_dir/federation.yaml`` for the children;
-    the config and its path."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    config = config.with_journals(log_dir)
-    if not config.worker_output_dir:
-        config = config.model_copy(update={"worker_output_dir": str(log_dir / "output")})
-    config_path = log_dir / "federation.yaml"
-    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-    return config, config_path
-
-
-def start_federation(
-    config: FederationConfig, config_path: Path, children: Children, extra: Sequence[str] = ()
-) -> None:
-    """Start every role of ``config`` as a child process, LMs first, with ``extra``
-    arguments (e.g. ``--log-level``). Names: ``lm-<id>``, ``gm-<id>``, ``workers-<lm id>``,
-    ``predictor``, ``autoscale`` (with an ``autoscale`` section); logs in the children's
-    log dir."""
-    base = [sys.executable, "-m", "services.cli"]
-    conf = ["--config", str(config_path), *extra]
-    for lm in config.lms:
-        children.start(f"lm-{lm.id}", [*base, "lm", "--id", lm.id, *conf])
-    if config.predictor is not None:
-        children.start("predictor", [*base, "predictor", *conf])
-    for gm in config.gms:
-        children.start(f"gm-{gm.id}", [*base, "gm", "--id", gm.id, *conf])
-    for lm in config.lms:
-        if any(g.lm == lm.id for g in config.workers):
-            children.start(f"workers-{lm.id}", [*base, "worker", "--lm", lm.id, *conf])
-    if config.autoscale is not None:  # its nodes' logs beside the others
-        children.start("autoscale", [*base, "autoscale", *conf, "--log-dir", str(children.log_dir)])
-
-
-class ChildDied(RuntimeError):
-    pass
-
-
-# A child of ``megha up`` that exits is started again, up to this many times a window.
-MAX_RESTARTS = 5
-RESTART_WINDOW_S = 60.0
-JOB_ROWS = 50  # tasks ``megha job`` lists without --all
-FOLLOW_POLL_S = 0.5  # megha logs --follow: how often it asks for more
-DRAIN_POLL_S = 1.0  # megha drain --wait: how often it asks again
-
-
-class Children:
-    """Child processes with their logs; a dead child aborts what ``guard`` waits for."""
-
-    def __init__(self, log_dir: Path):
-        self.log_dir = log_dir
-        self.procs: dict[str, subprocess.Popen] = {}
-        self.argv: dict[str, list[str]] = {}
-        self.restarts: dict[str, deque[float]] = defaultdict(deque)  # when, per child
-
-    def start(self, name: str, argv: list[str]) -> None:
-        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (lives with the child)
-        self.argv[name] = argv
-        self.procs[name] = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy()
-        )
-
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Stop one child abruptly (``kill -9`` by default), as a crash would."""
-        proc = self.procs.pop(name)
-        proc.send_signal(sig)
-        proc.wait(10)
-
-    def restart(self, name: str) -> None:
-        self.start(name, self.argv[name])
-
-    def crash(self, names: list[str] | None = None) -> list[str]:
-        """Kill (-9) the named children, every one by default, all before any starts
-        again (a host or a whole federation going down), then restart them; the names."""
-        names = sorted(self.procs) if names is None else names
-        for name in names:
-            self.kill(name)
-        for name in names:
-            self.restart(name)
-        return names
-
-    async def guard(self, coro, restart: bool = False):
-        """Await ``coro``; a child that exits meanwhile aborts it with ``ChildDied``, or,
-        with ``restart``, is started again (as compose's ``restart: unless-stopped``
-        would; every role recovers from a restart) unless it exits for the
-        ``MAX_RESTARTS + 1``-th time within ``RESTART_WINDOW_S``: a crash loop."""
-        task = asyncio.ensure_future(coro)
-        while not task.done():
-            await asyncio.wait({task}, timeout=0.2)
-            for name, proc in list(self.procs.items()):
-                if proc.poll() is None or task.done():
-                    continue
-                if restart and self._may_restart(name):
-                    print(
-                        f"megha: {name} exited with {proc.returncode}; restarting it "
-                        f"(log {self.log_dir / f'{name}.log'})",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    self.restart(name)
-                    continue
-                task.cancel()
-                why = f"{name} exited with {proc.returncode}"
-                if restart:
-                    why += f", restarted {MAX_RESTARTS} times in {RESTART_WINDOW_S:g} s already"
-                tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-1500:]
-                raise ChildDied(f"{why}:\n{tail}")
-        return task.result()
-
-    def _may_restart(self, name: str) -> bool:
-        times = self.restarts[name]
-        now = time.monotonic()
-        while times and now - times[0] > RESTART_WINDOW_S:
-            times.popleft()
-        if len(times) >= MAX_RESTARTS:
-            return False
-        times.append(now)
-        return True
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-async def wait_until_ready(config: FederationConfig, timeout_s: float = 60.0) -> None:
-    """Every GM has heard from every LM, and every configured worker has registered."""
-    expected = {lm.id: 0 for lm in config.lms}
-    for group in config.workers:
-        expected[group.lm] += group.count
-    deadline = time.monotonic() + timeout_s
-    for gm in config.gms:
-        async with GlobalMasterClient(gm.target) as client:
-            while True:
-                view = await client.cluster()
-                seen = {lm.lm_id: sum(p.node_count for p in lm.partitions) for lm in view.lms}
-                if all(seen.get(lm, -1) >= n for lm, n in expected.items()):
-                    break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"GM {gm.id} sees {seen}, expected {expected}")
-                await asyncio.sleep(0.2)
-
-
-async def _replay(config: FederationConfig, args: argparse.Namespace) -> int:
-    from loadgen.replay import replay_trace
-    from loadgen.sim.engine import Progress
-
-    report = await replay_trace(
-        args.replay,
-        [g.target for g in config.gms],
-        speedup=args.speedup,
-        max_jobs=args.max_jobs,
-        queues=[q.name for q in config.effective_queues()],
-        out=Path(args.out) if getattr(args, "out", "") else None,
-        progress=Progress(),
-        loaded=args.replay_jobs,
-        timeout_s=getattr(args, "timeout", None),
-    )
-    print(report.render(), flush=True)
-    return 0 if report.completed == report.tasks else 1
 
 
 # ------------------------------------------------------------------- clients
@@ -443,7 +275,7 @@ async def _submit(client: GlobalMasterClient, args, config: FederationConfig) ->
     if args.env and not (args.argv or args.image):
         print("megha: --env is for a process (--command) or a container (--image)", file=sys.stderr)
         return 2
-    spec = TaskSpec(
+    spec = JobFileTask(
         command=args.argv or None,
         image=args.image or None,
         duration=args.duration,
@@ -514,7 +346,7 @@ def _kind(template: TaskTemplate) -> str:
 # Events of a big job that ``--wait`` / ``--watch`` print one by one; the rest show only
 # in the progress line and the closing counts.
 _ROUTINE = {"queued", "placed", "running", "succeeded"}
-_ENDED = {STATE_NAMES[state] for state in TERMINAL}  # succeeded, failed, rejected, cancelled
+_TERMINAL_NAMES = {STATE_NAMES[state] for state in TERMINAL}  # succeeded, failed, ...
 
 
 def _by_state(counts: Counter[str]) -> str:
@@ -526,7 +358,7 @@ async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
     """Print a job's events until it ends, through GM restarts (``client.follow``). A job
     of over ``JOB_ROWS`` tasks prints only the events that are not routine, a progress
     line on stderr, and its counts by state at the end."""
-    from loadgen.sim.engine import Progress, bar
+    from services.common.progress import Progress, bar
 
     if not task_ids:
         with contextlib.suppress(grpc.aio.AioRpcError):  # follow() says what went wrong
@@ -537,7 +369,7 @@ async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
 
     def line() -> str:
         counts = Counter(latest.values())  # only when the line is drawn
-        ended = sum(counts[s] for s in _ENDED)
+        ended = sum(counts[s] for s in _TERMINAL_NAMES)
         progressed = f"{bar(ended / len(task_ids))} {ended}/{len(task_ids)}"
         return f"job {job_id} {progressed} ended: {_by_state(counts)}"
 
@@ -545,7 +377,7 @@ async def _follow(client: GlobalMasterClient, job_id: str, task_ids=()) -> int:
     try:
         async for event in client.follow(job_id, task_ids):
             state = STATE_NAMES.get(event.state, "?")
-            failed |= state in _ENDED and state != "succeeded"
+            failed |= state in _TERMINAL_NAMES and state != "succeeded"
             latest[event.task_id] = state
             if big and state in _ROUTINE:
                 progress.show(line)

@@ -1,0 +1,643 @@
+"""A simulated Global Master: ``services/global_master/service.py``'s driver logic over
+the very ``Scheduler`` the live GM runs. Every decision is the scheduler's; what is here
+is the protocol around it, await for await:
+
+    SubmitJob ──▶ broker.enqueue (own queue: scheduled from memory meanwhile, ``_local``)
+    delivery ──▶ redelivered (or in doubt)? fence on every LM, skip what they hold
+             ──▶ the job book's ``taken`` skipped ──▶ Scheduler.submit
+    round ──▶ launches ──▶ _send ──answer──▶ accepted / refused + state / _rejected
+                                  ──none──▶ unanswered; fence on that LM (lease + 1);
+                                            held: accepted, else retry
+          ──▶ preemptions ──▶ _preempt (the same, with preempt_replied / preempt_unanswered)
+    heartbeats ──▶ Scheduler.apply (NEEDS_FULL: GetState)    events ──▶ book, ended
+    every 4 s: ends never heard of (LookupTasks), tasks an LM lost before they started
+
+A crash loses all of it; the restarted GM's lease is its start time in ns (above every
+lease of its earlier life), its view comes from heartbeats, its book from ``ListTasks``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from loadgen.chaos.broker import Delivery
+from loadgen.chaos.kernel import Actor, Future, Proc
+from loadgen.chaos.wire import (
+    Batch,
+    Event,
+    PlaceReply,
+    PlaceRequest,
+    PreemptReply,
+    PreemptRequest,
+    Task,
+)
+from services.core import states
+from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
+from services.core.limits import QueueLimits
+from services.core.scheduler import Drop, Reply, RoundPlan, Scheduler
+from services.core.snapshot import Snapshot
+from services.core.status import PlacementStatus
+from services.core.user_queues import UserQueues
+
+if TYPE_CHECKING:
+    from loadgen.chaos.world import World
+
+CATCH_UP_S = 60.0
+IN_DOUBT_S = 60.0
+LM_ACCEPT_S = 30.0
+FENCE_RETRY_S = 0.5
+LOOKUP_TIMEOUT_S = 5.0
+SCHEDULE_BEFORE_CONFIRM = 16
+RECOVER_EVERY_S = 2.0
+RESTART_GRACE_S = 5.0
+ROUND_EVERY_S = 0.02
+
+_NOT_TAKEN = {0, states.REJECTED}
+_OPEN = {states.PLACED, states.RUNNING}
+_RANK = {
+    states.QUEUED: 1,
+    states.PLACED: 2,
+    states.RUNNING: 3,
+    states.LOST: 4,
+    states.RETRYING: 4,
+    states.PREEMPTED: 4,
+    states.SUCCEEDED: 5,
+    states.FAILED: 5,
+    states.REJECTED: 5,
+    states.CANCELLED: 5,
+}
+
+
+@dataclass(eq=False, slots=True)
+class Status:
+    attempt: int
+    state: int
+    lm_id: str = ""
+
+
+class Book:
+    """The GM's job book (``services/global_master/jobs.py``), the part the protocol
+    reads: each task's latest attempt and state, ``taken`` and ``open``."""
+
+    def __init__(self) -> None:
+        self.tasks: dict[str, Status] = {}
+
+    def holds(self, task: Task) -> bool:
+        status = self.tasks.get(task.task_id)
+        return (
+            status is not None and status.state not in _NOT_TAKEN and status.attempt >= task.attempt
+        )
+
+    def taken(self, tasks) -> set[str]:
+        return {t.task_id for t in tasks if self.holds(t)}
+
+    def queued(self, task: Task) -> None:
+        if not self.holds(task):
+            self.tasks[task.task_id] = Status(task.attempt, states.QUEUED)
+
+    def apply(self, event: Event) -> None:
+        status = self.tasks.get(event.task_id)
+        if status is None:
+            self.tasks[event.task_id] = Status(event.attempt, event.state, event.lm_id)
+            return
+        newer = event.attempt > status.attempt
+        later = event.attempt == status.attempt and _RANK.get(event.state, 0) >= _RANK.get(
+            status.state, 0
+        )
+        if newer or later or status.state == 0:
+            status.attempt, status.state, status.lm_id = event.attempt, event.state, event.lm_id
+
+    def open(self) -> dict[str, Status]:
+        return {t: s for t, s in self.tasks.items() if s.state in _OPEN}
+
+
+@dataclass(eq=False)
+class MessageBatch:
+    """One broker message; acked once every task in it has launched."""
+
+    delivery: Delivery | None
+    remaining: int
+    cancelled: bool = False
+    out: int = 0
+    landed: list[Future] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Pending:
+    """The scheduler core's ``Work`` of one task (the live GM's ``Pending``)."""
+
+    task: Task
+    batch: MessageBatch
+    rejections: int = 0
+
+    def __post_init__(self) -> None:
+        self.spec = self.task.spec()
+
+    def head(self):
+        return self.spec
+
+    def take(self) -> Pending:
+        return self
+
+    def join(self, _other: Pending) -> bool:
+        return False
+
+    def __len__(self) -> int:
+        return 1
+
+    @property
+    def lease(self) -> int:
+        return self.task.lease
+
+
+class GM(Actor):
+    def __init__(self, world: World, gm_id: str) -> None:
+        super().__init__(world.k, gm_id)
+        self.world = world
+        self.cfg = world.cfg
+        self._boot()
+
+    def _boot(self) -> None:
+        world = self.world
+        self.view = GlobalView(
+            self.name, silent_after_s=max(5 * self.cfg.heartbeat_interval_s, 2.0)
+        )
+        self.my_queues = list(world.queues_of(self.name))
+        self.queues: UserQueues[Pending] = UserQueues(self.my_queues)
+        self.scheduler: Scheduler[Pending] = Scheduler(
+            self.view,
+            self.queues,
+            world.fair,
+            QueueLimits.parse(()),
+            lm_ids=list(world.lms),
+            started_at=self.k.now,
+            withdrawn=lambda item: item.batch.cancelled,
+            explain=False,
+        )
+        self.scheduler.lease = self.k.engine.now + 1  # time.time_ns()
+        self.book = Book()
+        self.local: dict[tuple, MessageBatch] = {}
+        self.failed: dict[str, MessageBatch] = {}
+        self.unstarted: OrderedDict[str, tuple[str, float, Task]] = OrderedDict()
+        self.round_due = False
+        self.counters: dict[str, int] = defaultdict(int)
+
+    def start(self) -> None:
+        broker = self.world.broker
+        broker.subscribe("heartbeat", self, self._on_heartbeat)
+        broker.subscribe("events", self, self._on_events)
+        for queue in self.my_queues:
+            broker.consume(queue, self, self._on_delivery)
+        self.spawn(self._recover_loop())
+        for lm_id in self.world.lms:
+            self.spawn(self._catch_up(lm_id))
+
+    def restart(self) -> None:
+        self.alive = True
+        self.k.log(self.name, "RESTART")
+        self._boot()
+        self.start()
+
+    @property
+    def lease(self) -> int:
+        return self.scheduler.lease
+
+    # ------------------------------------------------------------ submissions
+    def submit_job(self, batch: Batch) -> Proc:
+        """SubmitJob: True once the broker stored the job (the client's ack)."""
+        if not self.view.lms or not self.world.broker.alive:
+            return False
+        if self.failed.get(batch.job_id) is not None:
+            yield from self._all_landed(self.failed[batch.job_id])
+        taken = self.book.taken(batch.tasks)
+        if len(taken) == len(batch.tasks):
+            return True  # a retry of a job queued already
+        batch = Batch(
+            batch.job_id,
+            batch.queue,
+            tuple(t.copy() for t in batch.tasks if t.task_id not in taken),
+        )
+        if batch.queue not in self.my_queues:
+            stored = yield self.world.broker.enqueue(batch.queue, batch)
+            if stored:
+                for task in batch.tasks:
+                    self.book.queued(task)
+            return stored
+        key = batch.key()
+        local = self.local[key] = MessageBatch(None, remaining=len(batch.tasks))
+        pending = [Pending(t.copy(), local) for t in batch.tasks]
+        for task in batch.tasks:
+            self.book.queued(task)
+        early = len(pending) <= SCHEDULE_BEFORE_CONFIRM
+        if early:
+            self._push(batch.queue, pending)
+        stored = yield self.world.broker.enqueue(batch.queue, batch)
+        if stored:
+            if not early:
+                self._push(batch.queue, pending)
+            return True
+        local.cancelled = True
+        self.failed[batch.job_id] = local
+        self.spawn(self._forget_failed(key, local))
+        for item in self.scheduler.withdraw(batch.queue, lambda item: item.batch is local):
+            self._drop(item, Drop.WITHDRAWN)
+        return False
+
+    def _forget_failed(self, key: tuple, local: MessageBatch) -> Proc:
+        yield from self._all_landed(local)
+        if self.local.get(key) is local:
+            del self.local[key]
+
+    def _all_landed(self, batch: MessageBatch) -> Proc:
+        while batch.out:
+            landed = Future()
+            batch.landed.append(landed)
+            yield landed
+
+    def _push(self, queue: str, items: list[Pending]) -> None:
+        for item in items:
+            self.scheduler.submit(queue, item)
+        self._wake()
+
+    # ------------------------------------------------------------ broker input
+    def _on_delivery(self, delivery: Delivery) -> None:
+        self.spawn(self._delivered(delivery))
+
+    def _delivered(self, delivery: Delivery) -> Proc:
+        msg: Batch = delivery.body
+        local = self.local.pop(msg.key(), None)
+        if local is not None and not local.cancelled:
+            local.delivery = delivery
+            if local.remaining == 0:
+                self.world.broker.ack(delivery)
+            return
+        batch = MessageBatch(delivery, remaining=len(msg.tasks))
+        failed = self.failed.get(msg.job_id)
+        if local is not None:
+            yield from self._all_landed(local)
+        if failed is not None:
+            yield from self._all_landed(failed)
+            if self.failed.get(msg.job_id) is failed:
+                del self.failed[msg.job_id]
+        check = delivery.redelivered or local is not None or failed is not None
+        launched: set[str] = set()
+        if check:
+            attempts = {t.task_id: t.attempt for t in msg.tasks}
+            launched = yield from self._fence(list(self.world.lms), attempts, CATCH_UP_S)
+        launched |= self.book.taken(msg.tasks)
+        if self.k.tracing:
+            self.k.log(
+                self.name,
+                f"delivery {msg.job_id} {[f'{t.task_id}#{t.attempt}' for t in msg.tasks]} "
+                f"redelivered={delivery.redelivered} skip={sorted(launched)}",
+            )
+        if batch.remaining == len(launched):
+            self.world.broker.ack(delivery)
+            return
+        batch.remaining -= len(launched)
+        for task in msg.tasks:
+            if task.task_id in launched:
+                continue
+            self.book.queued(task)
+            self.scheduler.submit(msg.queue, Pending(task.copy(), batch))
+        self._wake()
+
+    def _fence(self, lm_ids: list[str], attempts: dict[str, int], wait_s: float) -> Proc:
+        self.scheduler.lease += 1
+        lease = self.scheduler.lease
+        answers = [self._answer(lm_id, attempts, lease, wait_s) for lm_id in lm_ids]
+        held: set[str] = set()
+        for answer in answers:  # asked at once, gathered
+            reply = yield answer
+            if reply is None:
+                continue
+            for known in reply:
+                if known.attempt >= attempts[known.task_id]:
+                    held.add(known.task_id)
+        return held
+
+    def _answer(self, lm_id: str, attempts: dict[str, int], lease: int, wait_s: float) -> Future:
+        done = Future()
+
+        def ask() -> Proc:
+            deadline = self.k.now + wait_s
+            while True:
+                reply = yield self._lookup(lm_id, list(attempts), lease)
+                if reply is not None:
+                    done.set(reply)
+                    return
+                if self.k.now > deadline:
+                    if self.k.tracing:
+                        self.k.log(self.name, f"gave up fencing {sorted(attempts)} on {lm_id}")
+                    done.set(None)
+                    return
+                yield self.k.sleep(FENCE_RETRY_S)
+
+        self.spawn(ask())
+        return done
+
+    def _lookup(self, lm_id: str, task_ids: list[str], fence_lease: int = 0) -> Future:
+        lm = self.world.lms[lm_id]
+        return self.world.net.rpc(self, lm, lm.lookup, (task_ids, fence_lease), LOOKUP_TIMEOUT_S)
+
+    def _on_heartbeat(self, snapshot: Snapshot) -> None:
+        self.spawn(self._apply_state(snapshot))
+
+    def _apply_state(self, snapshot: Snapshot) -> Proc:
+        result, wake = self.scheduler.apply(snapshot, self.k.now)
+        if result is ApplyResult.NEEDS_FULL:
+            lm = self.world.lms.get(snapshot.lm_id)
+            full = yield self.world.net.rpc(self, lm, lm.get_state, (None,), 5.0)
+            if full is None:
+                return
+            result, wake = self.scheduler.apply(full, self.k.now)
+        if wake:
+            self._wake()
+
+    def _on_events(self, events: list[Event]) -> None:
+        self._take_events(events)
+
+    def _take_events(self, events: list[Event]) -> None:
+        ends = []
+        for event in events:
+            self.book.apply(event)
+            if event.state not in (states.QUEUED, states.PLACED):
+                unstarted = self.unstarted.get(event.task_id)
+                if unstarted is not None and event.attempt >= unstarted[2].attempt:
+                    del self.unstarted[event.task_id]
+            if event.state in states.RELEASED:
+                ends.append((event.lm_id, event.task_id, event.attempt))
+        if ends and self.scheduler.ended(ends, self.k.now):
+            self._wake()
+
+    def _catch_up(self, lm_id: str) -> Proc:
+        deadline = self.k.now + CATCH_UP_S
+        while lm_id not in self.view.lms and self.k.now < deadline:
+            yield self.k.sleep(0.2)
+        lm = self.world.lms[lm_id]
+        while True:
+            events = yield self.world.net.rpc(self, lm, lm.list_tasks, (), 5.0)
+            if events is not None:
+                for event in events:
+                    self.book.apply(event)
+                return
+            if self.k.now > deadline:
+                return
+            yield self.k.sleep(1.0)
+
+    def _recover_loop(self) -> Proc:
+        interval = max(RECOVER_EVERY_S, 4 * self.cfg.heartbeat_interval_s)
+        suspects: set[str] = set()
+        while True:
+            yield self.k.sleep(interval)
+            suspects = yield from self._recover_lost_ends(suspects)
+
+    def _recover_lost_ends(self, suspects: set[str]) -> Proc:
+        now: dict[str, Status] = {}
+        for task_id, status in self.book.open().items():
+            view = self.view.lms.get(status.lm_id)
+            held = view.allocations.get(task_id) if view is not None else None
+            if held is None or held.attempt < status.attempt:
+                now[task_id] = status
+        ask: dict[str, dict[str, int]] = defaultdict(dict)
+        for task_id in now.keys() & suspects:
+            if now[task_id].lm_id in self.world.lms:
+                ask[now[task_id].lm_id][task_id] = now[task_id].attempt
+        recovered = []
+        for lm_id, attempts in sorted(ask.items()):
+            reply = yield self._lookup(lm_id, sorted(attempts))
+            if reply is None:
+                continue
+            for known in reply:
+                ended = known.last_ended
+                if ended is not None and ended.attempt >= attempts[known.task_id]:
+                    recovered.append(ended)
+            unknown = set(attempts) - {known.task_id for known in reply}
+            yield from self._requeue_lost_starts(lm_id, unknown)
+        if recovered:
+            self._take_events(recovered)
+        return set(now) - suspects
+
+    def _requeue_lost_starts(self, lm_id: str, task_ids: set[str]) -> Proc:
+        view = self.view.lms.get(lm_id)
+        if view is None or view.restarted_at is None:
+            return
+        if self.k.now - view.restarted_at < self.cfg.worker_timeout_s + RESTART_GRACE_S:
+            return
+        for task_id in sorted(task_ids):
+            unstarted = self.unstarted.get(task_id)
+            if unstarted is None or unstarted[0] != lm_id or unstarted[1] > view.restarted_at:
+                continue
+            del self.unstarted[task_id]
+            task = unstarted[2]
+            if self.k.tracing:
+                self.k.log(
+                    self.name, f"re-queues {task_id}#{task.attempt}: {lm_id} lost it unstarted"
+                )
+            self.book.apply(
+                Event(task.task_id, task.job_id, task.queue, states.LOST, "", "", task.attempt)
+            )
+            again = task.next_attempt()
+            while not (
+                yield self.world.broker.enqueue(
+                    again.queue, Batch(again.job_id, again.queue, (again,))
+                )
+            ):
+                yield self.k.sleep(0.5)
+
+    # -------------------------------------------------------------- scheduling
+    def _wake(self) -> None:
+        if not self.round_due:
+            self.round_due = True
+            # Wakes within ROUND_EVERY_S share a round (the live loop runs one per wake
+            # burst: replies and heartbeats land between rounds).
+            self.later(ROUND_EVERY_S, self._schedule)
+
+    def _schedule(self) -> None:
+        self.round_due = False
+        while True:
+            plan = self.scheduler.round(self.k.now)
+            if not plan.taken:
+                break
+            self._carry_out(plan)
+
+    def _carry_out(self, plan: RoundPlan[Pending]) -> None:
+        for item, drop in plan.dropped:
+            self._drop(item, drop)
+        for (lm_id, repartition), decided in plan.launches.items():
+            items = [(d.handle, d.placement) for d in decided]
+            self._spawn_launch([d.handle for d in decided], self._send(lm_id, repartition, items))
+        for p in plan.preemptions:
+            self._spawn_launch([p.handle], self._preempt(p.queue, p.handle, p.plan))
+
+    def _drop(self, item: Pending, drop: Drop | None) -> bool:
+        if drop is Drop.WITHDRAWN:
+            if self.k.tracing:
+                self.k.log(self.name, f"withdrew {item.task.task_id}")
+            self.book.apply(
+                Event(
+                    item.task.task_id,
+                    item.task.job_id,
+                    item.task.queue,
+                    states.REJECTED,
+                    "",
+                    "",
+                    item.task.attempt,
+                )
+            )
+        elif drop is Drop.CANCELLED:
+            raise AssertionError("cancels are not simulated")
+        return drop is not None
+
+    def _spawn_launch(self, items: list[Pending], proc: Proc) -> None:
+        for item in items:
+            item.batch.out += 1
+
+        def run() -> Proc:
+            yield from proc  # (a crash drops it: no landing to count then)
+            if True:
+                for item in items:
+                    item.batch.out -= 1
+                    if item.batch.out == 0:
+                        landed, item.batch.landed = item.batch.landed, []
+                        for future in landed:
+                            future.set(None)
+
+        self.spawn(run())
+
+    def _expiry(self) -> float:
+        return self.k.now + max(LM_ACCEPT_S, 2 * self.cfg.lm_call_timeout_s)
+
+    def _send(self, lm_id: str, repartition: bool, items: list[tuple[Pending, Placement]]) -> Proc:
+        lm = self.world.lms[lm_id]
+        lmv = self.view.lms.get(lm_id)
+        known = lmv.version if lmv is not None else 0
+        for item, _ in items:
+            item.task.lease = self.lease
+        request = PlaceRequest(
+            self.name,
+            [(item.task.copy(), placement.node) for item, placement in items],
+            known,
+            self._expiry(),
+            repartition,
+        )
+        if self.k.tracing:
+            self.k.log(
+                self.name,
+                f"send {lm_id} {[(i.task.task_id, i.task.attempt, p.node) for i, p in items]} "
+                f"lease={self.lease}",
+            )
+        reply: PlaceReply | None = yield self.world.net.rpc(
+            self, lm, lm.place_all, (request,), self.cfg.lm_call_timeout_s
+        )
+        if reply is None:
+            if self.k.tracing:
+                self.k.log(self.name, f"launch on {lm_id} unanswered: fencing")
+            self.scheduler.unanswered(lm_id)
+            held = yield from self._settle(lm_id, [item for item, _ in items])
+            for item, _ in items:
+                if item.task.task_id in held:
+                    self._accepted(lm_id, item)
+                else:
+                    self._drop(item, self.scheduler.retry(item.task.queue, item))
+            self._wake()
+            return
+        rejected = []
+        for (item, _), decision in zip(items, reply.results, strict=True):
+            if decision.status.ok:
+                self._accepted(lm_id, item)
+            else:
+                self.scheduler.refused(lm_id, item.task.task_id)
+                rejected.append((item, decision.status))
+        if reply.state is not None:
+            yield from self._apply_state(reply.state)
+        for item, status in rejected:
+            self._rejected(lm_id, item, status)
+        if rejected:
+            self._wake()
+
+    def _settle(self, lm_id: str, items: list[Pending]) -> Proc:
+        attempts = {item.task.task_id: item.task.attempt for item in items}
+        held = yield from self._fence([lm_id], attempts, IN_DOUBT_S)
+        return held
+
+    def _accepted(self, lm_id: str, item: Pending) -> None:
+        self.scheduler.accepted(lm_id, item.task.task_id)
+        self.unstarted[item.task.task_id] = (lm_id, self.k.now, item.task.copy())
+        self.unstarted.move_to_end(item.task.task_id)
+        self._launched(item.batch)
+
+    def _launched(self, batch: MessageBatch) -> None:
+        batch.remaining -= 1
+        if batch.remaining == 0 and batch.delivery is not None:
+            self.world.broker.ack(batch.delivery)
+
+    def _rejected(self, lm_id: str, item: Pending, status: PlacementStatus) -> None:
+        verdict = self.scheduler.rejected(item.task.queue, item, status)
+        if self.k.tracing:
+            self.k.log(
+                self.name,
+                f"{item.task.task_id}#{item.task.attempt} refused {status.name} -> {verdict.value}",
+            )
+        if verdict in (Reply.INVALID, Reply.ID_TAKEN):
+            self.world.unexpected.append(f"{self.name}: {item.task.task_id} {verdict.value}")
+            self.book.apply(
+                Event(
+                    item.task.task_id,
+                    item.task.job_id,
+                    item.task.queue,
+                    states.REJECTED,
+                    lm_id,
+                    "",
+                    item.task.attempt,
+                )
+            )
+            self._launched(item.batch)
+        elif verdict is Reply.WITHDRAWN:
+            self._drop(item, Drop.WITHDRAWN)
+        elif verdict is Reply.CANCELLED:
+            raise AssertionError("cancels are not simulated")
+
+    def _preempt(self, queue: str, item: Pending, plan: PreemptionPlan) -> Proc:
+        self.counters["preemption_attempts"] += 1
+        lm = self.world.lms[plan.lm_id]
+        lmv = self.view.lms.get(plan.lm_id)
+        item.task.lease = self.lease
+        request = PreemptRequest(
+            self.name,
+            item.task.copy(),
+            plan.victims.node,
+            list(plan.victims.task_ids),
+            lmv.version if lmv is not None else 0,
+            self._expiry(),
+        )
+        if self.k.tracing:
+            self.k.log(
+                self.name,
+                f"preempt {plan.lm_id} {item.task.task_id}#{item.task.attempt} "
+                f"victims={list(plan.victims.task_ids)} lease={self.lease}",
+            )
+        reply: PreemptReply | None = yield self.world.net.rpc(
+            self, lm, lm.preempt, (request,), self.cfg.lm_call_timeout_s
+        )
+        status = reply.result.status if reply is not None else None
+        self.scheduler.preempt_replied(
+            plan, item.task.task_id, None if status is None else status.ok
+        )
+        if reply is None:
+            held = yield from self._settle(plan.lm_id, [item])
+            if item.task.task_id in held:
+                self._accepted(plan.lm_id, item)
+            else:
+                self._drop(item, self.scheduler.preempt_unanswered(queue, item))
+            return
+        if reply.state is not None:
+            yield from self._apply_state(reply.state)
+        if status.ok:
+            self.counters["preemptions"] += len(reply.preempted)
+            self._accepted(plan.lm_id, item)
+        else:
+            self._rejected(plan.lm_id, item, status)
+            self._wake()

@@ -1,0 +1,519 @@
+"""The LM's task lifecycle: what a GM's request, a worker's report, a registering worker's
+inventory, a dead node, a cancel or a restart does to the tasks one LM holds, as plain
+code. The live LM (``services/local_master``) carries out the actions each call returns
+(starts and kills on worker streams, events on the bus, next attempts into user queues,
+rows in its journal); a simulator or a test carries them out its own way. Nomad's shape:
+the books are read and changed here, effects are a plan the driver executes in order.
+
+    event (the driver's)                 Lifecycle (ClusterState + held tasks)       plan
+    place(kind, gm, spec, node) ──▶ cancelled? ─▶ ClusterState.launch | repartition
+                                      an older attempt replaced ────────▶ Kill, LOST "superseded"
+    preempt(gm, spec, node, ...) ──▶ ClusterState.preempt ─────────────▶ Kill victims, then
+                                                                         PREEMPTED + Requeue each
+    hold(task, allocation) ─────────▶ the attempt is held; no orphan ──▶ Start, PLACED
+    report(node, report) ───────────▶ ReportVerdict ───────────────────▶ (LOST | RETRYING) +
+                                                                         Requeue, or the event
+    take_back(node, held, pending) ─▶ InventoryVerdict per task ──────▶ Journal the adopted,
+                                                                         cancel, Kill stale,
+                                                                         LOST + Requeue missing
+    node_lost(node, reason) ────────▶ released ─────────────────────────▶ LOST + Requeue
+    cancel(job_ids) ────────────────▶ released ─────────────────────────▶ CANCELLED, Kill
+    heard(node, now) / silent(now) ─▶ nodes silent past the timeout (the watchdog)
+    expire_orphan(now) ─────────────▶ the oldest orphan past the grace ▶ Requeue, LOST
+    lookup(task_ids, lease) ────────▶ attempt, running; fences what is not held
+
+Exactly once is by (task id, attempt), never by timing:
+
+- A task is *held* (``tasks``) by one attempt at a time, the one the books hold. It stops
+  being held once, by whichever comes first: its end, its re-queue (lost, preempted,
+  retrying), a newer attempt replacing it (superseded), its job's cancel. Every re-queue
+  checks the held attempt is the one that lost its place, so no attempt is queued twice.
+- A report counts only for the attempt the books hold, on the node that holds it; a late
+  report of an attempt that ended here (its next attempt may run on that very node) does
+  nothing. Every kill names its attempt, so it never kills the attempt that replaced it.
+- What a worker holds and the books saw end (or a GM fenced) is killed, not booked again.
+- An *orphan* is a task an earlier life of this LM accepted (its journal says so) that no
+  worker has named since. Past ``orphan_grace_s`` from the LM's start (the live LM:
+  ``worker_timeout_s`` plus ``RESTART_GRACE_S``, the time a worker has to register again)
+  it is ended on the books first (a worker naming it later has its copy killed), then
+  re-queued.
+
+Time comes in as ``now`` (seconds, any monotonic clock the driver keeps to).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from services.core.cancels import CancelledJobs
+from services.core.cluster_state import ClusterState, Decision
+from services.core.snapshot import Allocation
+from services.core.states import RUN_ENDED, TaskState
+from services.core.status import PlacementStatus
+from services.core.task import TaskSpec
+
+
+class Timestamps(Protocol):
+    started_unix_nanos: int
+
+
+class HeldTask(Protocol):
+    """The task as the driver holds it (the live LM: the ``megha.v1.Task`` it started).
+    The lifecycle reads these and counts ``failures`` up on a retry."""
+
+    task_id: str
+    job_id: str
+    attempt: int
+    failures: int
+    max_retries: int
+    timestamps: Timestamps
+
+
+class WorkerReport(Protocol):
+    """A worker's word on one attempt (the live LM: a ``megha.v1.TaskReport``)."""
+
+    task_id: str
+    attempt: int
+    state: int  # a TaskState value
+    message: str
+    peak_memory_mb: int
+
+
+T = TypeVar("T", bound=HeldTask)
+
+
+# ------------------------------------------------------------------- actions
+@dataclass(frozen=True, slots=True)
+class Kill:
+    """Tell ``node``'s worker to kill ``attempt`` of ``task_id`` (only that attempt)."""
+
+    node: int
+    task_id: str
+    attempt: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Start(Generic[T]):
+    """Send ``task`` to ``node``'s worker."""
+
+    node: int
+    task: T
+
+
+@dataclass(frozen=True, slots=True)
+class Publish(Generic[T]):
+    """Tell the federation ``task`` (its current attempt) is now in ``state``; ``node``
+    -1 for none."""
+
+    task: T
+    state: int  # a TaskState (a worker's report's own state is passed on as it came)
+    node: int
+    reason: str = ""
+    peak_memory_mb: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue(Generic[T]):
+    """Put ``task``'s next attempt (``task.attempt + 1``) in its user queue. The attempt
+    has ended on the books: this is the task's only way on, so the driver retries it
+    until the queue has it."""
+
+    task: T
+
+
+@dataclass(frozen=True, slots=True)
+class Journal(Generic[T]):
+    """Write ``task`` to the journal as accepted (a task taken back from its worker, so
+    that a later restart knows it too)."""
+
+    task: T
+
+
+Action = Kill | Start | Publish | Requeue | Journal
+
+
+# ------------------------------------------------------------------ verdicts
+class ReportVerdict(enum.Enum):
+    """What a worker's report did."""
+
+    IGNORED = "ignored"  # about an attempt this LM does not hold there: nothing
+    KNOWN = "known"  # RUNNING, and known to run (a reconnecting worker's inventory)
+    PROGRESS = "progress"  # the attempt goes on (e.g. it started): its event only
+    LOST = "lost"  # its worker killed it going away: released, the next attempt queued
+    RETRYING = "retrying"  # it failed with retries left: released, the next attempt queued
+    ENDED = "ended"  # a final state (RUN_ENDED): released, done
+
+    @property
+    def accepted(self) -> bool:
+        return self is not ReportVerdict.IGNORED
+
+
+class InventoryVerdict(enum.Enum):
+    """What ``take_back`` made of one task: of those the worker names, and of those the
+    books hold on its node that it does not."""
+
+    KNOWN = "known"  # booked there, that attempt: a worker reconnecting to the LM it left
+    ADOPTED = "adopted"  # not booked (the LM restarted): booked now
+    STALE = "stale"  # a running attempt the books saw end, or fenced: killed
+    REFUSED = "refused"  # an ended one (its final report is owed) the books will not take
+    MALFORMED = "malformed"  # unreadable: left alone
+    MISSING = "missing"  # booked on the node, not named by it: lost, the next queued
+
+
+@dataclass(slots=True)
+class ReportOutcome(Generic[T]):
+    verdict: ReportVerdict
+    # The held task the report is about, when it counts: the driver merges the worker's
+    # timestamps into it before carrying out ``actions``.
+    task: T | None = None
+    actions: list[Action] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Held(Generic[T]):
+    """A task a registering worker names: running, or ended with its final report owed.
+    ``spec`` is None when the task cannot be read (it is left alone)."""
+
+    task: T
+    spec: TaskSpec | None
+    running: bool
+
+
+@dataclass(slots=True)
+class TakeBack(Generic[T]):
+    actions: list[Action] = field(default_factory=list)
+    verdicts: list[tuple[str, InventoryVerdict]] = field(default_factory=list)
+    cancelled: int = 0  # of the tasks ``actions`` ends CANCELLED
+    cancelled_jobs: set[str] = field(default_factory=set)  # their jobs
+
+    def count(self, verdict: InventoryVerdict) -> int:
+        return sum(1 for _, v in self.verdicts if v is verdict)
+
+
+@dataclass(slots=True)
+class NodeLoss(Generic[T]):
+    lost: list[Allocation]  # what the books held there, released
+    actions: list[Action] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """What this LM knows of a task: its latest attempt here and whether it still holds
+    it (booked, or an orphan a worker may still name)."""
+
+    task_id: str
+    attempt: int
+    running: bool
+
+
+NOTHING: tuple[Action, ...] = ()
+
+
+class Lifecycle(Generic[T]):
+    """One LM's tasks from acceptance to end, over its books (``ClusterState``).
+
+    ``tasks``: the held attempt of each task the books hold (the driver's task object,
+    kept as given). ``orphans``: tasks an earlier life accepted that no worker has named
+    since, oldest first. ``cancelled``: jobs whose tasks must not run here.
+    """
+
+    def __init__(
+        self,
+        books: ClusterState,
+        cancelled: CancelledJobs | None = None,
+        worker_timeout_s: float = 10.0,
+        orphan_grace_s: float = 15.0,
+    ) -> None:
+        self.books = books
+        self.cancelled = cancelled if cancelled is not None else CancelledJobs()
+        self.worker_timeout_s = worker_timeout_s
+        self.orphan_grace_s = orphan_grace_s
+        self.tasks: dict[str, T] = {}
+        self.orphans: dict[str, T] = {}
+        self.orphans_due = math.inf  # see ``arm_orphans``
+        self.last_heard: dict[int, float] = {}  # by node
+
+    # ------------------------------------------------------- GM requests
+    def refusal(self, job_id: str) -> Decision | None:
+        """REJECTED_CANCELLED for a task of a cancelled job, else None."""
+        reason = self.cancelled.reason(job_id)
+        if reason is None:
+            return None
+        return Decision(PlacementStatus.REJECTED_CANCELLED, f"job {job_id} was cancelled: {reason}")
+
+    def place(
+        self, gm_id: str, spec: TaskSpec, node: int, repartition: bool = False
+    ) -> tuple[Decision, Sequence[Action]]:
+        """Launch (or, ``repartition``, carve and launch) ``spec`` on ``node`` for
+        ``gm_id``. Accepted over an older attempt of the task, the books replaced it:
+        that one ends LOST and its worker kills it, so two attempts never run at once.
+        The driver then ``hold``s its copy of the task."""
+        refused = self.refusal(spec.job_id)
+        if refused is not None:
+            return refused, NOTHING
+        older = self.books.allocations.get(spec.task_id)
+        place = self.books.repartition if repartition else self.books.launch
+        decision = place(gm_id, spec, node)
+        if decision.status is not PlacementStatus.ACCEPTED or older is None:
+            return decision, NOTHING
+        return decision, self._supersede(older)
+
+    def preempt(
+        self,
+        gm_id: str,
+        spec: TaskSpec,
+        node: int,
+        victim_ids: Sequence[str],
+        is_over_share: Callable[[str], bool],
+    ) -> tuple[Decision, list[Action]]:
+        """Kill ``victim_ids`` on ``node`` for ``spec`` if still justified. Every kill
+        comes before the first re-queue: a GM may place a victim's next attempt on this
+        very node as soon as the queue has it, and the worker must read this attempt's
+        kill first. The driver then ``hold``s its copy of the task."""
+        refused = self.refusal(spec.job_id)
+        if refused is not None:
+            return refused, []
+        older = self.books.allocations.get(spec.task_id)
+        decision = self.books.preempt(gm_id, spec, node, victim_ids, is_over_share)
+        if decision.status is not PlacementStatus.ACCEPTED:
+            return decision, []
+        actions: list[Action] = [
+            Kill(v.node, v.task_id, v.attempt, "preempted") for v in decision.preempted
+        ]
+        for victim in decision.preempted:
+            actions.extend(self._requeue(victim, TaskState.PREEMPTED, "preempted"))
+        if older is not None and all(v.task_id != older.task_id for v in decision.preempted):
+            # (The live LM did not check this before the lifecycle moved here: the older
+            # attempt was dropped from the books and left running on its worker.)
+            actions.extend(self._supersede(older))
+        return decision, actions
+
+    def hold(self, task: T, allocation: Allocation) -> list[Action]:
+        """``task`` (the driver's own copy) is the attempt the books just accepted."""
+        self.tasks[task.task_id] = task
+        self._unorphan(task.task_id, task.attempt)
+        return [Start(allocation.node, task), Publish(task, TaskState.PLACED, allocation.node)]
+
+    def _supersede(self, older: Allocation) -> list[Action]:
+        actions: list[Action] = [Kill(older.node, older.task_id, older.attempt, "superseded")]
+        task = self.tasks.get(older.task_id)
+        if task is not None and task.attempt == older.attempt:
+            del self.tasks[older.task_id]
+            actions.append(Publish(task, TaskState.LOST, older.node, "superseded"))
+        return actions
+
+    # ---------------------------------------------------------- reports
+    def report(self, node: int, report: WorkerReport) -> ReportOutcome[T]:
+        """A worker's report on one of its attempts."""
+        task = self.tasks.get(report.task_id)
+        allocation = self.books.allocations.get(report.task_id)
+        if task is None or allocation is None or allocation.node != node:
+            return ReportOutcome(ReportVerdict.IGNORED)  # an attempt that ended here
+        if report.attempt != allocation.attempt:
+            return ReportOutcome(ReportVerdict.IGNORED)
+        state = report.state
+        if state == TaskState.RUNNING and task.timestamps.started_unix_nanos:
+            return ReportOutcome(ReportVerdict.KNOWN)
+        if state == TaskState.LOST:
+            # The worker killed it, going away (a graceful stop): queued again now, not
+            # once the watchdog takes the node for dead.
+            self.books.release(report.task_id)
+            actions = self._requeue(allocation, TaskState.LOST, report.message)
+            return ReportOutcome(ReportVerdict.LOST, task, actions)
+        if state == TaskState.FAILED and task.failures < task.max_retries:
+            # Its own failure, with retries left: the next attempt is queued now.
+            self.books.release(report.task_id)
+            task.failures += 1
+            actions = self._requeue(
+                allocation, TaskState.RETRYING, report.message, report.peak_memory_mb
+            )
+            return ReportOutcome(ReportVerdict.RETRYING, task, actions)
+        verdict = ReportVerdict.PROGRESS
+        if state in RUN_ENDED:
+            self.books.release(report.task_id)
+            del self.tasks[report.task_id]
+            verdict = ReportVerdict.ENDED
+        publish = Publish(task, state, node, report.message, report.peak_memory_mb)
+        return ReportOutcome(verdict, task, [publish])
+
+    def _requeue(
+        self, allocation: Allocation, state: TaskState, reason: str, peak_memory_mb: int = 0
+    ) -> list[Action]:
+        """``allocation`` lost its place (released already): if its attempt is the one
+        held, it is held no more, its end is told and its next attempt queued; else
+        (re-queued already, or a later attempt runs now) nothing."""
+        task = self.tasks.get(allocation.task_id)
+        if task is None or task.attempt != allocation.attempt:
+            return []
+        del self.tasks[allocation.task_id]
+        return [Publish(task, state, allocation.node, reason, peak_memory_mb), Requeue(task)]
+
+    # -------------------------------------------------------- inventory
+    def take_back(
+        self, node: int, held: Sequence[Held[T]], pending: Iterable[str] = ()
+    ) -> TakeBack[T]:
+        """Square the books with what ``node``'s registering worker holds (``held``) and
+        what waits to be sent to it (``pending``, task ids). What it holds that the books
+        do not is booked (after an LM restart they are empty: unbooked, the tasks would
+        run and their ends reach no one), unless the books saw that attempt end or a GM
+        fenced it: a running one is killed. What the books hold on the node that the
+        worker neither holds nor is yet to be sent was lost with it (a worker process
+        that died and came back before the watchdog noticed): released and re-queued.
+        Tasks it runs of jobs cancelled meanwhile are cancelled."""
+        books = self.books
+        named = {h.task.task_id for h in held}
+        named.update(pending)
+        for h in held:
+            self._unorphan(h.task.task_id, h.task.attempt)
+        missing = [books.allocations[t] for t in books.task_ids_on(node) if t not in named]
+        for allocation in missing:
+            books.release(allocation.task_id)
+        plan: TakeBack[T] = TakeBack()
+        stale: list[Action] = []
+        for h in held:
+            task = h.task
+            if h.spec is None:
+                plan.verdicts.append((task.task_id, InventoryVerdict.MALFORMED))
+                continue
+            booked = books.allocations.get(task.task_id)
+            if booked is not None and booked.node == node and booked.attempt == task.attempt:
+                plan.verdicts.append((task.task_id, InventoryVerdict.KNOWN))
+                continue
+            if books.adopt(h.spec, node) is None:
+                if h.running:
+                    reason = "this attempt ended on the LM's books"
+                    stale.append(Kill(node, task.task_id, task.attempt, reason))
+                    plan.verdicts.append((task.task_id, InventoryVerdict.STALE))
+                else:
+                    plan.verdicts.append((task.task_id, InventoryVerdict.REFUSED))
+                continue
+            self.tasks[task.task_id] = task
+            plan.actions.append(Journal(task))
+            plan.verdicts.append((task.task_id, InventoryVerdict.ADOPTED))
+        # Cancelled after this LM restarted, before the worker came back.
+        doomed = {h.task.job_id for h in held if h.running and h.task.job_id in self.cancelled}
+        if doomed:
+            cancels = self.cancel(doomed)
+            plan.cancelled_jobs = doomed
+            plan.cancelled = sum(isinstance(a, Publish) for a in cancels)
+            plan.actions.extend(cancels)
+        plan.actions.extend(stale)
+        node_id = books.table.node_ids[node]
+        for allocation in missing:
+            plan.verdicts.append((allocation.task_id, InventoryVerdict.MISSING))
+            reason = f"worker {node_id} came back without it (restarted?)"
+            plan.actions.extend(self._requeue(allocation, TaskState.LOST, reason))
+        return plan
+
+    def node_lost(self, node: int, reason: str) -> NodeLoss[T]:
+        """``node`` is dead (silent, or its worker said it leaves): out of the books, its
+        tasks re-queued. The driver also drops what still waits to be sent to it: a start
+        reaching it when it comes back would run its task twice."""
+        lost = self.books.set_alive(node, False)
+        loss: NodeLoss[T] = NodeLoss(lost)
+        for allocation in lost:
+            loss.actions.extend(self._requeue(allocation, TaskState.LOST, f"worker lost: {reason}"))
+        return loss
+
+    def cancel(self, job_ids: set[str]) -> list[Action]:
+        """End the held tasks of cancelled ``job_ids`` CANCELLED and kill them on their
+        workers; a later report of the kill finds nothing held. (``cancelled`` already
+        has the jobs, with their reasons.)"""
+        actions: list[Action] = []
+        for task in [t for t in self.tasks.values() if t.job_id in job_ids]:
+            allocation = self.books.allocations.get(task.task_id)
+            if allocation is None:
+                continue
+            reason = self.cancelled.reason(task.job_id) or "cancelled"
+            self.books.release(task.task_id)
+            del self.tasks[task.task_id]
+            actions.append(Publish(task, TaskState.CANCELLED, allocation.node, reason))
+            actions.append(
+                Kill(allocation.node, task.task_id, allocation.attempt, f"cancelled: {reason}")
+            )
+        return actions
+
+    # --------------------------------------------------------- watchdog
+    def heard(self, node: int, now: float) -> None:
+        """``node``'s worker was heard from (it registered, or sent a heartbeat)."""
+        self.last_heard[node] = now
+
+    def silent(self, now: float) -> Iterator[int]:
+        """Alive nodes not heard from for longer than ``worker_timeout_s``: dead. Lazy,
+        so a node heard from (or taken for dead) while the driver acts on an earlier one
+        is judged as it is then."""
+        timeout = self.worker_timeout_s
+        for node in list(self.last_heard):
+            if now - self.last_heard[node] > timeout and self.books.table.is_alive(node):
+                yield node
+
+    # ---------------------------------------------------------- orphans
+    def recall(self, orphans: Iterable[T]) -> None:
+        """Tasks an earlier life accepted and never saw end (from the journal)."""
+        self.orphans = {task.task_id: task for task in orphans}
+
+    def arm_orphans(self, now: float) -> float:
+        """Start the orphans' grace (as the LM starts serving): returns when it is over."""
+        self.orphans_due = now + self.orphan_grace_s
+        return self.orphans_due
+
+    def expire_orphan(self, now: float) -> list[Action] | None:
+        """Past the grace, the oldest orphan: its worker died too, or never got it. Ended
+        on the books first (a worker naming it later has its copy killed), its next
+        attempt queued, this one ended LOST. None: none is due."""
+        if now < self.orphans_due or not self.orphans:
+            return None
+        task = self.orphans.pop(next(iter(self.orphans)))
+        self.books.remember_ended(task.task_id, task.attempt, task.job_id)
+        restarted = f"{self.books.lm_id} restarted"
+        return [Requeue(task), Publish(task, TaskState.LOST, -1, restarted)]
+
+    def _unorphan(self, task_id: str, attempt: int) -> None:
+        """This attempt of the task (or a later one) is held again: no orphan any more."""
+        orphan = self.orphans.get(task_id)
+        if orphan is not None and orphan.attempt <= attempt:
+            del self.orphans[task_id]
+
+    # ------------------------------------------------------------ views
+    def lookup(self, task_ids: Iterable[str], fence_lease: int = 0) -> list[Lookup]:
+        """What this LM knows of ``task_ids`` (those it never launched are left out).
+        With ``fence_lease``, in the same step: every request of these tasks read after
+        this with an older lease does nothing (``ClusterState.fence``), except of those
+        it holds (booked, or orphans), which the GM counts as launched and whose
+        worker's copy must still be taken back when it registers."""
+        found: list[Lookup] = []
+        held: set[str] = set()
+        task_ids = list(task_ids)
+        for task_id in task_ids:
+            known = self.books.known_attempt(task_id)
+            orphan = self.orphans.get(task_id)
+            if orphan is not None and (known is None or known[0] < orphan.attempt):
+                # Not ended: a worker may still name it. (The books may remember an
+                # earlier attempt that ended here: that one is not what this LM holds.)
+                known = orphan.attempt, True
+            if known is None:
+                continue
+            if known[1]:
+                held.add(task_id)
+            found.append(Lookup(task_id, known[0], known[1]))
+        if fence_lease:
+            for task_id in task_ids:
+                if task_id not in held:
+                    self.books.fence(task_id, fence_lease)
+        return found
+
+    def listing(self) -> Iterator[tuple[T, TaskState, int]]:
+        """Every task held, with its state and node (-1: an orphan, on no node yet)."""
+        for task_id, task in self.tasks.items():
+            allocation = self.books.allocations.get(task_id)
+            if allocation is not None:
+                started = task.timestamps.started_unix_nanos
+                state = TaskState.RUNNING if started else TaskState.PLACED
+                yield task, state, allocation.node
+        for task in self.orphans.values():
+            yield task, TaskState.PLACED, -1

@@ -1,0 +1,513 @@
+"""The GM's scheduler: its user queues, the scheduling round, and what a reply from an LM
+does to them, as plain code. The live GM (``services/global_master``) and the simulator
+(``loadgen/sim/megha.py``) both drive this one class, so a simulated decision is the live
+one by construction (Nomad's ``scheduler/``: pure logic over a state view, returning a
+plan; the driver carries it out).
+
+    drivers                         Scheduler                               plan / verdict
+    submit(queue, work) ─────▶ UserQueues (round-robin, priorities, parked)
+    round(now) ─────────────▶ per queue up to round_per_queue tasks:        RoundPlan
+                                cancelled / withdrawn ─────────────────▶   .dropped
+                                queue limit (LimitLedger) ─────────────▶   .waiting (parked)
+                                shape that found no node this round ───▶   .waiting (parked)
+                                GlobalView.match ─▶ reserve ───────────▶   .launches (per LM)
+                                none: Alg. 2 preemption_plan ─▶ pledge ▶   .preemptions
+                                none at all ───────────────────────────▶   .waiting (parked)
+    accepted / refused(lm, task)  the view's optimistic booking kept / undone
+    rejected(queue, work, status) retry first, park, drop, resend ──────▶  Reply
+    preempt_replied(plan, ...)    victims unpledged; booking kept / undone
+    apply(snapshot, now)          the view; a change unparks ───────────▶  wake?
+    ended(lm, task, attempt, now) room back; unparks ─────────────────────▶ wake?
+    cancel(job, reason)           the job's queued work ─────────────────▶  dropped
+
+What waits in a user queue is *work*: one task (the live GM) or a run of one job's
+consecutive tasks of one shape (the simulator, where a backlog of a million identical
+tasks must cost one park, not a million). Time comes in as ``now`` (seconds, monotonic);
+``None`` means a driver with no clock (the simulator): no LM is ever silent then.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from services.core.cancels import CancelledJobs
+from services.core.fairness import FairShare
+from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
+from services.core.limits import LimitLedger, QueueLimits
+from services.core.snapshot import Snapshot
+from services.core.status import PlacementStatus
+from services.core.task import TaskSpec
+from services.core.user_queues import UserQueues
+
+ROUND_PER_QUEUE = 512  # tasks taken from each queue per scheduling round
+# After an LM restart its nodes come back one by one (workers register again): for this
+# long a task no node in the view could hold is not refused at submission.
+RESTART_SETTLE_S = 30.0
+MAX_REJECTIONS = 20  # an LM rejecting a task this often parks it until the view changes
+WAITING_FOR_RESOURCES = "waiting for resources"
+HELD_SLACK_S = 1e-6  # a recheck lands just after a hold ends, never just before
+
+
+class Work(Protocol):
+    """What waits in a user queue: the tasks not yet decided, the next one first."""
+
+    rejections: int  # times an LM refused it (one task's work only)
+
+    def head(self) -> TaskSpec:
+        """The next task to place."""
+        ...
+
+    def take(self) -> Any:
+        """The next task is decided: what the driver sends for it (work of one task may
+        stay as it is; a run moves on to its next task)."""
+        ...
+
+    def __len__(self) -> int:
+        """Tasks not yet decided."""
+        ...
+
+    def join(self, other: Any) -> bool:
+        """Take ``other``'s tasks onto this parked work's tail, when both wait for the
+        same thing (no node for one shape). False: they stay two."""
+        ...
+
+    @property
+    def lease(self) -> int:
+        """The lease it was last sent under (0: never)."""
+        ...
+
+
+W = TypeVar("W", bound=Work)
+K = TypeVar("K")
+
+
+class Drop(enum.Enum):
+    """Why work left its queue without being placed."""
+
+    CANCELLED = "cancelled"  # its job was cancelled
+    WITHDRAWN = "withdrawn"  # the driver withdrew it (its submission was not stored)
+
+
+class Reply(enum.Enum):
+    """What ``rejected`` did with work an LM refused; the driver acts on the last four."""
+
+    RETRY = "retry"  # back to the front of its queue
+    PARKED = "parked"  # refused too often: waits for the view to change
+    RESEND = "resend"  # fenced by this GM itself since it was sent: back to the front
+    LET_GO = "let-go"  # fenced by a newer GM, which owns it now
+    WITHDRAWN = "withdrawn"  # the driver withdrew it (see ``Drop``)
+    CANCELLED = "cancelled"  # its job was cancelled (the LM may have heard it first):
+    # the driver calls ``cancel``
+    ID_TAKEN = "id-taken"  # the LM holds its id as another job's: it ends REJECTED
+    INVALID = "invalid"  # the LM cannot read it: it ends REJECTED
+
+
+@dataclass(slots=True)
+class Decided:
+    """One task placed in a round: ``handle`` is what the work's ``take`` returned;
+    ``match`` the round's match count when it was decided (the simulator's clock)."""
+
+    handle: Any
+    spec: TaskSpec
+    placement: Placement
+    match: int
+
+
+@dataclass(slots=True)
+class Preemption:
+    """A task placed into victims' room: ask ``plan.lm_id`` to preempt them for it."""
+
+    queue: str
+    handle: Any
+    spec: TaskSpec
+    plan: PreemptionPlan
+    match: int
+
+
+@dataclass
+class RoundPlan(Generic[W]):
+    """What one round decided; the driver sends it and tells the waiting why."""
+
+    launches: dict[tuple[str, bool], list[Decided]] = field(default_factory=dict)
+    preemptions: list[Preemption] = field(default_factory=list)
+    waiting: list[tuple[W, str]] = field(default_factory=list)  # parked, and why
+    dropped: list[tuple[W, Drop]] = field(default_factory=list)
+    taken: list[W] = field(default_factory=list)  # every piece of work the round took
+    matches: int = 0
+    placed: int = 0
+    recheck_in: float | None = None  # run a round again then, whatever happens before
+    more: bool = False  # work is ready still: run another round
+
+
+class Scheduler(Generic[W]):
+    """The user queues one GM serves and every decision about them."""
+
+    def __init__(
+        self,
+        view: GlobalView,
+        queues: UserQueues[W],
+        fair: FairShare | None,
+        limits: QueueLimits,
+        *,
+        round_per_queue: int = ROUND_PER_QUEUE,
+        max_rejections: int = MAX_REJECTIONS,
+        lm_ids: Iterable[str] = (),
+        started_at: float = 0.0,
+        limit_settle_s: float = 0.0,
+        withdrawn: Callable[[W], bool] | None = None,
+        explain: bool = True,
+    ):
+        """``fair``: the federation's queue shares (None or one queue: no preemption).
+        ``lm_ids``: the LMs there are; until each is heard from, up to ``limit_settle_s``
+        after ``started_at``, a limited queue waits (what it holds is not known yet).
+        ``withdrawn``: work the driver took back (a submission the broker refused).
+        ``explain=False`` skips the reasons given to waiting tasks (the simulator)."""
+        self.view = view
+        self.queues = queues
+        self.fair = fair
+        self.limits = limits
+        self.round_per_queue = round_per_queue
+        self.max_rejections = max_rejections
+        self.lm_ids = set(lm_ids)
+        self.started_at = started_at
+        self.limit_settle_s = limit_settle_s
+        self.withdrawn = withdrawn
+        self.explain = explain
+        self.limited_here = any(q in limits for q in queues.names)
+        self.cancelled = CancelledJobs()
+        self.pledged: set[str] = set()  # victims of preemptions under way
+        self.lease = 0  # the lease this GM sends under now (fencing: see the LM)
+        self._pledge_epoch = 0  # bumped whenever ``pledged`` changes
+        # (queue, constraints, request) -> (view token, why) of a preemption Alg. 2
+        # refused: asked again only once the view or the pledges changed.
+        self._refused: dict[tuple[str, int, bytes], tuple[tuple, str]] = {}
+        # Per queue, the parked work that waits for "no node" (nothing unparked since):
+        # later work of its shape joins it instead of parking beside it.
+        self._last_parked: dict[str, W] = {}
+
+    # ------------------------------------------------------------------ intake
+    def never_runs(self, queue: str, spec: TaskSpec, now: float | None) -> str | None:
+        """Why ``spec`` can never run in ``queue`` (it is refused at submission), or
+        None: no node of the view could ever hold it (unless an LM restarted lately and
+        its nodes are still coming back), or it asks more than its queue's limit."""
+        never = self.view.infeasible(spec)
+        if never is not None and now is not None and self.view.restarted(now, RESTART_SETTLE_S):
+            never = None
+        return self.limits.never_fits(queue, spec.resources) or never
+
+    def submit(self, queue: str, work: W) -> None:
+        self.queues.push(queue, work)
+
+    def ready(self) -> bool:
+        return any(self.queues.ready(name) for name in self.queues.names)
+
+    # ------------------------------------------------------------------- round
+    def round(self, now: float | None) -> RoundPlan[W]:
+        """One scheduling round: from each queue in turn (a different one first each
+        round), up to ``round_per_queue`` tasks, highest priority first."""
+        plan: RoundPlan[W] = RoundPlan()
+        # Within one round the view only shrinks, so a shape (queue, constraints,
+        # request) that found no node finds none for any later task either: a backlog
+        # of identical tasks costs one match per round, not one per task. The queue is
+        # part of the shape because what fairness decides depends on it.
+        failed: dict[tuple[str, int, bytes], str] = {}
+        ledger = self._ledger(now, plan)
+        launches: dict[tuple[str, bool], list[Decided]] = defaultdict(list)
+        for queue in self.queues.rotation():
+            budget = self.round_per_queue
+            while budget > 0:
+                work = self.queues.take(queue)
+                if work is None:
+                    break
+                plan.taken.append(work)
+                budget -= self._place(queue, work, budget, now, ledger, failed, launches, plan)
+        plan.launches = dict(launches)
+        plan.more = self.ready()
+        held = self.view.held_until()
+        if plan.waiting and held is not None and now is not None:
+            # Nodes held for their owners (``OwnerFirst``) are anyone's then: parked
+            # work may fit there, though the view will not change by itself.
+            again = max(held - now, 0.0) + HELD_SLACK_S
+            plan.recheck_in = again if plan.recheck_in is None else min(plan.recheck_in, again)
+        return plan
+
+    def _place(
+        self,
+        queue: str,
+        work: W,
+        budget: int,
+        now: float | None,
+        ledger: LimitLedger | None,
+        failed: dict[tuple[str, int, bytes], str],
+        launches: dict[tuple[str, bool], list[Decided]],
+        plan: RoundPlan[W],
+    ) -> int:
+        """Place up to ``budget`` of ``work``'s tasks; how many were decided."""
+        if (drop := self._drop(work)) is not None:
+            plan.dropped.append((work, drop))
+            return 0
+        view = self.view
+        left = len(work)
+        decided = 0
+        while decided < min(budget, left):
+            spec = work.head()
+            if ledger is not None and (why := ledger.check(queue, spec.resources)):
+                self._wait(queue, work, why, plan, no_node=False)
+                return decided
+            shape = (queue, spec.constraint_mask, spec.resources.tobytes())
+            if shape in failed:
+                self._wait(queue, work, failed[shape], plan, no_node=True)
+                return decided
+            plan.matches += 1
+            placement = view.match(spec, now=now)
+            if placement is None:
+                preemption = self._preemption(queue, spec, now)
+                if isinstance(preemption, str):
+                    failed[shape] = preemption
+                    self._wait(queue, work, preemption, plan, no_node=True)
+                    return decided
+                if ledger is not None:  # the preemption makes room for it
+                    ledger.take(queue, spec.resources)
+                plan.preemptions.append(
+                    Preemption(queue, work.take(), spec, preemption, plan.matches)
+                )
+                decided += 1
+                continue
+            view.reserve(placement, spec, now=now)
+            if ledger is not None:
+                ledger.take(queue, spec.resources)
+            launches[(placement.lm_id, placement.repartition)].append(
+                Decided(work.take(), spec, placement, plan.matches)
+            )
+            plan.placed += 1
+            decided += 1
+        if decided < left:  # the budget ran out first
+            self.queues.push_front(queue, work)
+        return decided
+
+    def _drop(self, work: W) -> Drop | None:
+        if self.withdrawn is not None and self.withdrawn(work):
+            return Drop.WITHDRAWN
+        if work.head().job_id in self.cancelled:
+            return Drop.CANCELLED
+        return None
+
+    def _ledger(self, now: float | None, plan: RoundPlan[W]) -> LimitLedger | None:
+        """What the limited queues served here hold, for one round (None: no limit here).
+
+        Until every LM has been heard from, what a queue holds is not known: a GM that
+        just started would count only part of it and overshoot. So its limited queues
+        wait for the LMs, up to ``limit_settle_s`` after the start; then what the LMs
+        heard from hold is taken as all (an LM may be down for long).
+        """
+        if not self.limited_here:
+            return None
+        unknown = None
+        unheard = sorted(self.lm_ids - set(self.view.lms))
+        left = self.started_at + self.limit_settle_s - now if now is not None else 0.0
+        if unheard and left > 0:
+            unknown = (
+                f"this GM has not heard from {', '.join(unheard)} yet, so it does not know "
+                f"what the queue holds against its limit; waiting at most {left:.0f} s more"
+            )
+            plan.recheck_in = left + 0.05  # nothing may change in the view meanwhile
+        return LimitLedger(self.limits, self.view.queue_usage(), unknown)
+
+    def _preemption(self, queue: str, spec: TaskSpec, now: float | None) -> PreemptionPlan | str:
+        """No node internal or external: fairness (Alg. 2) picks victims, booked into
+        their room and pledged so that no other task picks them while the request is
+        out. Else why the task waits."""
+        if self.fair is None or len(self.fair.queues) < 2:
+            return self._room(spec)
+        # Alg. 2 is a function of the view (its tables, which LMs are silent) and the
+        # pledged victims: while none changed, a shape it refused is refused again.
+        key = (queue, spec.constraint_mask, spec.resources.tobytes())
+        token = (
+            self._pledge_epoch,
+            tuple((id(v.table), v.table.version) for v in self.view.lms.values()),
+            () if now is None else tuple(i for i in self.view.lms if self.view.silent(i, now)),
+        )
+        refused = self._refused.get(key)
+        if refused is not None and refused[0] == token:
+            return refused[1]
+        plan = self.view.preemption_plan(spec, self.fair, self.pledged, now=now)
+        if isinstance(plan, PreemptionPlan):
+            self.pledged.update(plan.victims.task_ids)
+            self._pledge_epoch += 1
+            self.view.reserve_preemption(plan, spec, now=now)
+            return plan
+        # Why fairness cannot help, then what the task waits for: "queue q1 is over
+        # share (32% of 25%); waiting for resources: needs ...; largest free ...".
+        why = f"{plan}; {self._room(spec)}" if self.explain else ""
+        self._refused[key] = (token, why)
+        return why
+
+    def _room(self, spec: TaskSpec) -> str:
+        if not self.explain:
+            return ""
+        return self.view.assess(spec).reason or WAITING_FOR_RESOURCES
+
+    def _wait(self, queue: str, work: W, why: str, plan: RoundPlan[W], no_node: bool) -> None:
+        plan.waiting.append((work, why))
+        self._park(queue, work, no_node)
+
+    def _park(self, queue: str, work: W, no_node: bool) -> None:
+        """Park ``work`` until the view changes; work that waits for no node joins the
+        parked work of its shape when that is the queue's newest (same order, one item):
+        sound because a shape that found no node keeps finding none until the view
+        changes, and every view change unparks (and forgets ``_last_parked``)."""
+        last = self._last_parked.get(queue)
+        if no_node and last is not None and last.join(work):
+            return
+        self.queues.park(queue, work)
+        if no_node:
+            self._last_parked[queue] = work
+        else:
+            self._last_parked.pop(queue, None)
+
+    def unpark(self) -> bool:
+        """The view changed: parked work is tried again. True if there was any."""
+        self._last_parked.clear()
+        return self.queues.unpark() > 0
+
+    # ----------------------------------------------------------------- replies
+    def accepted(self, lm_id: str, task_id: str) -> None:
+        """An LM took a task (launch or preemption): its booking in the view stands."""
+        self.view.accepted(lm_id, task_id)
+
+    def refused(self, lm_id: str, task_id: str) -> None:
+        """An LM refused a task: undo its optimistic booking first (the LM's state, if
+        the reply carries it, then overwrites every node that really changed)."""
+        self.view.release(lm_id, task_id)
+
+    def unanswered(self, lm_id: str) -> None:
+        """A request to ``lm_id`` went unanswered: nothing is placed there until its
+        next heartbeat proves it back (its tasks are fenced before they go elsewhere)."""
+        self.view.forget(lm_id)
+
+    def retry(self, queue: str, work: W) -> Drop | None:
+        """Work whose request was not answered, fenced and not held by the LM: tried
+        again first, unless it was dropped meanwhile."""
+        drop = self._drop(work)
+        if drop is None:
+            self.queues.push_front(queue, work)
+        return drop
+
+    def rejected(self, queue: str, work: W, status: PlacementStatus) -> Reply:
+        """An LM refused ``work`` (its booking undone by ``refused``)."""
+        if status is PlacementStatus.REJECTED_INVALID:
+            return Reply.INVALID
+        if status is PlacementStatus.REJECTED_TASK_ID_TAKEN:
+            return Reply.ID_TAKEN
+        if status is PlacementStatus.REJECTED_FENCED:
+            if work.lease < self.lease:  # this GM fenced it since: sent again
+                self.queues.push_front(queue, work)
+                return Reply.RESEND
+            # Fenced above this GM's own lease: another GM took over its queue message
+            # (this one lost its broker connection), and that one owns it now.
+            return Reply.LET_GO
+        drop = self._drop(work)
+        if drop is Drop.WITHDRAWN:
+            return Reply.WITHDRAWN
+        if drop is Drop.CANCELLED or status is PlacementStatus.REJECTED_CANCELLED:
+            return Reply.CANCELLED
+        work.rejections += 1
+        if work.rejections >= self.max_rejections:
+            self._park(queue, work, no_node=False)
+            return Reply.PARKED
+        self.queues.push_front(queue, work)
+        return Reply.RETRY
+
+    def preempt_replied(self, plan: PreemptionPlan, task_id: str, ok: bool | None) -> None:
+        """The answer to a preemption (``ok`` None: none came): its victims are free to
+        be picked again; a refused task's booking in their room is undone. The victims
+        stay booked until the LM's events or state show them gone."""
+        self.pledged.difference_update(plan.victims.task_ids)
+        self._pledge_epoch += 1
+        if not ok:
+            self.view.release(plan.lm_id, task_id)
+
+    def preempt_unanswered(self, queue: str, work: W) -> Drop | None:
+        """A preemption went unanswered and its LM, fenced, does not hold the task: it
+        waits for the view to change (the victims may be gone by then)."""
+        drop = self._drop(work)
+        if drop is None:
+            self._park(queue, work, no_node=False)
+        return drop
+
+    # -------------------------------------------------------------- reconcilers
+    def unheld(self, placed: Mapping[K, tuple[str, str, int]]) -> set[K]:
+        """Of tasks a GM's books show placed or running, as (LM, task id, attempt) by
+        key, those their LM's books (as the view has them) do not hold at that attempt:
+        an end event may have been lost. Asked about once still so a round later (the
+        view may just lag): see ``lost_ends``."""
+        out = set()
+        for key, (lm_id, task_id, attempt) in placed.items():
+            view = self.view.lms.get(lm_id)
+            held = view.allocations.get(task_id) if view is not None else None
+            if held is None or held.attempt < attempt:
+                out.add(key)
+        return out
+
+    def lost_starts(
+        self,
+        lm_id: str,
+        unknown: Iterable[str],
+        accepted: Mapping[str, tuple],
+        now: float,
+        grace_s: float,
+    ) -> list[str]:
+        """Tasks ``lm_id`` accepted (``accepted``: task id -> (LM, when, ...), on this
+        GM's clock) that it no longer knows (``unknown``) after it restarted before passing
+        them to their workers: queued again as their next attempt, once it has been
+        back ``grace_s`` (every live worker has registered again and named what it runs;
+        a task that did start is adopted)."""
+        view = self.view.lms.get(lm_id)
+        if view is None or view.restarted_at is None or now - view.restarted_at < grace_s:
+            return []
+        lost = []
+        for task_id in sorted(unknown):
+            took = accepted.get(task_id)
+            if took is not None and took[0] == lm_id and took[1] <= view.restarted_at:
+                lost.append(task_id)
+        return lost
+
+    # ---------------------------------------------------------------- the view
+    def apply(self, snapshot: Snapshot, now: float) -> tuple[ApplyResult, bool]:
+        """Fold an LM's state into the view; True when parked work should be tried
+        again (the view changed, or the LM was silent and is heard again: it may hold
+        room though its books did not change)."""
+        lm_id = snapshot.lm_id
+        was_silent = lm_id in self.view.lms and self.view.silent(lm_id, now)
+        result = self.view.apply(snapshot, now)
+        back = was_silent and not self.view.silent(lm_id, now)
+        wake = (result is ApplyResult.APPLIED or back) and self.unpark()
+        return result, wake
+
+    def ended(self, ends: Iterable[tuple[str, str, int]], now: float | None) -> bool:
+        """Attempts that ended, as (LM, task id, attempt): their room is back in the
+        view. True when parked work should be tried again."""
+        freed = False
+        for lm_id, task_id, attempt in ends:
+            freed |= self.view.release(lm_id, task_id, ended=True, attempt=attempt, now=now)
+        return freed and self.unpark()
+
+    def cancel(self, job_id: str, reason: str) -> list[W]:
+        """The job is cancelled: its work leaves the queues, ready or parked (returned),
+        and any that turns up later is dropped."""
+        self.cancelled.add(job_id, reason)
+        dropped: list[W] = []
+        for queue in list(self.queues.names):
+            dropped += self.withdraw(queue, lambda work: work.head().job_id == job_id)
+        return dropped
+
+    def withdraw(self, queue: str, drop: Callable[[W], bool]) -> list[W]:
+        """Take the work of ``queue`` for which ``drop`` is true out, ready or parked."""
+        dropped = self.queues.remove(queue, drop)
+        if dropped:
+            self._last_parked.clear()
+        return dropped

@@ -1,0 +1,70 @@
+"""The deterministic fault-injection simulation (``loadgen/chaos``): a seed replays
+exactly, a run without faults keeps every promise, the checker catches a planted bug,
+and a few hundred seeds with faults are checked (failing today: the protocol bugs the
+simulation found, ``docs/chaos.md``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from loadgen.chaos.world import SMALL, run_seed
+from loadgen.cli import main
+
+# LM pauses over a lossy network between GMs and LMs (launches time out, are fenced and
+# placed again), the broker and the worker streams never slow: the protocol survives it.
+PAUSES = dataclasses.replace(
+    SMALL, fault_kinds=frozenset({"lm pause"}), slow_streams=False, slow_broker=False
+)
+
+
+def test_a_seed_replays_exactly():
+    first = run_seed(3, SMALL, trace=True)
+    again = run_seed(3, SMALL, trace=True)
+    assert first.trace and first.trace == again.trace
+    assert [str(v) for v in first.violations] == [str(v) for v in again.violations]
+    assert first.faults == again.faults
+    other = run_seed(4, SMALL, trace=True)
+    assert other.trace != first.trace
+
+
+def test_without_faults_every_promise_is_kept_and_preemption_happens():
+    calm = dataclasses.replace(SMALL, faults=False)
+    results = [run_seed(seed, calm) for seed in range(10)]
+    assert [str(v) for r in results for v in r.violations] == []
+    assert sum(r.preemptions for r in results) > 0  # the two queues' shares are exercised
+    assert all(r.attempts >= r.tasks for r in results)
+
+
+def test_lm_pauses_with_fencing_keep_every_promise():
+    results = [run_seed(seed, PAUSES) for seed in range(15)]
+    assert [str(v) for r in results for v in r.violations] == []
+
+
+def test_the_checker_catches_a_planted_bug_launches_not_fenced():
+    """LMs that answer a fence without fencing: a launch the GM gave up on and placed
+    elsewhere starts late on the paused LM, so some attempt runs twice."""
+    planted = dataclasses.replace(PAUSES, no_fencing=True)
+    found = {v.kind for seed in range(15) for v in run_seed(seed, planted).violations}
+    assert "started twice" in found
+
+
+@pytest.mark.xfail(
+    raises=AssertionError,
+    strict=True,
+    reason="issue 27: a preemption's re-queues awaited before the preemptor is held, kills "
+    "that reach a worker after the victim's next attempt started, a redelivered message "
+    "acked while its tasks wait in memory (docs/chaos.md)",
+)
+def test_a_few_hundred_seeds_with_every_fault_keep_every_promise():
+    for seed in range(200):  # stops at the first failing seed (replay it with the CLI)
+        violations = run_seed(seed, SMALL).violations
+        assert not violations, f"seed {seed}: {[str(v) for v in violations[:5]]}"
+
+
+def test_the_cli_replays_a_seed_and_exits_non_zero_on_a_violation(capsys):
+    assert main(["chaos-sim", "--seed", "0", "--small", "--faults", "lm pause"]) == 0
+    out = capsys.readouterr().out
+    assert "seed 0:" in out and "every promise kept" in out
+    assert main(["chaos-sim", "--seed", "0", "--faults", "nonsense"]) == 2
