@@ -19,8 +19,10 @@ from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 
 from loadgen.chaos.world import FAULT_KINDS, SMALL, ChaosConfig, Result, run_seed
-from services.common.argtypes import positive_int
+from services.common.argtypes import bounded, non_negative_int, positive_int
 from services.common.progress import Progress, bar
+
+unit_interval = bounded(float, "unit_interval", 0, high=1)
 
 
 def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -37,9 +39,13 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         ),
     )
     which = parser.add_mutually_exclusive_group()
-    which.add_argument("--seed", type=int, help="run this one seed (replays it exactly)")
+    which.add_argument(
+        "--seed", type=non_negative_int, help="run this one seed (replays it exactly)"
+    )
     which.add_argument("--seeds", type=positive_int, help="run seeds 0..K-1")
-    parser.add_argument("--first", type=int, default=0, help="with --seeds: start here")
+    parser.add_argument(
+        "--first", type=non_negative_int, default=0, help="with --seeds: start here"
+    )
     parser.add_argument(
         "--verbose", action="store_true", help="print the event trace of a failing --seed"
     )
@@ -63,7 +69,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     )
     parser.add_argument(
         "--lose-journal",
-        type=float,
+        type=unit_interval,
         default=0.0,
         metavar="P",
         help="an LM crash also loses its journal with this chance (outside the promise)",

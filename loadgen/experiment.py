@@ -130,6 +130,9 @@ def run_experiment(
         write_report(where, result)
         runs.append(compare.load_run(where, label))
     plot_path = out / name / f"{name}.png"
+    if experiment.plot == "contention":
+        for run, label in zip(runs, configs, strict=True):
+            run.summary["job_group_spread"] = contention.group_spread(out / name / label)
     if experiment.plot == "cdf":
         compare.plot(runs, plot_path, experiment.title)
     elif experiment.plot == "contention":

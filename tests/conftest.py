@@ -14,13 +14,21 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
 
 
-# The chaos suite (tests/chaos, and live fault tests elsewhere marked ``chaos``) is
-# slow: it runs with MEGHA_CHAOS_TESTS=1 (``.ci/run`` sets it) and is skipped, loudly,
-# otherwise, which keeps ``pytest -q`` within its budget.
+# Two suites are slow and run apart, by ``.ci/run``, which keeps ``pytest -q`` within its
+# budget: the chaos suite (tests/chaos, and live fault tests elsewhere marked ``chaos``),
+# run with MEGHA_CHAOS_TESTS=1, and other long live tests marked ``slow``, run with
+# MEGHA_SLOW_TESTS=1. Otherwise they are skipped, loudly.
+OPT_IN = {
+    "chaos": ("MEGHA_CHAOS_TESTS", "chaos suite"),
+    "slow": ("MEGHA_SLOW_TESTS", "slow live tests"),
+}
+
+
 def pytest_collection_modifyitems(config, items):
-    if os.environ.get("MEGHA_CHAOS_TESTS") == "1":
-        return
-    skip = pytest.mark.skip(reason="chaos suite: set MEGHA_CHAOS_TESTS=1 (run by .ci/run)")
-    for item in items:
-        if "chaos" in item.keywords:
-            item.add_marker(skip)
+    for marker, (variable, what) in OPT_IN.items():
+        if os.environ.get(variable) == "1":
+            continue
+        skip = pytest.mark.skip(reason=f"{what}: set {variable}=1 (run by .ci/run)")
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(skip)

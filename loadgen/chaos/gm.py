@@ -122,6 +122,8 @@ class MessageBatch:
     cancelled: bool = False
     out: int = 0
     landed: list[Future] = field(default_factory=list)
+    key: tuple = ()
+    joined: list[Delivery] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -179,6 +181,8 @@ class GM(Actor):
         self.scheduler.lease = self.k.engine.now + 1  # time.time_ns()
         self.book = Book()
         self.local: dict[tuple, MessageBatch] = {}
+        self.held: dict[tuple, MessageBatch] = {}
+        self.started_at = self.k.now
         self.failed: dict[str, MessageBatch] = {}
         self.unstarted: OrderedDict[str, tuple[str, float, Task]] = OrderedDict()
         self.round_due = False
@@ -218,6 +222,7 @@ class GM(Actor):
             batch.job_id,
             batch.queue,
             tuple(t.copy() for t in batch.tasks if t.task_id not in taken),
+            queued_at=self.k.now,
         )
         if batch.queue not in self.my_queues:
             stored = yield self.world.broker.enqueue(batch.queue, batch)
@@ -226,7 +231,9 @@ class GM(Actor):
                     self.book.queued(task)
             return stored
         key = batch.key()
-        local = self.local[key] = MessageBatch(None, remaining=len(batch.tasks))
+        local = self.local[key] = self.held[key] = MessageBatch(
+            None, remaining=len(batch.tasks), key=key
+        )
         pending = [Pending(t.copy(), local) for t in batch.tasks]
         for task in batch.tasks:
             self.book.queued(task)
@@ -267,13 +274,20 @@ class GM(Actor):
 
     def _delivered(self, delivery: Delivery) -> Proc:
         msg: Batch = delivery.body
-        local = self.local.pop(msg.key(), None)
+        key = msg.key()
+        local = self.local.pop(key, None)
         if local is not None and not local.cancelled:
             local.delivery = delivery
             if local.remaining == 0:
                 self.world.broker.ack(delivery)
             return
-        batch = MessageBatch(delivery, remaining=len(msg.tasks))
+        held = self.held.get(key)
+        if held is not None and held.remaining and not held.cancelled:
+            held.joined.append(delivery)
+            if self.k.tracing:
+                self.k.log(self.name, f"delivery {msg.job_id} joins {held.remaining} held")
+            return
+        batch = self.held[key] = MessageBatch(delivery, remaining=len(msg.tasks), key=key)
         failed = self.failed.get(msg.job_id)
         if local is not None:
             yield from self._all_landed(local)
@@ -281,11 +295,20 @@ class GM(Actor):
             yield from self._all_landed(failed)
             if self.failed.get(msg.job_id) is failed:
                 del self.failed[msg.job_id]
-        check = delivery.redelivered or local is not None or failed is not None
+        check = (
+            delivery.redelivered
+            or local is not None
+            or failed is not None
+            or 0 < msg.queued_at < self.started_at
+        )
         launched: set[str] = set()
         if check:
             attempts = {t.task_id: t.attempt for t in msg.tasks}
-            launched = yield from self._fence(list(self.world.lms), attempts, CATCH_UP_S)
+            holders = yield from self._fence(list(self.world.lms), attempts, CATCH_UP_S)
+            for task in msg.tasks:
+                if (lm_id := holders.get(task.task_id)) is not None:
+                    self._book_accepted(task, lm_id)
+            launched = set(holders)
         launched |= self.book.taken(msg.tasks)
         if self.k.tracing:
             self.k.log(
@@ -294,7 +317,10 @@ class GM(Actor):
                 f"redelivered={delivery.redelivered} skip={sorted(launched)}",
             )
         if batch.remaining == len(launched):
-            self.world.broker.ack(delivery)
+            batch.remaining = 0
+            self.held.pop(key, None)
+            for done in (delivery, *batch.joined):
+                self.world.broker.ack(done)
             return
         batch.remaining -= len(launched)
         for task in msg.tasks:
@@ -308,14 +334,14 @@ class GM(Actor):
         self.scheduler.lease += 1
         lease = self.scheduler.lease
         answers = [self._answer(lm_id, attempts, lease, wait_s) for lm_id in lm_ids]
-        held: set[str] = set()
-        for answer in answers:  # asked at once, gathered
+        held: dict[str, str] = {}  # task id -> the LM that holds it
+        for lm_id, answer in zip(lm_ids, answers, strict=True):  # asked at once, gathered
             reply = yield answer
             if reply is None:
                 continue
             for known in reply:
                 if known.attempt >= attempts[known.task_id]:
-                    held.add(known.task_id)
+                    held[known.task_id] = lm_id
         return held
 
     def _answer(self, lm_id: str, attempts: dict[str, int], lease: int, wait_s: float) -> Future:
@@ -442,7 +468,7 @@ class GM(Actor):
             again = task.next_attempt()
             while not (
                 yield self.world.broker.enqueue(
-                    again.queue, Batch(again.job_id, again.queue, (again,))
+                    again.queue, Batch(again.job_id, again.queue, (again,), self.k.now)
                 )
             ):
                 yield self.k.sleep(0.5)
@@ -561,18 +587,36 @@ class GM(Actor):
     def _settle(self, lm_id: str, items: list[Pending]) -> Proc:
         attempts = {item.task.task_id: item.task.attempt for item in items}
         held = yield from self._fence([lm_id], attempts, IN_DOUBT_S)
-        return held
+        return set(held)
 
     def _accepted(self, lm_id: str, item: Pending) -> None:
         self.scheduler.accepted(lm_id, item.task.task_id)
+        self._book_accepted(item.task, lm_id)
         self.unstarted[item.task.task_id] = (lm_id, self.k.now, item.task.copy())
         self.unstarted.move_to_end(item.task.task_id)
         self._launched(item.batch)
 
     def _launched(self, batch: MessageBatch) -> None:
         batch.remaining -= 1
-        if batch.remaining == 0 and batch.delivery is not None:
-            self.world.broker.ack(batch.delivery)
+        if batch.remaining:
+            return
+        if self.held.get(batch.key) is batch:
+            del self.held[batch.key]
+        for delivery in (batch.delivery, *batch.joined):
+            if delivery is not None:
+                self.world.broker.ack(delivery)
+
+    def _book_accepted(self, task: Task, lm_id: str) -> None:
+        """``JobBook.accepted``: PLACED on ``lm_id`` unless the book knows as much."""
+        status = self.book.tasks.get(task.task_id)
+        if status is not None and (
+            status.attempt > task.attempt
+            or (status.attempt == task.attempt and status.state != states.QUEUED)
+        ):
+            return
+        self.book.apply(
+            Event(task.task_id, task.job_id, task.queue, states.PLACED, lm_id, "", task.attempt)
+        )
 
     def _rejected(self, lm_id: str, item: Pending, status: PlacementStatus) -> None:
         verdict = self.scheduler.rejected(item.task.queue, item, status)

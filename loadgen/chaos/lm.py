@@ -202,9 +202,15 @@ class LM(Actor):
             )
         reply = PreemptReply(decision, [])
         if decision.status is PlacementStatus.ACCEPTED:
-            yield from self._carry_out(actions)
+            # As the live LM: the victims' kills and this task's start, then the
+            # re-queues (a broker that is away holds them back; the task must be held
+            # meanwhile, or a second preemption of it re-queues nothing).
+            requeues = [a for a in actions if isinstance(a, Requeue)]
+            self._apply([a for a in actions if not isinstance(a, Requeue)])
+            started = self._start(request.task, decision)
             reply.preempted = [v.task_id for v in decision.preempted]
-            self._journal_accepted([self._start(request.task, decision)])
+            self._journal_accepted([started])
+            yield from self._carry_out(requeues)
         if not decision.ok and decision.status is not PlacementStatus.REJECTED_CANCELLED:
             reply.state = self.state.snapshot(request.known_version or None)
         return reply
@@ -385,7 +391,7 @@ class LM(Actor):
 
     def _enqueue_next(self, task: Task) -> Proc:
         again = task.next_attempt()
-        body = Batch(again.job_id, again.queue, (again,))
+        body = Batch(again.job_id, again.queue, (again,), self.k.now)
         while True:
             stored = yield self.world.broker.enqueue(again.queue, body)
             if stored:

@@ -78,6 +78,7 @@ class Batch:
     job_id: str
     queue: str
     tasks: tuple[Task, ...]
+    queued_at: float = 0.0  # the tasks' queued_unix_nanos (simulated seconds)
 
     def key(self) -> tuple:
         return (self.job_id, tuple((t.task_id, t.attempt) for t in self.tasks))

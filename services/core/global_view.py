@@ -257,6 +257,8 @@ class GlobalView:
             return ApplyResult.STALE
         if snapshot.full:
             self._apply_full(snapshot, now)
+            if self.owner_first is not None:
+                self.owner_first.seen(snapshot.lm_id, None)
             return ApplyResult.APPLIED
         if view is None or view.version < snapshot.base_version:
             return ApplyResult.NEEDS_FULL
@@ -273,6 +275,8 @@ class GlobalView:
         view.version = snapshot.version
         view.updated_at = now
         self._reconcile(view, snapshot, now)
+        if self.owner_first is not None:
+            self.owner_first.seen(snapshot.lm_id, snapshot.free_indices)
         return ApplyResult.APPLIED
 
     def _reconcile(self, view: LMView, snapshot: Snapshot, now: float) -> None:
@@ -490,7 +494,10 @@ class GlobalView:
         """Give a task's resources back in the view: a launch the LM rejected (or that
         never left), or, with ``ended``, attempt ``attempt`` of a task whose end a
         lifecycle event reported, remembered until a snapshot confirms it (even if the
-        view never saw the task run). Returns whether the view knew the allocation."""
+        view never saw the task run). Returns whether the view knew the allocation and
+        its room is this GM's to use now: room an end freed on another GM's partition is
+        left to that GM (``OwnerFirst``) until a snapshot shows the node, which wakes the
+        GM then; waking every GM for every end was most of an overloaded run's work."""
         view = self.lms.get(lm_id)
         if view is None:
             return False
@@ -512,21 +519,24 @@ class GlobalView:
             known = allocation.attempt if allocation is not None else attempt
             shown = None if booked_here else allocation
             view.ended[task_id] = Ended(max(known, attempt), now, shown, booked_here)
+        held = False
         if allocation is not None:
             back = allocation.resources if evicted is None else allocation.resources - evicted[1]
             view.table.give_back(allocation.node, back, allocation.usage_mean, allocation.usage_var)
             owned = view.internal is not None and view.internal[allocation.node]
             if ended and now is not None and self.owner_first is not None and not owned:
                 self.owner_first.freed(lm_id, view.table.size, allocation.node, now)
+                held = True
         # A preemption that ended (the task ran) killed its victims; one that was refused
         # or never left did not: they hold their node again.
         self._end_eviction(view, task_id, allocation, restore=not ended)
-        return allocation is not None
+        return allocation is not None and not held
 
     # ------------------------------------------------------------- matching
     def match(self, task: TaskSpec, now: float | None = None) -> Placement | None:
         """Internal partitions round-robin over LMs, then external ones; None if full.
-        With ``now``, silent LMs (``silent``) are passed over."""
+        With ``now``, silent LMs (``silent``) are passed over and room freed lately on
+        another GM's partition is left to it (``OwnerFirst``)."""
         found = self._search(task, True, now)
         if found is None:
             found = self._search(task, False, now)
@@ -538,8 +548,9 @@ class GlobalView:
         owner_first = None if internal or now is None else self.owner_first
         if owner_first is not None:
             owner_first.expire(now)
-        # Everything a policy's verdict depends on besides the table.
+        # Everything a policy's verdict depends on besides the table (and the holds).
         shape = (
+            owner_first is not None,
             internal,
             task.constraint_mask,
             task.resources.tobytes(),

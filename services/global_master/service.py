@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 import uuid
+import weakref
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -125,6 +126,9 @@ class Batch:
     delivery: Delivery | None
     remaining: int
     cancelled: bool = False  # the broker refused it: its unlaunched tasks are dropped
+    # Later deliveries of the same message that joined it while its tasks waited here (its
+    # first delivery's channel closed: a broker restart); acked with it.
+    joined: list[Delivery] = field(default_factory=list)
     out: int = 0  # its tasks in launch or preempt requests not answered yet
     _landed: asyncio.Event | None = field(default=None, repr=False)
 
@@ -143,11 +147,13 @@ class Batch:
             await self._landed.wait()
 
 
-def _one_done(batch: Batch) -> Delivery | None:
+def _one_done(batch: Batch) -> list[Delivery]:
     """One more of the message's tasks is accounted for (launched or dropped); its
-    delivery, to ack, once that was the last."""
+    deliveries, to ack, once that was the last."""
     batch.remaining -= 1
-    return batch.delivery if batch.remaining == 0 else None
+    if batch.remaining:
+        return []
+    return [d for d in (batch.delivery, *batch.joined) if d is not None]
 
 
 def _message_key(batch: common_pb2.TaskBatch) -> tuple:
@@ -218,6 +224,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self.limits = QueueLimits.parse((q.name, q.limit) for q in config.effective_queues())
         self._limited_here = any(q in self.limits for q in self.my_queues)
         self._started_at = time.monotonic()
+        self._started_unix_nanos = time.time_ns()
         self._settle_timer: asyncio.TimerHandle | None = None
         # Within a queue, a task of a higher priority is served first.
         self.queues: UserQueues[Pending] = UserQueues(
@@ -227,6 +234,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # Jobs submitted here to our own queues, scheduled from memory, whose broker
         # delivery has not arrived yet (see SubmitJob).
         self._local: dict[tuple, Batch] = {}
+        # Messages whose tasks this GM holds, by message key, while they are held: a
+        # delivery of the same message again joins them (``_on_delivery``).
+        self._held: weakref.WeakValueDictionary[tuple, Batch] = weakref.WeakValueDictionary()
         # Jobs whose publish failed here, by job id, so the broker may or may not hold
         # their message: its delivery, if it ever comes, must first ask the LMs what
         # launched, and a retry must first wait for the launches still out to land, so
@@ -528,7 +538,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # otherwise delay the answer (a client submitting one job after another waits for
         # it), and the confirm is small next to the time its own tasks take to place.
         key = _message_key(batch)
-        local = self._local[key] = Batch(None, remaining=len(batch.tasks))
+        local = self._local[key] = self._held[key] = Batch(None, remaining=len(batch.tasks))
         pending = [
             Pending(task, spec, local) for task, spec in zip(batch.tasks, specs, strict=True)
         ]
@@ -749,13 +759,26 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
     # ------------------------------------------------------------ broker input
     async def _on_delivery(self, delivery: Delivery) -> None:
         batch_msg = common_pb2.TaskBatch.FromString(delivery.body)
-        local = self._local.pop(_message_key(batch_msg), None)
+        key = _message_key(batch_msg)
+        local = self._local.pop(key, None)
         if local is not None and not local.cancelled:  # scheduled from memory at submit
             local.delivery = delivery
             if local.remaining == 0:
                 await delivery.ack()
             return
+        held = self._held.get(key)
+        if held is not None and held.remaining and not held.cancelled:
+            # The same message again while its tasks wait here (the channel of its first
+            # delivery closed: a broker restart). It joins them and is acked once they
+            # launch: acked now, it would be lost with them should this GM die first.
+            held.joined.append(delivery)
+            log.info(
+                "a message delivered again joins its tasks waiting here",
+                extra={"job_id": batch_msg.job_id, "waiting": held.remaining},
+            )
+            return
         batch = Batch(delivery, remaining=len(batch_msg.tasks))
+        self._held[key] = batch
         # Redelivered, or stored although its submission failed here: some of its tasks
         # may already run. Of a failed submission, launches still out must be answered
         # first, or the LMs would not know of tasks about to start and they would run twice.
@@ -766,7 +789,12 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             await failed.all_landed()
             if self._failed.get(batch_msg.job_id) is failed:
                 del self._failed[batch_msg.job_id]
-        check = delivery.redelivered or local is not None or failed is not None
+        check = (
+            delivery.redelivered
+            or local is not None
+            or failed is not None
+            or self._queued_before_start(batch_msg)
+        )
         launched = await self._already_launched(batch_msg) if check else set()
         # A second message of a job whose tasks this GM already holds (a client retried
         # it through another GM, or its first message was stored after all): not again.
@@ -781,10 +809,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             if ends:
                 metrics.TASKS_CANCELLED.labels(self.gm_id).inc(len(ends))
                 self._publish_ends(ends)
-            await delivery.ack()
-            return
+            launched = {task.task_id for task in batch_msg.tasks}
         if batch.remaining == len(launched):
-            await delivery.ack()
+            batch.remaining = 0
+            for done in (delivery, *batch.joined):
+                await done.ack()
             return
         batch.remaining -= len(launched)
         for task in batch_msg.tasks:
@@ -805,28 +834,44 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self.scheduler.submit(batch_msg.queue or task.queue, Pending(task, spec, batch))
         self._wake.set()
 
+    def _queued_before_start(self, batch: common_pb2.TaskBatch) -> bool:
+        """Queued before this GM started: an earlier life of it may have scheduled the
+        message from memory (``SubmitJob``) and died before the broker confirmed it, so
+        that its first delivery here, not marked redelivered, holds tasks that run."""
+        return any(
+            0 < t.timestamps.queued_unix_nanos < self._started_unix_nanos for t in batch.tasks
+        )
+
     async def _already_launched(self, batch: common_pb2.TaskBatch) -> set[str]:
         """Tasks of a redelivered message that some LM already launched: a GM died after
         launching them but before acking the message. Launches are idempotent per LM,
-        so without this check a retry on another LM would run them twice."""
+        so without this check a retry on another LM would run them twice. The book
+        records them placed where they are held, so that a second message of the job
+        (a client's retry through another GM) skips them too."""
         # Fenced too: a launch of the GM that died, still on its way to an LM, must not
         # start there after this GM has placed the task elsewhere.
         attempts = {t.task_id: t.attempt for t in batch.tasks}
-        return await self._fence(list(self._stubs), attempts, CATCH_UP_S)
+        holders = await self._fence(list(self._stubs), attempts, CATCH_UP_S)
+        for task in batch.tasks:
+            if (lm_id := holders.get(task.task_id)) is not None:
+                self.jobs.accepted(task, lm_id)
+        return set(holders)
 
-    async def _fence(self, lm_ids: list[str], attempts: dict[str, int], wait_s: float) -> set[str]:
+    async def _fence(
+        self, lm_ids: list[str], attempts: dict[str, int], wait_s: float
+    ) -> dict[str, str]:
         """Fence these tasks (id -> attempt) on ``lm_ids`` under a new lease: each LM
         says which it holds (at that attempt or a later one), and refuses from then on
-        any older request of the others. Returns the ids some LM holds. An LM is asked
-        again until it answers, for up to ``wait_s`` (``_answer``)."""
+        any older request of the others. Returns the ids some LM holds, with that LM. An
+        LM is asked again until it answers, for up to ``wait_s`` (``_answer``)."""
         self._lease += 1
         lease = self._lease
         replies = await asyncio.gather(
             *(self._answer(lm_id, attempts, lease, wait_s) for lm_id in lm_ids)
         )
         return {
-            known.task_id
-            for reply in replies
+            known.task_id: lm_id
+            for lm_id, reply in zip(lm_ids, replies, strict=True)
             if reply is not None
             for known in reply.tasks
             if known.attempt >= attempts[known.task_id]
@@ -890,9 +935,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         for item in items:
             reason = self.cancelled.reason(item.task.job_id) or "cancelled"
             events.append(self._event(item.task, common_pb2.TASK_STATE_CANCELLED, reason))
-            delivery = _one_done(item.batch)
-            if delivery is not None:
-                done.append(delivery)
+            done.extend(_one_done(item.batch))
         metrics.TASKS_CANCELLED.labels(self.gm_id).inc(len(events))
         self._publish_ends(events)
         for delivery in done:
@@ -1239,7 +1282,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         it will not run them."""
         self.counters["fences"] += 1
         attempts = {item.task.task_id: item.task.attempt for item in items}
-        return await self._fence([lm_id], attempts, IN_DOUBT_S)
+        return set(await self._fence([lm_id], attempts, IN_DOUBT_S))
 
     def _rejected(self, lm_id: str, item: Pending, status: PlacementStatus, reason: str) -> None:
         if status is PlacementStatus.REJECTED_EXPIRED and lm_id not in self._early_expiry_warned:
@@ -1335,8 +1378,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         await self._launched(item.batch)
 
     async def _launched(self, batch: Batch) -> None:
-        delivery = _one_done(batch)
-        if delivery is not None:
+        for delivery in _one_done(batch):
             await delivery.ack()
 
     def _event(self, task: common_pb2.Task, state: int, reason: str) -> common_pb2.TaskEvent:

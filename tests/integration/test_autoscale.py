@@ -57,6 +57,7 @@ def recorded(fed: Federation) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+@pytest.mark.slow  # ~20-45 s: run apart by .ci/run (MEGHA_SLOW_TESTS=1)
 async def test_pool_grows_for_waiting_tasks_and_shrinks_when_idle(tmp_path):
     async with Federation(
         tmp_path, gms=1, lms=1, worker_groups=STATIC, autoscale=autoscale(tmp_path)

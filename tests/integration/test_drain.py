@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from services._proto.megha.v1 import common_pb2
 from tests.integration.harness import Federation, shell_task
 
@@ -19,6 +21,7 @@ def _cpu(task: common_pb2.Task, milli: int) -> common_pb2.Task:
     return task
 
 
+@pytest.mark.slow  # ~20-45 s: run apart by .ci/run (MEGHA_SLOW_TESTS=1)
 async def test_a_drained_node_keeps_its_task_takes_no_new_one_even_after_an_lm_restart(tmp_path):
     async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2) as fed:
         megha = [sys.executable, "-m", "services.cli", "drain", "--config", str(fed.config_path)]

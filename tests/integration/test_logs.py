@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from services._proto.megha.v1 import common_pb2
 from tests.integration.harness import Federation, shell_task, sim_tasks
 
@@ -24,6 +26,7 @@ async def _ended(fed: Federation, job_id: str, timeout_s: float = 30) -> None:
         await asyncio.sleep(0.1)
 
 
+@pytest.mark.slow  # ~20-45 s: run apart by .ci/run (MEGHA_SLOW_TESTS=1)
 async def test_megha_logs_reads_each_attempts_stdout_and_stderr(tmp_path):
     marker = tmp_path / "ran-once"
     first_then_second = (
@@ -148,6 +151,7 @@ async def test_megha_logs_reads_each_attempts_stdout_and_stderr(tmp_path):
         assert "the job file describes the tasks: no --count, --command with it" in both.stderr
 
 
+@pytest.mark.slow  # ~20-45 s: run apart by .ci/run (MEGHA_SLOW_TESTS=1)
 async def test_megha_logs_follow_prints_as_the_task_writes_and_ends_with_it(tmp_path):
     script = "for i in 1 2 3 4 5 6; do echo line $i; sleep 0.4; done"
     # Output held to 1 MiB a stream: the last test below reads past what was dropped.

@@ -137,23 +137,26 @@ async def test_the_next_attempt_of_a_victim_runs_on_the_node_it_was_preempted_fr
         assert starts == [0, 1]
 
 
+async def _victim_running(lm, events) -> None:
+    """Task "v" of the low queue, 30 s long, launched and running on the only node."""
+    reply = await lm.Launch(
+        local_master_pb2.LaunchRequest(
+            gm_id="gm-1",
+            placements=[local_master_pb2.Placement(task=_task("v", "low", 0, 30), node_index=0)],
+        ),
+        timeout=5,
+    )
+    assert reply.results[0].status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED
+    await _until(events, lambda e: e.task_id == "v" and e.state == RUNNING, "v never ran")
+
+
 async def test_a_preempting_task_starts_while_its_victims_wait_for_the_broker():
     """The victim's re-queue waits for a broker that is away; the task that preempted it
     is started and held meanwhile. Before, the LM started it only once every re-queue
     was confirmed: through a broker restart it sat booked but neither started nor held,
     and when it was preempted in turn nobody re-queued it (the chaos suite's stuck task)."""
     async with _lm_with_one_worker() as (lm, events, books):
-        reply = await lm.Launch(
-            local_master_pb2.LaunchRequest(
-                gm_id="gm-1",
-                placements=[
-                    local_master_pb2.Placement(task=_task("v", "low", 0, 30), node_index=0)
-                ],
-            ),
-            timeout=5,
-        )
-        assert reply.results[0].status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED
-        await _until(events, lambda e: e.task_id == "v" and e.state == RUNNING, "v never ran")
+        await _victim_running(lm, events)
         back = asyncio.Event()
         enqueue = books.bus.enqueue
 
@@ -179,17 +182,7 @@ async def test_a_victims_requeue_outlives_the_preempt_call_that_timed_out():
     cancels the LM's handler, and the victim's re-queue was cancelled with it. The
     victim's attempt had ended on the books, so the task was lost for good."""
     async with _lm_with_one_worker() as (lm, events, books):
-        reply = await lm.Launch(
-            local_master_pb2.LaunchRequest(
-                gm_id="gm-1",
-                placements=[
-                    local_master_pb2.Placement(task=_task("v", "low", 0, 30), node_index=0)
-                ],
-            ),
-            timeout=5,
-        )
-        assert reply.results[0].status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED
-        await _until(events, lambda e: e.task_id == "v" and e.state == RUNNING, "v never ran")
+        await _victim_running(lm, events)
         back, stored = asyncio.Event(), []
         enqueue = books.bus.enqueue
 

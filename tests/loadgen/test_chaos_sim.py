@@ -55,7 +55,7 @@ def test_the_checker_catches_a_planted_bug_launches_not_fenced():
     strict=True,
     reason="issue 27: a preemption's re-queues awaited before the preemptor is held, kills "
     "that reach a worker after the victim's next attempt started, a redelivered message "
-    "acked while its tasks wait in memory (docs/chaos.md)",
+    "acked while its tasks wait in memory, a first delivery not fenced (docs/chaos.md)",
 )
 def test_a_few_hundred_seeds_with_every_fault_keep_every_promise():
     for seed in range(200):  # stops at the first failing seed (replay it with the CLI)

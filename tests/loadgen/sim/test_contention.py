@@ -108,4 +108,4 @@ def test_contention_experiment_sweeps_the_sizes_and_checks_the_targets():
     assert "0.50 inconsistencies per task" in line
     light = [summary("megha", 0.001, 0.03, p50=0.004), summary("central", 0.001, 0.02)]
     assert targets(light) == ["3,000 workers (light load): p50 4.00 ms; p99 30.00 ms"]
-    assert "| 3,000 | megha | 100/100 | 20.0 | 300.0 | 3.00 | 0.500 |" in markdown_table(unfair)
+    assert "| 3,000 | megha | 100/100 | 20.0 | 300.0 | 3.00 | - | 0.500 |" in markdown_table(unfair)

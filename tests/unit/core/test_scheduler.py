@@ -335,6 +335,8 @@ def test_a_placed_task_its_lm_does_not_hold_is_a_suspect_for_lost_ends():
     sched = h.gms["gm-a"]
     sched.submit("q", One(task("t", queue="q", job_id="j")))
     h.send("gm-a", sched.round(0.0))
+    # Accepted, but no snapshot has shown it: it may have run and ended unseen.
+    assert sched.unheld({"t": ("lm-0", "t", 0)}) == {"t"}
     h.heartbeat()
     placed = {"held": ("lm-0", "t", 0), "later": ("lm-0", "t", 1), "gone": ("lm-0", "x", 0)}
     assert sched.unheld(placed) == {"later", "gone"}
