@@ -60,6 +60,7 @@ class JournalFile:
         self.ended: dict[str, int] = {}
         self.events: list[tuple[int, Event]] = []
         self.accepted: dict[str, Task] = {}
+        self.owed: dict[tuple[str, int], Task] = {}  # re-queues not confirmed (``owe``)
         self.seq = 0
         self.published = 0
 
@@ -133,6 +134,7 @@ class LM(Actor):
             self.endings.update(latest)
             self.lc.recall(accepted)
             self.events.extend(unpublished)
+        self.owed = {} if self.journal is None else dict(self.journal.owed)
 
     def start(self) -> None:
         broker = self.world.broker
@@ -143,6 +145,8 @@ class LM(Actor):
             self._events_ready()
         if self.lc.orphans:
             self.spawn(self._orphans_loop())
+        for again in list(self.owed.values()):
+            self.spawn(self._send_owed(again))
 
     def restart(self, journal_kept: bool) -> None:
         if not journal_kept:
@@ -390,15 +394,26 @@ class LM(Actor):
             )
 
     def _enqueue_next(self, task: Task) -> Proc:
+        """``_requeue``: journalled as owed, then sent until the broker has it."""
+        if self.owed.pop((task.task_id, task.attempt + 1), None) is not None:
+            return  # an earlier life owed it, and sent it again at start
         again = task.next_attempt()
+        if self.journal is not None:
+            self.journal.owed[again.task_id, again.attempt] = again.copy()
+        yield from self._send_owed(again)
+
+    def _send_owed(self, again: Task) -> Proc:
+        """``_enqueue_owed``."""
         body = Batch(again.job_id, again.queue, (again,), self.k.now)
         while True:
             stored = yield self.world.broker.enqueue(again.queue, body)
             if stored:
                 if self.k.tracing:
                     self.k.log(self.name, f"requeued {again.task_id}#{again.attempt}")
-                return
+                break
             yield self.k.sleep(ENQUEUE_RETRY_S)
+        if self.journal is not None:
+            self.journal.owed.pop((again.task_id, again.attempt), None)
 
     def _event_of(self, task: Task, state: int, node: int, reason: str = "") -> Event:
         node_id = self.state.table.node_ids[node] if node >= 0 else ""

@@ -23,6 +23,10 @@ RESTART_GRACE_S = 5.0
 async def enqueue_next_attempt(bus: Bus, task: common_pb2.Task) -> None:
     """Put ``task``'s next attempt in its user queue (the LM's re-queue of a lost or
     preempted task, and the GM's of one an LM lost before it started)."""
-    again = next_attempt(task, time.time_ns())
+    await enqueue_attempt(bus, next_attempt(task, time.time_ns()))
+
+
+async def enqueue_attempt(bus: Bus, again: common_pb2.Task) -> None:
+    """Put ``again`` (a next attempt, made by ``next_attempt``) in its user queue."""
     batch = common_pb2.TaskBatch(job_id=again.job_id, queue=again.queue, tasks=[again])
     await bus.enqueue(user_queue(again.queue), batch.SerializeToString())

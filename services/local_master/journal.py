@@ -71,6 +71,12 @@ CREATE TABLE IF NOT EXISTS cancelled (
 CREATE TABLE IF NOT EXISTS draining (
     node_id TEXT PRIMARY KEY
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS owed (
+    task_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    task BLOB NOT NULL,
+    PRIMARY KEY (task_id, attempt)
+) WITHOUT ROWID;
 """
 
 
@@ -86,6 +92,9 @@ class Recalled:
     unpublished: list[common_pb2.TaskEvent]
     cancelled: list[tuple[str, str]]  # (job id, reason), the newest ``CANCELS_KEPT``
     draining: list[str] = field(default_factory=list)  # nodes an operator drains
+    # Next attempts (re-queues) the broker had not confirmed when the LM died: the only
+    # way on of a task whose attempt ended here, sent again by the restarted LM.
+    owed: list[common_pb2.Task] = field(default_factory=list)
 
 
 class JournalError(RuntimeError):
@@ -158,6 +167,7 @@ class TaskJournal:
                     (CANCELS_KEPT,),
                 ).fetchall()
                 draining = self._db.execute("SELECT node_id FROM draining").fetchall()
+                owed = self._db.execute("SELECT task FROM owed").fetchall()
             except sqlite3.Error as err:
                 raise JournalError(f"cannot read the LM journal {self.path}: {err}") from err
         attempts.reverse()
@@ -177,6 +187,7 @@ class TaskJournal:
             late,
             cancelled,
             sorted(node_id for (node_id,) in draining),
+            [common_pb2.Task.FromString(blob) for (blob,) in owed],
         )
 
     @property
@@ -200,6 +211,27 @@ class TaskJournal:
         with self._lock, self._db:
             self._db.executemany(
                 "INSERT OR REPLACE INTO accepted (task_id, attempt, task) VALUES (?, ?, ?)", rows
+            )
+            self.written = True
+
+    def owe(self, again: common_pb2.Task) -> None:
+        """Write that ``again``, a task's next attempt, is on its way to the broker: a
+        restarted LM sends it again unless ``paid`` was written. The ending of the
+        attempt before is written a turn later; should the LM die in between, the
+        worker's report of that ending comes again to the new LM, which then finds
+        this re-queue owed already (``LocalMaster._requeue``)."""
+        with self._lock, self._db:
+            self._db.execute(
+                "INSERT OR REPLACE INTO owed (task_id, attempt, task) VALUES (?, ?, ?)",
+                (again.task_id, again.attempt, again.SerializeToString()),
+            )
+            self.written = True
+
+    def paid(self, task_id: str, attempt: int) -> None:
+        """The broker has ``task_id``'s attempt ``attempt`` (``owe``)."""
+        with self._lock, self._db:
+            self._db.execute(
+                "DELETE FROM owed WHERE task_id = ? AND attempt = ?", (task_id, attempt)
             )
             self.written = True
 

@@ -43,6 +43,7 @@ from services.common.bus import Bus
 from services.common.config import FederationConfig
 from services.common.convert import (
     InvalidTask,
+    next_attempt,
     parse_task,
     partition_totals,
     placement_status_to_proto,
@@ -58,7 +59,7 @@ from services.common.names import (
     cancel_queue,
     event_key,
 )
-from services.common.requeue import RESTART_GRACE_S, enqueue_next_attempt
+from services.common.requeue import RESTART_GRACE_S, enqueue_attempt
 from services.core.cancels import CancelledJobs
 from services.core.cluster_state import ClusterState, Decision
 from services.core.constraints import to_mask
@@ -168,6 +169,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         self.peers = GlobalView("", num_constraints=config.num_constraints)
         self._closed = False
         self._requeues: set[asyncio.Task] = set()  # re-queues on their way (``_requeue``)
+        # Re-queues an earlier life owed (its journal's), as (task id, next attempt): sent
+        # again at start; a later re-queue of the same attempt is not sent twice.
+        self._owed: dict[tuple[str, int], common_pb2.Task] = {}
         # Nodes an operator drains (DrainNode), by id: drained again when they register.
         self.draining: set[str] = set()
         path = config.lm(lm_id).journal
@@ -202,6 +206,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         for job_id, reason in recalled.cancelled:
             self.cancelled.add(job_id, reason)
         self.draining = set(recalled.draining)
+        self._owed = {(t.task_id, t.attempt): t for t in recalled.owed}
         # Ended and journalled, but the LM died before the broker had them: published
         # again (a GM learns them anyway, with LookupTasks; the event stream would not).
         self._events.extend(recalled.unpublished)
@@ -212,6 +217,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 "tasks": len(recalled.attempts),
                 "unfinished": len(self.life.orphans),
                 "unpublished": len(recalled.unpublished),
+                "owed_requeues": len(recalled.owed),
                 "cancelled_jobs": len(recalled.cancelled),
                 "journal": str(journal.path),
                 "seconds": round(time.monotonic() - began, 3),
@@ -240,6 +246,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             self._loops.append(asyncio.create_task(self._journal_loop(), name="lm-journal"))
         if self.life.orphans:
             self._loops.append(asyncio.create_task(self._orphans_loop(), name="lm-orphans"))
+        for again in self._owed.values():  # the broker may not have them: sent again
+            self._send_requeue(again)
 
     async def shutdown(self) -> None:
         if self._closed:
@@ -255,6 +263,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 await loop
         if self._requeues:  # what is on its way to the broker gets there, if it can
             await asyncio.wait(set(self._requeues), timeout=REQUEUE_DRAIN_S)
+            for job in set(self._requeues):  # the rest stay owed: the next life sends them
+                job.cancel()
         if self.journal is not None:
             with contextlib.suppress(Exception):
                 self._write_pending()  # before the flush, which marks them published
@@ -751,33 +761,55 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         session.ready.set()
 
     async def _requeue(self, task: common_pb2.Task) -> None:
-        """``_enqueue_next`` in a task of the LM's own, awaited but not cancelled with its
+        """Queue ``task``'s next attempt: journalled as owed first (a restarted LM sends
+        it again: the attempt has ended on the books, and this message is the task's only
+        way on), then sent in a task of the LM's own, awaited but not cancelled with its
         caller: a GM's Preempt whose deadline passes while the broker is away, or a
         worker's stream that ends, cancels its handler, and a re-queue cancelled with it
-        lost the task for good (the attempt has ended on the books; the chaos suite's
-        broker restart left it stuck)."""
-        job = asyncio.create_task(self._enqueue_next(task))
+        lost the task for good (the chaos suite's broker restart left it stuck)."""
+        if self._owed.pop((task.task_id, task.attempt + 1), None) is not None:
+            return  # an earlier life owed it, and sent it again at start
+        try:
+            again = next_attempt(task, time.time_ns())
+        except InvalidTask as err:
+            log.error(
+                "a task has no next attempt", extra={"task_id": task.task_id, "error": str(err)}
+            )
+            return
+        if self.journal is not None:
+            try:
+                self.journal.owe(again)
+            except Exception:
+                log.exception("could not journal a re-queue; it is lost should this LM die")
+        await asyncio.shield(self._send_requeue(again))
+
+    def _send_requeue(self, again: common_pb2.Task) -> asyncio.Task:
+        job = asyncio.create_task(self._enqueue_owed(again))
         self._requeues.add(job)
         job.add_done_callback(self._requeues.discard)
-        await asyncio.shield(job)
+        return job
 
-    async def _enqueue_next(self, task: common_pb2.Task) -> None:
-        """Queue ``task``'s next attempt, tried again while the broker is away (a
-        restart): the attempt has ended on the books, and this message is the task's
-        only way on. Before, a re-queue that failed lost the task (the chaos suite's
-        broker restart left one stuck)."""
+    async def _enqueue_owed(self, again: common_pb2.Task) -> None:
+        """Put ``again`` in its queue, tried again while the broker is away (a restart),
+        then strike it from the owed re-queues. Before, a re-queue that failed lost the
+        task (the chaos suite's broker restart left one stuck)."""
         while True:
             try:
-                await enqueue_next_attempt(self.bus, task)
-                return
+                await enqueue_attempt(self.bus, again)
+                break
             except Exception as err:
                 if self._closed:
                     raise
                 log.warning(
                     "re-queue failed; trying again",
-                    extra={"task_id": task.task_id, "error": repr(err)},
+                    extra={"task_id": again.task_id, "error": repr(err)},
                 )
                 await asyncio.sleep(EVENT_RETRY_S)
+        if self.journal is not None:
+            try:
+                self.journal.paid(again.task_id, again.attempt)
+            except Exception:
+                log.exception("could not journal a re-queue's confirm; a restart sends it again")
 
     def _event_of(
         self, task: common_pb2.Task, state: int, node: int, reason: str = ""

@@ -293,9 +293,9 @@ class StoredAfterAll:
     """A broker delivery handed to ``GlobalMaster._on_delivery`` by a test: a message the
     GM saw fail to publish (a lost confirm), or a second message of a job."""
 
-    def __init__(self, body: bytes) -> None:
+    def __init__(self, body: bytes, redelivered: bool = False) -> None:
         self.body = body
-        self.redelivered = False
+        self.redelivered = redelivered
         self.acked = False
 
     async def ack(self) -> None:

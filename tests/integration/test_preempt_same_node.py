@@ -22,7 +22,7 @@ from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_
 from services.app.runner import running_lm, running_workers
 from services.common.bus import InMemoryBroker, make_bus
 from services.common.config import parse_config
-from services.common.names import EVENT_EXCHANGE, EVERY_TASK_EVENT
+from services.common.names import EVENT_EXCHANGE, EVERY_TASK_EVENT, user_queue
 from services.common.server import channel
 from tests.integration.harness import free_ports
 
@@ -42,13 +42,14 @@ def _task(task_id: str, queue: str, attempt: int, seconds: float) -> common_pb2.
     return task
 
 
-@contextlib.asynccontextmanager
-async def _lm_with_one_worker():
-    (lm_port,) = free_ports(1)
-    config = parse_config(
+def _config(journal: str = ""):
+    lm: dict = {"id": "lm-1", "port": free_ports(1)[0]}
+    if journal:
+        lm["journal"] = journal
+    return parse_config(
         {
             "gms": [{"id": "gm-1", "port": free_ports(1)[0]}],
-            "lms": [{"id": "lm-1", "port": lm_port}],
+            "lms": [lm],
             "workers": [{"lm": "lm-1", "count": 1, "capacity": "cpu=2,mem=4Gi"}],
             "queues": [
                 {"name": "low", "share": 0.1, "gm": "gm-1"},
@@ -60,6 +61,11 @@ async def _lm_with_one_worker():
         },
         env={},
     )
+
+
+@contextlib.asynccontextmanager
+async def _lm_with_one_worker():
+    config = _config()
     broker = InMemoryBroker()
     events: list[common_pb2.TaskEvent] = []
 
@@ -205,3 +211,59 @@ async def test_a_victims_requeue_outlives_the_preempt_call_that_timed_out():
             assert time.monotonic() < deadline, "the victim's next attempt was never queued"
             await asyncio.sleep(0.02)
         assert [(t.task_id, t.attempt) for t in stored[0].tasks] == [("v", 1)]
+
+
+async def test_a_requeue_the_broker_never_confirmed_is_sent_by_the_restarted_lm(tmp_path):
+    """The LM stops while a victim's re-queue waits for a broker that is away: the
+    attempt has ended on its books (and in its journal), and the message is the task's
+    only way on. The restarted LM, its journal kept, sends it. Before, it was lost with
+    the LM and the job never ended (``megha-loadgen chaos-sim --small --seed 6``)."""
+    config = _config(journal=str(tmp_path / "lm-1.journal"))
+    events: list[common_pb2.TaskEvent] = []
+    stored: list[common_pb2.TaskBatch] = []
+
+    async def on_events(_key: str, body: bytes) -> None:
+        events.extend(common_pb2.TaskEventBatch.FromString(body).events)
+
+    async def on_low(delivery) -> None:
+        stored.append(common_pb2.TaskBatch.FromString(delivery.body))
+        await delivery.ack()
+
+    async with (
+        make_bus("memory://", broker=InMemoryBroker()) as bus,
+        running_workers(config, None, None),
+    ):
+        await bus.subscribe_topic(EVENT_EXCHANGE, EVERY_TASK_EVENT, on_events)
+        enqueue = bus.enqueue
+        async with (
+            running_lm(config, "lm-1", bus) as books,
+            channel(config.lm("lm-1").target) as ch,
+        ):
+            lm = local_master_pb2_grpc.LocalMasterStub(ch)
+            deadline = time.monotonic() + 10
+            while not books.state.table.alive.count():
+                assert time.monotonic() < deadline, "the worker never registered"
+                await asyncio.sleep(0.02)
+            await _victim_running(lm, events)
+
+            async def broker_away(queue: str, body: bytes) -> None:
+                await asyncio.Event().wait()
+
+            bus.enqueue = broker_away
+            preempt = local_master_pb2.PreemptRequest(
+                gm_id="gm-1", task=_task("p", "high", 0, 30), node_index=0, victim_task_ids=["v"]
+            )
+            with pytest.raises(grpc.aio.AioRpcError):
+                await lm.Preempt(preempt, timeout=0.5)
+            await _until(events, lambda e: e.task_id == "v" and e.state == PREEMPTED, "no end")
+        bus.enqueue = enqueue  # the broker is back; the LM was not
+        await bus.consume(user_queue("low"), on_low)
+        await asyncio.sleep(0.3)
+        assert not stored, "the stopped LM's re-queue reached the broker after all"
+        async with running_lm(config, "lm-1", bus):
+            deadline = time.monotonic() + 10
+            while not stored:
+                assert time.monotonic() < deadline, "the owed re-queue was never sent"
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.3)
+        assert [(t.task_id, t.attempt) for b in stored for t in b.tasks] == [("v", 1)]

@@ -73,8 +73,10 @@ async def test_a_second_message_of_a_queued_job_is_dropped_on_delivery():
         copy = StoredAfterAll(batch.SerializeToString())
         async with asyncio.timeout(10):
             await gm._on_delivery(copy)
-        assert copy.acked
+        # Not queued twice; it joins the tasks waiting here, acked once they launch
+        # (acked now, it would be lost with them should the GM die first).
         assert gm.queues.pending(queue) == 2
+        assert not copy.acked
 
         # A re-queued task (the LM's next attempt after a preemption or a lost node) is
         # a new attempt, not a duplicate: it is queued.
@@ -85,3 +87,5 @@ async def test_a_second_message_of_a_queued_job_is_dropped_on_delivery():
             await gm._on_delivery(retry)
         assert not retry.acked
         assert gm.queues.pending(queue) == 3
+        await job_in_state(client, "dup", common_pb2.TASK_STATE_SUCCEEDED, timeout_s=20)
+        assert copy.acked and retry.acked

@@ -171,3 +171,15 @@ def test_cancelled_jobs_survive_a_reopen_once_each_newest_kept(tmp_path, monkeyp
     assert len(recalled) == 1_500 and recalled[-1] == ("k2999", "r")
     rows = again._db.execute("SELECT COUNT(*) FROM cancelled").fetchone()[0]
     assert rows <= 1_500 + 1_000  # trimmed as it goes: the file does not grow for ever
+
+
+def test_owed_requeues_are_recalled_until_paid(tmp_path):
+    path = tmp_path / "lm-1.journal"
+    journal = TaskJournal(path, keep=10, keep_events=10)
+    for task_id in ("a", "b"):
+        journal.owe(common_pb2.Task(task_id=task_id, job_id="j", attempt=1))
+    journal.paid("a", 1)
+    journal.paid("b", 0)  # another attempt's confirm pays nothing
+    journal.close()
+    owed = TaskJournal(path, keep=10, keep_events=10).load().owed
+    assert [(t.task_id, t.attempt) for t in owed] == [("b", 1)]
