@@ -94,6 +94,7 @@ class Session:
     commands: deque = field(default_factory=deque)  # ("start", Task) | ("kill", ...) | ("ack", t)
     stream: int = 0  # the stream commands are written to (0: none open)
     acked_at: float = -1e9
+    newer_than: int = 0  # streams up to this one are of earlier registrations
     inbox: deque = field(default_factory=deque)  # heartbeats waiting to be handled
     busy: bool = False
 
@@ -262,6 +263,10 @@ class LM(Actor):
         session = self.sessions.get(node)
         if session is None:
             session = self.sessions[node] = Session(node, node_id)
+        # ``WorkerSession.generation``: the worker left its stream; what is sent from now
+        # on waits for the stream it opens next.
+        session.stream = 0
+        session.newer_than = self.world.workers[node_id].link.id
         self.lc.heard(node, self.k.now)
         pending = [c[1].task_id for c in session.commands if c[0] == "start"]
         held = [Held(t.copy(), t.spec(), True) for t in running]
@@ -276,10 +281,14 @@ class LM(Actor):
         node = self.state.table.index_of(node_id)
         session = self.sessions.get(node) if node is not None else None
         worker = self.world.workers[node_id]
+        if session is not None and stream <= session.newer_than:
+            return  # of an earlier registration
         if session is None or not self.state.table.is_alive(node):
             worker.link.cut()  # "register first" / "taken for dead: register"
             self.world.net.send(worker, worker.stream_ended, stream)
             return
+        if self.k.tracing:
+            self.k.log(self.name, f"stream {node_id} s{stream} opens (was s{session.stream})")
         session.stream = stream
         self.on_beat(node_id, stream, beat)
         self._write(session)

@@ -366,11 +366,20 @@ class Lifecycle(Generic[T]):
         that died and came back before the watchdog noticed): released and re-queued.
         Tasks it runs of jobs cancelled meanwhile are cancelled."""
         books = self.books
-        named = {h.task.task_id for h in held}
-        named.update(pending)
+        # By attempt: a worker that names an earlier attempt of a task (ended there, its
+        # report owed) does not hold the attempt the books put on it since.
+        newest: dict[str, int] = {}
+        for h in held:
+            newest[h.task.task_id] = max(h.task.attempt, newest.get(h.task.task_id, -1))
+        waiting = set(pending)
         for h in held:
             self._unorphan(h.task.task_id, h.task.attempt)
-        missing = [books.allocations[t] for t in books.task_ids_on(node) if t not in named]
+        missing = [
+            allocation
+            for allocation in (books.allocations[t] for t in books.task_ids_on(node))
+            if allocation.task_id not in waiting
+            and newest.get(allocation.task_id, -1) < allocation.attempt
+        ]
         for allocation in missing:
             books.release(allocation.task_id)
         plan: TakeBack[T] = TakeBack()

@@ -106,6 +106,9 @@ class WorkerSession:
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # set when commands wait
     streams: int = 0
     acked_at: float = 0.0  # when a HeartbeatAck was last queued (monotonic)
+    # Registrations so far: a worker registers only once its stream ended, so a stream
+    # of an earlier registration writes nothing more (``WorkerHeartbeats``).
+    generation: int = 0
 
 
 MAX_STARTS_PER_MESSAGE = 64
@@ -470,6 +473,11 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         session = self.sessions.get(node)
         if session is None:
             session = self.sessions[node] = WorkerSession(node, request.node_id)
+        # The worker left its stream, though this end may not know yet: a command written
+        # to it from now on would be lost, so the stream stops writing, and what waits
+        # goes out on the stream the worker opens next.
+        session.generation += 1
+        session.ready.set()
         self.life.heard(node, time.monotonic())
         # Square the books with what the worker holds (see Lifecycle.take_back): what it
         # runs unbooked is adopted (journalled, so a later restart knows it too), what
@@ -525,6 +533,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         if not self.state.table.is_alive(session.node):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "taken for dead: register")
         session.streams += 1
+        generation = session.generation
         await self._on_heartbeat(session, first)
 
         async def read() -> None:
@@ -550,7 +559,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
 
         async def write() -> None:
             commands = session.commands
-            while True:
+            while session.generation == generation:
                 if not commands:
                     session.ready.clear()
                     await session.ready.wait()

@@ -267,3 +267,49 @@ async def test_a_requeue_the_broker_never_confirmed_is_sent_by_the_restarted_lm(
                 await asyncio.sleep(0.02)
             await asyncio.sleep(0.3)
         assert [(t.task_id, t.attempt) for b in stored for t in b.tasks] == [("v", 1)]
+
+
+async def test_a_start_after_a_worker_registered_again_goes_out_on_its_new_stream():
+    """A worker registers again only once it has left its stream, but the LM's end of
+    that stream may not know yet: a start written to it then was lost (the worker never
+    read it, and the LM took it for sent), so the task stayed placed for ever
+    (``chaos-sim --small --calm-streams --seed 293``). The test plays the worker."""
+    config = _config()
+    async with (
+        make_bus("memory://", broker=InMemoryBroker()) as bus,
+        running_lm(config, "lm-1", bus),
+        channel(config.lm("lm-1").target) as ch,
+    ):
+        lm = local_master_pb2_grpc.LocalMasterStub(ch)
+        register = local_master_pb2.RegisterWorkerRequest(node_id="w-0")
+        register.capacity.cpu_milli, register.capacity.memory_mb = 2000, 4096
+        node = (await lm.RegisterWorker(register, timeout=5)).node_index
+
+        def beat() -> local_master_pb2.WorkerHeartbeat:
+            return local_master_pb2.WorkerHeartbeat(
+                node_id="w-0", node_index=node, sent_unix_nanos=time.time_ns()
+            )
+
+        old = lm.WorkerHeartbeats()
+        await old.write(beat())
+        await asyncio.sleep(0.2)  # the LM serves the old stream
+        # The worker left it (its end only: the LM's end stays open) and registers again.
+        await lm.RegisterWorker(register, timeout=5)
+        reply = await lm.Launch(
+            local_master_pb2.LaunchRequest(
+                gm_id="gm-1",
+                placements=[
+                    local_master_pb2.Placement(task=_task("t", "low", 0, 30), node_index=node)
+                ],
+            ),
+            timeout=5,
+        )
+        assert reply.results[0].status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED
+        new = lm.WorkerHeartbeats()
+        await new.write(beat())
+        async with asyncio.timeout(5):
+            command = await new.read()
+        started = [t.task_id for t in command.starts.tasks] or [command.start.task.task_id]
+        assert started == ["t"]
+        old.cancel()
+        new.cancel()

@@ -376,6 +376,23 @@ def test_what_the_books_hold_on_a_node_and_its_worker_lost_is_requeued():
     assert set(h.life.tasks) == {"kept", "pending"}
 
 
+def test_a_worker_naming_an_earlier_attempt_has_lost_the_one_the_books_put_on_it():
+    """The worker still owes attempt 0's final report; the books put attempt 1 on it
+    since, and its start was lost with the stream the worker left. Named by id only,
+    attempt 1 was taken for held: never run, never re-queued (``chaos-sim --small
+    --calm-streams --seed 193``)."""
+    h = Harness()
+    again = Wire("t1", attempt=1)
+    h.launch(again, 0)
+    plan = h.life.take_back(0, [h.held(Wire("t1"), running=False)])
+    assert ("t1", InventoryVerdict.MISSING) in plan.verdicts
+    assert plan.actions[-2:] == [
+        Publish(again, TaskState.LOST, 0, "worker w0 came back without it (restarted?)"),
+        Requeue(again),
+    ]
+    assert "t1" not in h.books.allocations
+
+
 def test_an_unreadable_task_is_named_but_left_alone():
     h = Harness()
     t = Wire("t1")
