@@ -195,6 +195,8 @@ class GM(Actor):
         for queue in self.my_queues:
             broker.consume(queue, self, self._on_delivery)
         self.spawn(self._recover_loop())
+        self.catching_up = len(self.world.lms)
+        self.caught_up: list[Future] = []
         for lm_id in self.world.lms:
             self.spawn(self._catch_up(lm_id))
 
@@ -215,6 +217,10 @@ class GM(Actor):
             return False
         if self.failed.get(batch.job_id) is not None:
             yield from self._all_landed(self.failed[batch.job_id])
+        if self.catching_up:  # ``GlobalMaster._submit_job``: a retry's tasks may run
+            caught_up = Future()
+            self.caught_up.append(caught_up)
+            yield caught_up
         taken = self.book.taken(batch.tasks)
         if len(taken) == len(batch.tasks):
             return True  # a retry of a job queued already
@@ -408,10 +414,15 @@ class GM(Actor):
             if events is not None:
                 for event in events:
                     self.book.apply(event)
-                return
+                break
             if self.k.now > deadline:
-                return
+                break
             yield self.k.sleep(1.0)
+        self.catching_up -= 1
+        if not self.catching_up:
+            for waiter in self.caught_up:
+                waiter.set(True)
+            self.caught_up.clear()
 
     def _recover_loop(self) -> Proc:
         interval = max(RECOVER_EVERY_S, 4 * self.cfg.heartbeat_interval_s)

@@ -361,9 +361,14 @@ class LM(Actor):
             self.journal.accept(t for t in tasks if self.lc.tasks.get(t.task_id) is t)
 
     def _carry_out(self, actions) -> Proc:
+        """Every re-queue of the plan is owed before the first is sent (``_owe``)."""
+        actions = list(actions)
+        owed = iter([self._owe(a.task) for a in actions if isinstance(a, Requeue)])
         for action in actions:
             if isinstance(action, Requeue):
-                yield from self._enqueue_next(action.task)
+                again = next(owed)
+                if again is not None:
+                    yield from self._send_owed(again)
             else:
                 self._apply_one(action)
 
@@ -402,14 +407,15 @@ class LM(Actor):
                 False, session.stream, worker, worker.on_command, session.stream, command
             )
 
-    def _enqueue_next(self, task: Task) -> Proc:
-        """``_requeue``: journalled as owed, then sent until the broker has it."""
+    def _owe(self, task: Task) -> Task | None:
+        """``LocalMaster._owe``: the next attempt, journalled as owed; None if an earlier
+        life owed it and sent it again at start."""
         if self.owed.pop((task.task_id, task.attempt + 1), None) is not None:
-            return  # an earlier life owed it, and sent it again at start
+            return None
         again = task.next_attempt()
         if self.journal is not None:
             self.journal.owed[again.task_id, again.attempt] = again.copy()
-        yield from self._send_owed(again)
+        return again
 
     def _send_owed(self, again: Task) -> Proc:
         """``_enqueue_owed``."""

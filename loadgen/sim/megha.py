@@ -508,7 +508,7 @@ class MeghaSim:
         )
 
     def _requeue(self, task_id: str, now: int) -> None:
-        """A preempted task goes back to its user queue as the next attempt (LM ``_requeue``)."""
+        """A preempted task goes back to its user queue as the next attempt (LM ``_owe``)."""
         assert self._task_index is not None
         task = self._task_index[task_id]
         old = self.specs[task]

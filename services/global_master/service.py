@@ -247,6 +247,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # Client-named jobs (SubmitJob.job_id) whose submission is under way here: a retry
         # of the same id waits for it (``_submit``).
         self._submitting: dict[str, asyncio.Event] = {}
+        # Set once every LM said what it holds, or was given up on (``_catch_up``).
+        self._caught_up = asyncio.Event()
         self.max_submissions = MAX_SUBMISSIONS
         self._submissions = 0  # under way now, of any job id
         self._overloaded = False  # refusing submissions (said once per spell)
@@ -428,11 +430,14 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         and gets the same answer. A duplicate message that reaches the queue anyway (a
         retry through another GM) is dropped on delivery by the GM serving the queue.
         Retries are recognised within a GM's memory of jobs (``JobBook``: the newest
-        100,000, since the GM started).
+        100,000, since the GM started, and what the LMs hold): a GM that started lately
+        takes a named job only once it has heard from every LM (``_catch_up``), or the
+        tasks an earlier life of it launched, or another GM, would run again.
         """
         job_id = request.job_id
         if not job_id:
             return await self._queue_job(request, uuid.uuid4().hex[:12])
+        await self._caught_up.wait()
         while (under_way := self._submitting.get(job_id)) is not None:
             await under_way.wait()
         self._submitting[job_id] = done = asyncio.Event()
@@ -1035,7 +1040,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                         return
                     await asyncio.sleep(1.0)
 
-        await asyncio.gather(*(from_lm(lm_id) for lm_id in self._stubs))
+        try:
+            await asyncio.gather(*(from_lm(lm_id) for lm_id in self._stubs))
+        finally:
+            self._caught_up.set()
 
     async def _recover_loop(self) -> None:
         """Ends whose events never arrived: a broker restart drops what is published

@@ -219,7 +219,7 @@ class TaskJournal:
         restarted LM sends it again unless ``paid`` was written. The ending of the
         attempt before is written a turn later; should the LM die in between, the
         worker's report of that ending comes again to the new LM, which then finds
-        this re-queue owed already (``LocalMaster._requeue``)."""
+        this re-queue owed already (``LocalMaster._owe``)."""
         with self._lock, self._db:
             self._db.execute(
                 "INSERT OR REPLACE INTO owed (task_id, attempt, task) VALUES (?, ?, ?)",

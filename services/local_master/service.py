@@ -171,7 +171,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         # is verified against global shares, not this LM's slice of them.
         self.peers = GlobalView("", num_constraints=config.num_constraints)
         self._closed = False
-        self._requeues: set[asyncio.Task] = set()  # re-queues on their way (``_requeue``)
+        self._requeues: set[asyncio.Task] = set()  # re-queues on their way (``_send_requeue``)
         # Re-queues an earlier life owed (its journal's), as (task id, next attempt): sent
         # again at start; a later re-queue of the same attempt is not sent twice.
         self._owed: dict[tuple[str, int], common_pb2.Task] = {}
@@ -726,10 +726,15 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
 
     async def _carry_out(self, actions: Iterable[Action]) -> None:
         """Carry out a lifecycle plan, in its order; a re-queue is awaited until the
-        broker has it (``_enqueue_next``)."""
+        broker has it (``_enqueue_owed``). Every re-queue of the plan is journalled as
+        owed before the first is sent: the LM may die while one waits for the broker."""
+        actions = list(actions)
+        owed = iter([self._owe(a.task) for a in actions if isinstance(a, Requeue)])
         for action in actions:
             if isinstance(action, Requeue):
-                await self._requeue(action.task)
+                again = next(owed)
+                if again is not None:
+                    await asyncio.shield(self._send_requeue(again))
             else:
                 self._apply_one(action)
 
@@ -769,28 +774,29 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         session.commands.append(command)
         session.ready.set()
 
-    async def _requeue(self, task: common_pb2.Task) -> None:
-        """Queue ``task``'s next attempt: journalled as owed first (a restarted LM sends
-        it again: the attempt has ended on the books, and this message is the task's only
-        way on), then sent in a task of the LM's own, awaited but not cancelled with its
-        caller: a GM's Preempt whose deadline passes while the broker is away, or a
-        worker's stream that ends, cancels its handler, and a re-queue cancelled with it
-        lost the task for good (the chaos suite's broker restart left it stuck)."""
+    def _owe(self, task: common_pb2.Task) -> common_pb2.Task | None:
+        """``task``'s next attempt, journalled as owed (a restarted LM sends it again:
+        the attempt has ended on the books, and this message is the task's only way on);
+        None if an earlier life owed it and sent it again at start. Then sent in a task of
+        the LM's own (``_send_requeue``), awaited but not cancelled with its caller: a
+        GM's Preempt whose deadline passes while the broker is away, or a worker's stream
+        that ends, cancels its handler, and a re-queue cancelled with it lost the task
+        for good (the chaos suite's broker restart left it stuck)."""
         if self._owed.pop((task.task_id, task.attempt + 1), None) is not None:
-            return  # an earlier life owed it, and sent it again at start
+            return None
         try:
             again = next_attempt(task, time.time_ns())
         except InvalidTask as err:
             log.error(
                 "a task has no next attempt", extra={"task_id": task.task_id, "error": str(err)}
             )
-            return
+            return None
         if self.journal is not None:
             try:
                 self.journal.owe(again)
             except Exception:
                 log.exception("could not journal a re-queue; it is lost should this LM die")
-        await asyncio.shield(self._send_requeue(again))
+        return again
 
     def _send_requeue(self, again: common_pb2.Task) -> asyncio.Task:
         job = asyncio.create_task(self._enqueue_owed(again))
