@@ -41,7 +41,16 @@ from services.core.cancels import CancelledJobs
 from services.core.cluster_state import ClusterState, Decision
 from services.core.fairness import usage_by_queue
 from services.core.global_view import GlobalView
-from services.core.lm_lifecycle import Held, Journal, Kill, Lifecycle, Publish, Requeue, Start
+from services.core.lm_lifecycle import (
+    Held,
+    Journal,
+    Kill,
+    Lifecycle,
+    Owe,
+    Publish,
+    Requeue,
+    Start,
+)
 from services.core.resources import resources
 from services.core.snapshot import Snapshot
 from services.core.status import PlacementStatus
@@ -61,12 +70,19 @@ class JournalFile:
         self.events: list[tuple[int, Event]] = []
         self.accepted: dict[str, Task] = {}
         self.owed: dict[tuple[str, int], Task] = {}  # re-queues not confirmed (``owe``)
+        self.stopping: dict[tuple[str, int], Task] = {}  # killed attempts (``stop``)
         self.seq = 0
         self.published = 0
 
     def accept(self, tasks: Iterable[Task]) -> None:
         for task in tasks:
             self.accepted[task.task_id] = task.copy()
+
+    def stop(self, task: Task) -> None:
+        self.stopping[task.task_id, task.attempt] = task.copy()
+
+    def stopped(self, task: Task) -> None:
+        self.stopping.pop((task.task_id, task.attempt), None)
 
     def append(self, event: Event) -> None:
         self.seq += 1
@@ -76,7 +92,9 @@ class JournalFile:
         if row is not None and row.attempt <= event.attempt:
             del self.accepted[event.task_id]
 
-    def load(self) -> tuple[dict[str, int], dict[str, Event], list[Task], list[Event]]:
+    def load(
+        self,
+    ) -> tuple[dict[str, int], dict[str, Event], list[Task], list[Event], list[Task]]:
         latest: dict[str, Event] = {}
         for _, event in self.events:
             latest[event.task_id] = event
@@ -84,7 +102,8 @@ class JournalFile:
             t.copy() for t in self.accepted.values() if self.ended.get(t.task_id, -1) < t.attempt
         ]
         unpublished = [e for seq, e in self.events if seq > self.published]
-        return dict(self.ended), latest, accepted, unpublished
+        stopping = [t.copy() for t in self.stopping.values()]
+        return dict(self.ended), latest, accepted, unpublished, stopping
 
 
 @dataclass(eq=False)
@@ -128,12 +147,12 @@ class LM(Actor):
         self.beats = 0
         self.peers = GlobalView("")
         if self.journal is not None:
-            ended, latest, accepted, unpublished = self.journal.load()
+            ended, latest, accepted, unpublished, stopping = self.journal.load()
             for task_id, attempt in ended.items():
                 job = latest[task_id].job_id if task_id in latest else ""
                 self.state.remember_ended(task_id, attempt, job)
             self.endings.update(latest)
-            self.lc.recall(accepted)
+            self.lc.recall(accepted, stopping)
             self.events.extend(unpublished)
         self.owed = {} if self.journal is None else dict(self.journal.owed)
 
@@ -144,7 +163,7 @@ class LM(Actor):
         self.spawn(self._watchdog_loop())
         if self.events:
             self._events_ready()
-        if self.lc.orphans:
+        if self.lc.unclaimed:
             self.spawn(self._orphans_loop())
         for again in list(self.owed.values()):
             self.spawn(self._send_owed(again))
@@ -207,9 +226,10 @@ class LM(Actor):
             )
         reply = PreemptReply(decision, [])
         if decision.status is PlacementStatus.ACCEPTED:
-            # As the live LM: the victims' kills and this task's start, then the
-            # re-queues (a broker that is away holds them back; the task must be held
-            # meanwhile, or a second preemption of it re-queues nothing).
+            # As the live LM: the victims' kills and this task's start, then any
+            # re-queue (a broker that is away holds them back; the task must be held
+            # meanwhile, or a second preemption of it re-queues nothing). A victim's
+            # next attempt waits for its end (``Lifecycle.stopping``), not for this.
             requeues = [a for a in actions if isinstance(a, Requeue)]
             self._apply([a for a in actions if not isinstance(a, Requeue)])
             started = self._start(request.task, decision)
@@ -367,6 +387,8 @@ class LM(Actor):
         for action in actions:
             if isinstance(action, Requeue):
                 again = next(owed)
+                if action.owed and self.journal is not None:  # owed now (``_stopped``)
+                    self.journal.stopped(action.task)
                 if again is not None:
                     yield from self._send_owed(again)
             else:
@@ -380,14 +402,41 @@ class LM(Actor):
         if isinstance(action, Publish):
             self._event(action.task, int(action.state), action.node, action.reason)
         elif isinstance(action, Kill):
+            if self._withdraw(action):
+                # Never sent: the attempt never ran. Its next attempt (if it waits for
+                # this one) is queued after this step, as the live LM's is.
+                then = self.lc.withdrawn(action.task_id, action.attempt)
+                if then:
+                    self.spawn(self._carry_out(then))
+                return
             self._send(action.node, ("kill", action.task_id, action.attempt, action.reason))
         elif isinstance(action, Start):
             self._send(action.node, ("start", action.task))
         elif isinstance(action, Journal):
             if self.journal is not None:
                 self.journal.accept([action.task])
+        elif isinstance(action, Owe):
+            if self.journal is not None:
+                self.journal.stop(action.task)
         else:
             raise TypeError(f"{action!r} must be carried out by _carry_out")
+
+    def _withdraw(self, kill: Kill) -> bool:
+        """Take back the start of the attempt ``kill`` names if it still waits here for
+        a stream: the worker never reads it (nor the kill)."""
+        session = self.sessions.get(kill.node)
+        if session is None:
+            return False
+        for command in session.commands:
+            if command[0] != "start":
+                continue
+            task = command[1]
+            if task.task_id == kill.task_id and task.attempt == kill.attempt:
+                session.commands.remove(command)
+                if self.k.tracing:
+                    self.k.log(self.name, f"withdrew the start of {task.task_id}#{task.attempt}")
+                return True
+        return False
 
     def _send(self, node: int, command: tuple) -> None:
         session = self.sessions.get(node)
@@ -519,6 +568,8 @@ class LM(Actor):
             out.append(f"{self.name} books hold {sorted(self.state.allocations)}")
         if self.lc.tasks:
             out.append(f"{self.name} lifecycle holds {sorted(self.lc.tasks)}")
+        if self.lc.stopping:
+            out.append(f"{self.name} waits for the end of {sorted(self.lc.stopping)}")
         if self.lc.orphans:
             out.append(f"{self.name} orphans {sorted(self.lc.orphans)}")
         table = self.state.table

@@ -1,7 +1,8 @@
 """A simulated worker agent (``services/worker/agent.py``): registers with its inventory,
 keeps a heartbeat stream, runs attempts, kills by attempt, parks a newer attempt until
 the older one ended, re-sends recent final reports after a broken stream, and (with
-``worker_fence_s``) kills what it runs when its LM has read nothing of it for that long.
+``worker_fence_s``) kills what it runs when its LM has read nothing of it for that long,
+and starts nothing while so cut off.
 
 Every run is written to the world's ground truth (``World.runs``) as it starts and ends:
 that, not any process's word, is what the invariants are checked against.
@@ -49,6 +50,7 @@ class Worker(Actor):
         self.running: dict[str, Run] = {}
         self.next: dict[str, Task] = {}
         self.owed: dict[tuple[str, int], Task] = {}
+        self.never: dict[tuple[str, int], None] = {}  # killed before they came
         self.outbox: list[Report] = []
         self.sent: list[tuple[Report, float]] = []
         self.stream = 0
@@ -166,8 +168,12 @@ class Worker(Actor):
         elif kind == "ack":
             self.contact = command[1] if self.contact is None else max(self.contact, command[1])
 
+    def _cut_off(self) -> bool:
+        fence = self.cfg.worker_fence_s
+        return bool(fence) and self.contact is not None and self.k.now - self.contact > fence
+
     def _fence_loop(self) -> None:
-        if self.contact is not None and self.k.now - self.contact > self.cfg.worker_fence_s:
+        if self._cut_off():
             doomed = [r for r in self.running.values() if not r.kill_state]
             for run in doomed:
                 self._kill(run, states.LOST, "cut off from the LM")
@@ -182,6 +188,8 @@ class Worker(Actor):
         known += [parked.attempt] if parked is not None else []
         if task.attempt in known or (task_id, task.attempt) in self.owed:
             return  # duplicate start ignored
+        if (task_id, task.attempt) in self.never:
+            return  # killed before it came
         if known and max(known) > task.attempt:
             return  # start of an older attempt ignored
         if entry is not None:
@@ -189,6 +197,12 @@ class Worker(Actor):
                 self._send(parked, states.LOST, "superseded")
             self.next[task_id] = task
             self._kill(entry, states.LOST, f"superseded by attempt {task.attempt}")
+            return
+        if self._cut_off():
+            # As the fence loop would kill it: the LM may have taken this worker for dead
+            # and queued the task's next attempt (a start that waited in a slow stream).
+            task.timestamps.finished_unix_nanos = self.k.engine.now
+            self._send(task, states.LOST, "cut off from the LM")
             return
         self._tokens += 1
         run = Run(task, self._tokens)
@@ -225,6 +239,13 @@ class Worker(Actor):
             return
         entry = self.running.get(task_id)
         if entry is None or entry.task.attempt != attempt:
+            if (task_id, attempt) not in self.owed:
+                # Not here (its start went out on a stream this worker had left): said,
+                # so the LM queues the next attempt, and remembered, so a late copy of
+                # the start is ignored.
+                self.never[task_id, attempt] = None
+                self.outbox.append(Report(task_id, attempt, states.LOST, "not here", 0, 0, 0))
+                self._wake_soon()
             return
         self._kill(entry, state, f"killed: {reason}")
 
@@ -249,6 +270,9 @@ class Worker(Actor):
         self.outbox.append(self._report(task, state, message))
         if state != states.RUNNING:
             self.owed[task.task_id, task.attempt] = task
+        self._wake_soon()
+
+    def _wake_soon(self) -> None:
         if not self.waking:
             self.waking = True
             self.later(0.0, self._wake)

@@ -9,14 +9,16 @@ the books are read and changed here, effects are a plan the driver executes in o
     place(kind, gm, spec, node) ──▶ cancelled? ─▶ ClusterState.launch | repartition
                                       an older attempt replaced ────────▶ Kill, LOST "superseded"
     preempt(gm, spec, node, ...) ──▶ ClusterState.preempt ─────────────▶ Kill victims, then
-                                                                         PREEMPTED + Requeue each
+                                      victims stopping                   PREEMPTED each
     hold(task, allocation) ─────────▶ the attempt is held; no orphan ──▶ Start, PLACED
     report(node, report) ───────────▶ ReportVerdict ───────────────────▶ (LOST | RETRYING) +
-                                                                         Requeue, or the event
+                                                                         Requeue, or the event;
+                                      a stopping attempt's end ────────▶ Requeue
+    withdrawn(task, attempt) ───────▶ its start never left the LM ─────▶ Requeue if stopping
     take_back(node, held, pending) ─▶ InventoryVerdict per task ──────▶ Journal the adopted,
                                                                          cancel, Kill stale,
                                                                          LOST + Requeue missing
-    node_lost(node, reason) ────────▶ released ─────────────────────────▶ LOST + Requeue
+    node_lost(node, reason) ────────▶ released; its stopping attempts ──▶ LOST + Requeue
     cancel(job_ids) ────────────────▶ released ─────────────────────────▶ CANCELLED, Kill
     heard(node, now) / silent(now) ─▶ nodes silent past the timeout (the watchdog)
     expire_orphan(now) ─────────────▶ the oldest orphan past the grace ▶ Requeue, LOST
@@ -28,6 +30,17 @@ Exactly once is by (task id, attempt), never by timing:
   being held once, by whichever comes first: its end, its re-queue (lost, preempted,
   retrying), a newer attempt replacing it (superseded), its job's cancel. Every re-queue
   checks the held attempt is the one that lost its place, so no attempt is queued twice.
+- A killed attempt's next one is queued only once the killed one can no longer run
+  (``stopping``): a kill travels the worker's stream, which may be slow or broken, and
+  the old attempt runs (or even starts: its start and kill may wait together) until the
+  worker reads it. So a preempted victim ends on the books at once (its resources go to
+  the preempting task, which starts at once) and is told PREEMPTED, but its next attempt
+  is queued when its worker reports it ended (any final state), when its start is
+  withdrawn before it left the LM (``withdrawn``), when its worker registers again
+  without it, or when its node is taken for dead. The last is safe only with the
+  workers' fence on (``worker_fence_s`` below ``worker_timeout_s``): a worker the LM has
+  not heard from for the timeout has by then killed what it ran and starts nothing more;
+  with the fence off, a worker cut off from its LM (not dead) may still run it.
 - A report counts only for the attempt the books hold, on the node that holds it; a late
   report of an attempt that ended here (its next attempt may run on that very node) does
   nothing. Every kill names its attempt, so it never kills the attempt that replaced it.
@@ -121,7 +134,18 @@ class Publish(Generic[T]):
 class Requeue(Generic[T]):
     """Put ``task``'s next attempt (``task.attempt + 1``) in its user queue. The attempt
     has ended on the books: this is the task's only way on, so the driver retries it
-    until the queue has it."""
+    until the queue has it. ``owed``: the journal has it as owed (``Owe``), a row struck
+    once the queue has it."""
+
+    task: T
+    owed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Owe(Generic[T]):
+    """Write to the journal that ``task``'s next attempt is owed (the attempt was killed;
+    the next is queued once it ended), so that a restart, which loses ``stopping``,
+    still queues it (``Lifecycle.recall``)."""
 
     task: T
 
@@ -134,7 +158,7 @@ class Journal(Generic[T]):
     task: T
 
 
-Action = Kill | Start | Publish | Requeue | Journal
+Action = Kill | Start | Publish | Requeue | Journal | Owe
 
 
 # ------------------------------------------------------------------ verdicts
@@ -147,6 +171,7 @@ class ReportVerdict(enum.Enum):
     LOST = "lost"  # its worker killed it going away: released, the next attempt queued
     RETRYING = "retrying"  # it failed with retries left: released, the next attempt queued
     ENDED = "ended"  # a final state (RUN_ENDED): released, done
+    STOPPED = "stopped"  # a killed (stopping) attempt ended: its next attempt queued now
 
     @property
     def accepted(self) -> bool:
@@ -211,6 +236,17 @@ class Lookup:
     running: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Stopping(Generic[T]):
+    """A killed attempt (``task``, as it was held) on ``node`` whose end is not known
+    yet: its next attempt is queued once it is. ``node`` -1: recalled from the journal,
+    on whichever node's worker names it (or, if none does within the orphans' grace,
+    on a node that died or fenced itself)."""
+
+    task: T
+    node: int
+
+
 NOTHING: tuple[Action, ...] = ()
 
 
@@ -219,7 +255,8 @@ class Lifecycle(Generic[T]):
 
     ``tasks``: the held attempt of each task the books hold (the driver's task object,
     kept as given). ``orphans``: tasks an earlier life accepted that no worker has named
-    since, oldest first. ``cancelled``: jobs whose tasks must not run here.
+    since, oldest first. ``cancelled``: jobs whose tasks must not run here. ``stopping``:
+    killed attempts, by (task id, attempt), whose next attempt waits for their end.
     """
 
     def __init__(
@@ -234,6 +271,7 @@ class Lifecycle(Generic[T]):
         self.worker_timeout_s = worker_timeout_s
         self.orphan_grace_s = orphan_grace_s
         self.tasks: dict[str, T] = {}
+        self.stopping: dict[tuple[str, int], Stopping[T]] = {}
         self.orphans: dict[str, T] = {}
         self.orphans_due = math.inf  # see ``arm_orphans``
         self.last_heard: dict[int, float] = {}  # by node
@@ -271,10 +309,10 @@ class Lifecycle(Generic[T]):
         victim_ids: Sequence[str],
         is_over_share: Callable[[str], bool],
     ) -> tuple[Decision, list[Action]]:
-        """Kill ``victim_ids`` on ``node`` for ``spec`` if still justified. Every kill
-        comes before the first re-queue: a GM may place a victim's next attempt on this
-        very node as soon as the queue has it, and the worker must read this attempt's
-        kill first. The driver then ``hold``s its copy of the task."""
+        """Kill ``victim_ids`` on ``node`` for ``spec`` if still justified. The victims
+        end on the books now (the task takes their place: the driver then ``hold``s and
+        starts it, its start after their kills on the worker's stream), and are told
+        PREEMPTED; their next attempts wait until the kills took effect (``stopping``)."""
         refused = self.refusal(spec.job_id)
         if refused is not None:
             return refused, []
@@ -286,7 +324,7 @@ class Lifecycle(Generic[T]):
             Kill(v.node, v.task_id, v.attempt, "preempted") for v in decision.preempted
         ]
         for victim in decision.preempted:
-            actions.extend(self._requeue(victim, TaskState.PREEMPTED, "preempted"))
+            actions.extend(self._stop(victim, TaskState.PREEMPTED, "preempted"))
         if older is not None and all(v.task_id != older.task_id for v in decision.preempted):
             # (The live LM did not check this before the lifecycle moved here: the older
             # attempt was dropped from the books and left running on its worker.)
@@ -310,6 +348,13 @@ class Lifecycle(Generic[T]):
     # ---------------------------------------------------------- reports
     def report(self, node: int, report: WorkerReport) -> ReportOutcome[T]:
         """A worker's report on one of its attempts."""
+        key = (report.task_id, report.attempt)
+        stop = self.stopping.get(key)
+        if stop is not None and stop.node == node and report.state != TaskState.RUNNING:
+            # A killed attempt ended (killed, or it finished or failed before the kill
+            # came): now its next attempt cannot run beside it.
+            del self.stopping[key]
+            return ReportOutcome(ReportVerdict.STOPPED, None, [Requeue(stop.task, owed=True)])
         task = self.tasks.get(report.task_id)
         allocation = self.books.allocations.get(report.task_id)
         if task is None or allocation is None or allocation.node != node:
@@ -353,6 +398,33 @@ class Lifecycle(Generic[T]):
         del self.tasks[allocation.task_id]
         return [Publish(task, state, allocation.node, reason, peak_memory_mb), Requeue(task)]
 
+    def _stop(self, allocation: Allocation, state: TaskState, reason: str) -> list[Action]:
+        """``allocation`` lost its place (released already) and its worker is told to
+        kill it: if its attempt is the one held, it is held no more and its end is told;
+        its next attempt waits in ``stopping`` for the kill to take effect."""
+        task = self.tasks.get(allocation.task_id)
+        if task is None or task.attempt != allocation.attempt:
+            return []
+        del self.tasks[allocation.task_id]
+        self.stopping[allocation.task_id, allocation.attempt] = Stopping(task, allocation.node)
+        return [Publish(task, state, allocation.node, reason), Owe(task)]
+
+    def withdrawn(self, task_id: str, attempt: int) -> list[Action]:
+        """The driver took back the start of ``attempt`` of ``task_id`` before it left
+        for the worker (its kill found it still waiting): it never ran, and will not."""
+        stop = self.stopping.pop((task_id, attempt), None)
+        return [] if stop is None else [Requeue(stop.task, owed=True)]
+
+    def _stopped_on(self, node: int, still_there: Callable[[str, int], bool]) -> list[Action]:
+        """The stopping attempts on ``node`` that ``still_there`` says can no longer run:
+        their next attempts queued."""
+        ended = [
+            key
+            for key, stop in self.stopping.items()
+            if stop.node == node and not still_there(*key)
+        ]
+        return [Requeue(self.stopping.pop(key).task, owed=True) for key in ended]
+
     # -------------------------------------------------------- inventory
     def take_back(
         self, node: int, held: Sequence[Held[T]], pending: Iterable[str] = ()
@@ -371,13 +443,18 @@ class Lifecycle(Generic[T]):
         newest: dict[str, int] = {}
         for h in held:
             newest[h.task.task_id] = max(h.task.attempt, newest.get(h.task.task_id, -1))
-        waiting = set(pending)
+        pending_ids = set(pending)
         for h in held:
             self._unorphan(h.task.task_id, h.task.attempt)
+            key = (h.task.task_id, h.task.attempt)
+            recalled = self.stopping.get(key)
+            if recalled is not None and recalled.node == -1:
+                # A killed attempt an earlier life owed the next of: it is on this node.
+                self.stopping[key] = Stopping(recalled.task, node)
         missing = [
             allocation
             for allocation in (books.allocations[t] for t in books.task_ids_on(node))
-            if allocation.task_id not in waiting
+            if allocation.task_id not in pending_ids
             and newest.get(allocation.task_id, -1) < allocation.attempt
         ]
         for allocation in missing:
@@ -417,16 +494,26 @@ class Lifecycle(Generic[T]):
             plan.verdicts.append((allocation.task_id, InventoryVerdict.MISSING))
             reason = f"worker {node_id} came back without it (restarted?)"
             plan.actions.extend(self._requeue(allocation, TaskState.LOST, reason))
+        # A killed attempt the worker still runs (its kill was lost with the stream: sent
+        # again above, STALE) or whose start still waits to be sent stops later; one it
+        # does not run (ended, or never got) stopped.
+        running = {(h.task.task_id, h.task.attempt) for h in held if h.running}
+        plan.actions.extend(
+            self._stopped_on(node, lambda t, a: (t, a) in running or t in pending_ids)
+        )
         return plan
 
     def node_lost(self, node: int, reason: str) -> NodeLoss[T]:
         """``node`` is dead (silent, or its worker said it leaves): out of the books, its
-        tasks re-queued. The driver also drops what still waits to be sent to it: a start
-        reaching it when it comes back would run its task twice."""
+        tasks re-queued, and the attempts killed there (``stopping``) too: a worker silent
+        for ``worker_timeout_s`` has fenced itself by then (when the fence is on). The
+        driver also drops what still waits to be sent to it: a start reaching it when it
+        comes back would run its task twice."""
         lost = self.books.set_alive(node, False)
         loss: NodeLoss[T] = NodeLoss(lost)
         for allocation in lost:
             loss.actions.extend(self._requeue(allocation, TaskState.LOST, f"worker lost: {reason}"))
+        loss.actions.extend(self._stopped_on(node, lambda task_id, attempt: False))
         return loss
 
     def cancel(self, job_ids: set[str]) -> list[Action]:
@@ -462,9 +549,17 @@ class Lifecycle(Generic[T]):
                 yield node
 
     # ---------------------------------------------------------- orphans
-    def recall(self, orphans: Iterable[T]) -> None:
-        """Tasks an earlier life accepted and never saw end (from the journal)."""
+    def recall(self, orphans: Iterable[T], owed: Iterable[T] = ()) -> None:
+        """Tasks an earlier life accepted and never saw end, and killed attempts whose
+        next it owed (from the journal)."""
         self.orphans = {task.task_id: task for task in orphans}
+        for task in owed:
+            self.stopping[task.task_id, task.attempt] = Stopping(task, -1)
+
+    @property
+    def unclaimed(self) -> bool:
+        """Something recalled waits for the workers to name it (``expire_orphan``)."""
+        return bool(self.orphans) or any(s.node == -1 for s in self.stopping.values())
 
     def arm_orphans(self, now: float) -> float:
         """Start the orphans' grace (as the LM starts serving): returns when it is over."""
@@ -474,9 +569,16 @@ class Lifecycle(Generic[T]):
     def expire_orphan(self, now: float) -> list[Action] | None:
         """Past the grace, the oldest orphan: its worker died too, or never got it. Ended
         on the books first (a worker naming it later has its copy killed), its next
-        attempt queued, this one ended LOST. None: none is due."""
-        if now < self.orphans_due or not self.orphans:
+        attempt queued, this one ended LOST. Then each recalled killed attempt no worker
+        named: its worker died, or fenced itself, so its next is queued. None: none is
+        due."""
+        if now < self.orphans_due:
             return None
+        if not self.orphans:
+            unnamed = next((k for k, s in self.stopping.items() if s.node == -1), None)
+            if unnamed is None:
+                return None
+            return [Requeue(self.stopping.pop(unnamed).task, owed=True)]
         task = self.orphans.pop(next(iter(self.orphans)))
         self.books.remember_ended(task.task_id, task.attempt, task.job_id)
         restarted = f"{self.books.lm_id} restarted"

@@ -7,6 +7,10 @@ An LM's books live in memory, and its workers give back what they run when it re
   again when a GM retries it (the exactly-once check is ``ClusterState``'s memory of ended
   attempts), and could not tell a GM that missed the final event how the task ended
   (``LookupTasks``, ``ListTasks``);
+- which killed attempts it owes the next attempt of: a preempted task's next attempt is
+  queued once its worker says the kill took effect (``Lifecycle.stopping``), and an LM
+  that restarts meanwhile still queues it (``stop``, ``stopped``); and which next
+  attempts it sent the broker that the broker has not confirmed (``owe``, ``paid``);
 - which tasks it *accepted* and that have not ended. When the workers died with it (a
   host or a whole federation going down at once) or never received them, nothing else
   holds them: the GM acked their queue message when the LM accepted them, and a GM that
@@ -63,6 +67,12 @@ CREATE TABLE IF NOT EXISTS accepted (
     attempt INTEGER NOT NULL,
     task BLOB NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS owed (
+    task_id TEXT NOT NULL,
+    attempt INTEGER NOT NULL,
+    task BLOB NOT NULL,
+    PRIMARY KEY (task_id, attempt)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS cancelled (
     seq INTEGER PRIMARY KEY,
     job_id TEXT NOT NULL UNIQUE,
@@ -71,7 +81,7 @@ CREATE TABLE IF NOT EXISTS cancelled (
 CREATE TABLE IF NOT EXISTS draining (
     node_id TEXT PRIMARY KEY
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS owed (
+CREATE TABLE IF NOT EXISTS stopping (
     task_id TEXT NOT NULL,
     attempt INTEGER NOT NULL,
     task BLOB NOT NULL,
@@ -95,6 +105,8 @@ class Recalled:
     # Next attempts (re-queues) the broker had not confirmed when the LM died: the only
     # way on of a task whose attempt ended here, sent again by the restarted LM.
     owed: list[common_pb2.Task] = field(default_factory=list)
+    # Killed attempts whose next attempt was not queued yet (``stop``).
+    stopping: list[common_pb2.Task] = field(default_factory=list)
 
 
 class JournalError(RuntimeError):
@@ -168,6 +180,7 @@ class TaskJournal:
                 ).fetchall()
                 draining = self._db.execute("SELECT node_id FROM draining").fetchall()
                 owed = self._db.execute("SELECT task FROM owed").fetchall()
+                stopping = self._db.execute("SELECT task FROM stopping").fetchall()
             except sqlite3.Error as err:
                 raise JournalError(f"cannot read the LM journal {self.path}: {err}") from err
         attempts.reverse()
@@ -188,6 +201,7 @@ class TaskJournal:
             cancelled,
             sorted(node_id for (node_id,) in draining),
             [common_pb2.Task.FromString(blob) for (blob,) in owed],
+            [common_pb2.Task.FromString(blob) for (blob,) in stopping],
         )
 
     @property
@@ -232,6 +246,27 @@ class TaskJournal:
         with self._lock, self._db:
             self._db.execute(
                 "DELETE FROM owed WHERE task_id = ? AND attempt = ?", (task_id, attempt)
+            )
+            self.written = True
+
+    def stop(self, tasks: list[common_pb2.Task]) -> None:
+        """Write that each of ``tasks`` (killed attempts) waits for its kill to take
+        effect before its next attempt is queued (``Lifecycle.stopping``): a restarted
+        LM still queues it."""
+        if not tasks:
+            return
+        rows = [(t.task_id, t.attempt, t.SerializeToString()) for t in tasks]
+        with self._lock, self._db:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO stopping (task_id, attempt, task) VALUES (?, ?, ?)", rows
+            )
+            self.written = True
+
+    def stopped(self, task_id: str, attempt: int) -> None:
+        """``attempt`` of ``task_id`` can no longer run: its next attempt is owed now."""
+        with self._lock, self._db:
+            self._db.execute(
+                "DELETE FROM stopping WHERE task_id = ? AND attempt = ?", (task_id, attempt)
             )
             self.written = True
 

@@ -72,6 +72,7 @@ from services.core.lm_lifecycle import (
     Journal,
     Kill,
     Lifecycle,
+    Owe,
     Publish,
     ReportVerdict,
     Requeue,
@@ -109,6 +110,9 @@ class WorkerSession:
     # Registrations so far: a worker registers only once its stream ended, so a stream
     # of an earlier registration writes nothing more (``WorkerHeartbeats``).
     generation: int = 0
+    # Commands whose write began (by id): they may have reached the worker, so a kill
+    # does not take such a start back (``LocalMaster._withdraw``).
+    written: set[int] = field(default_factory=set)
 
 
 MAX_STARTS_PER_MESSAGE = 64
@@ -205,7 +209,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             self.state.remember_ended(task_id, attempt, jobs.get(task_id, ""))
         for event in recalled.events:
             self.endings[event.task_id] = event.SerializeToString()
-        self.life.recall(recalled.accepted)
+        self.life.recall(recalled.accepted, recalled.stopping)
         for job_id, reason in recalled.cancelled:
             self.cancelled.add(job_id, reason)
         self.draining = set(recalled.draining)
@@ -247,7 +251,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         ]
         if self.journal is not None:
             self._loops.append(asyncio.create_task(self._journal_loop(), name="lm-journal"))
-        if self.life.orphans:
+        if self.life.unclaimed:
             self._loops.append(asyncio.create_task(self._orphans_loop(), name="lm-orphans"))
         for again in self._owed.values():  # the broker may not have them: sent again
             self._send_requeue(again)
@@ -358,7 +362,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             # The victims' kills and this task's start before any re-queue is awaited: a
             # broker that is away holds the re-queues back for as long as it is, and
             # meanwhile the task must be held here, started (a later preemption of it
-            # re-queues only a held task; a fence must find it held).
+            # re-queues only a held task; a fence must find it held). A victim's next
+            # attempt waits for its end (``Lifecycle.stopping``), not for this call.
             requeues = [a for a in actions if isinstance(a, Requeue)]
             self._apply(a for a in actions if not isinstance(a, Requeue))
             started = self._start(request.task, decision.allocation, received)
@@ -570,6 +575,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 # both write it; only the one that finds it still at the head removes it.
                 # Starts waiting together go as one message (a job packed onto a node).
                 sent = _leading_starts(commands) or [commands[0]]
+                session.written.update(id(command) for command in sent)
                 if len(sent) == 1:
                     await context.write(sent[0])
                 else:
@@ -578,6 +584,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 for command in sent:
                     if commands and commands[0] is command:
                         commands.popleft()
+                        session.written.discard(id(command))
 
         reader = asyncio.create_task(read())
         writer = asyncio.create_task(write())
@@ -733,6 +740,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         for action in actions:
             if isinstance(action, Requeue):
                 again = next(owed)
+                if action.owed:  # owed now, no longer stopping (``_owe`` wrote it)
+                    self._stopped(action.task)
                 if again is not None:
                     await asyncio.shield(self._send_requeue(again))
             else:
@@ -749,6 +758,13 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             a = action
             self._event(a.task, a.state, a.node, a.reason, a.peak_memory_mb)
         elif isinstance(action, Kill):
+            if self._withdraw(action):
+                # Never sent: the attempt never ran. Its next attempt (if it waits for
+                # this one) is queued in the background: the caller may not await.
+                then = self.life.withdrawn(action.task_id, action.attempt)
+                if then:
+                    self._in_background(self._carry_out(then))
+                return
             self._send(action.node, kill=(action.task_id, action.attempt, action.reason))
         elif isinstance(action, Start):
             self._send(action.node, start=action.task)
@@ -756,8 +772,40 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             if self.journal is not None:  # a later restart must know it too
                 self._unaccepted.append(action.task)
                 self._schedule_write()
+        elif isinstance(action, Owe):
+            if self.journal is not None:  # a restart meanwhile must still queue it
+                try:
+                    self.journal.stop([action.task])
+                except Exception as err:
+                    self._journal_failed(err)
         else:
             raise TypeError(f"{action!r} must be awaited: use _carry_out")
+
+    def _withdraw(self, kill: Kill) -> bool:
+        """Take back the start of the attempt ``kill`` names if it still waits for the
+        worker's stream, its write not begun: the worker never reads it (nor the kill)."""
+        session = self.sessions.get(kill.node)
+        if session is None:
+            return False
+        for command in session.commands:
+            if not command.HasField("start") or id(command) in session.written:
+                continue
+            task = command.start.task
+            if task.task_id == kill.task_id and task.attempt == kill.attempt:
+                session.commands.remove(command)
+                log.info(
+                    "took back a start not yet sent",
+                    extra={"task_id": task.task_id, "attempt": task.attempt},
+                )
+                return True
+        return False
+
+    def _in_background(self, plan) -> None:
+        """Carry out ``plan`` (a coroutine) in a task of the LM's own, waited for at
+        shutdown like a re-queue."""
+        job = asyncio.create_task(plan)
+        self._requeues.add(job)
+        job.add_done_callback(self._requeues.discard)
 
     def _send(self, node: int, start=None, kill: tuple[str, int, str] | None = None) -> None:
         session = self.sessions.get(node)
@@ -797,6 +845,15 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             except Exception:
                 log.exception("could not journal a re-queue; it is lost should this LM die")
         return again
+
+    def _stopped(self, task: common_pb2.Task) -> None:
+        """A killed attempt (``Lifecycle.stopping``, journalled by ``Owe``) can no longer
+        run: struck from the journal's stopping attempts, its next attempt owed now."""
+        if self.journal is not None:
+            try:
+                self.journal.stopped(task.task_id, task.attempt)
+            except Exception as err:
+                self._journal_failed(err)
 
     def _send_requeue(self, again: common_pb2.Task) -> asyncio.Task:
         job = asyncio.create_task(self._enqueue_owed(again))
@@ -1029,6 +1086,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             # Its tasks go back to their queues: a start still waiting for the worker's
             # stream must not reach it if it comes back, or the task would run twice.
             session.commands.clear()
+            session.written.clear()
         quiet = left and not lost
         (log.info if quiet else log.warning)(
             "worker left" if left else "worker lost",

@@ -31,9 +31,11 @@ What the LM can rely on:
 - With ``fence_s`` (config ``worker_fence_s``), an agent whose LM has not read a heartbeat
   of it for that long kills its tasks (reported LOST): the LM takes a worker it has not
   heard from for ``worker_timeout_s`` for dead and runs its tasks elsewhere, and a worker
-  cut off from it (a network partition) must not run them meanwhile. Heartbeats then ask
-  for a ``HeartbeatAck`` naming the newest one the LM read; the agent counts from when
-  it sent that one (or began its last registration), so it always fences first.
+  cut off from it (a network partition) must not run them meanwhile, nor start one whose
+  start reaches it meanwhile (reported LOST). Heartbeats then ask for a ``HeartbeatAck``
+  naming the newest one the LM read; the agent counts from when it sent that one (or
+  began its last registration), so it always fences first. The LM counts on this: it
+  queues the next attempt of a task it killed on a worker it then takes for dead.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ log = logging.getLogger("megha.worker")
 RUNNING = common_pb2.TASK_STATE_RUNNING
 FAILED = common_pb2.TASK_STATE_FAILED
 PREEMPTED = common_pb2.TASK_STATE_PREEMPTED
+NEVER_KEPT = 4096  # attempts killed before their start came, remembered (newest)
 LOST = common_pb2.TASK_STATE_LOST
 
 BACKOFF_INITIAL_S = 0.1
@@ -204,6 +207,7 @@ class WorkerAgent:
         # registration names them, so an LM that restarted can book them and take the
         # reports (see RegisterWorkerRequest.finished_tasks).
         self._owed: dict[tuple[str, int], common_pb2.Task] = {}
+        self._never: dict[tuple[str, int], None] = {}  # attempts killed before they came
         # Fencing: when the LM had certainly heard from us last (monotonic; None before
         # the first registration), and the heartbeats of this stream it has not acked
         # yet, as (sent_unix_nanos, monotonic time just before the write).
@@ -552,6 +556,11 @@ class WorkerAgent:
         if self._contact is None or contact > self._contact:
             self._contact = contact
 
+    def _cut_off(self) -> bool:
+        """The LM has not read a heartbeat of ours for ``fence_s`` (the fence is on)."""
+        contact, fence = self._contact, self.fence_s
+        return fence > 0 and contact is not None and time.monotonic() - contact >= fence
+
     async def _fence_loop(self) -> None:
         """Kill every running task once the LM has not heard from us for ``fence_s``."""
         while True:
@@ -600,6 +609,12 @@ class WorkerAgent:
                 extra={"node_id": self.node_id, "task_id": task_id, "attempt": task.attempt},
             )
             return
+        if (task_id, task.attempt) in self._never:
+            log.warning(
+                "start of an attempt killed before it came ignored",
+                extra={"node_id": self.node_id, "task_id": task_id, "attempt": task.attempt},
+            )
+            return
         if known and max(known) > task.attempt:
             log.warning(
                 "start of an older attempt ignored",
@@ -622,6 +637,12 @@ class WorkerAgent:
             return
         stamps = task.timestamps
         stamps.worker_received_unix_nanos = time.time_ns()
+        if self._cut_off():
+            # The fence would kill it at once: the LM may have taken this worker for dead
+            # and queued the task's next attempt (this start waited in a slow stream).
+            stamps.finished_unix_nanos = time.time_ns()
+            self._send(task, LOST, message=f"worker {self.node_id} is cut off from its LM")
+            return
         if self._closing:
             stamps.finished_unix_nanos = time.time_ns()
             self._send(task, LOST, message=f"worker {self.node_id} is shutting down")
@@ -700,6 +721,20 @@ class WorkerAgent:
                 "kill for an attempt not running here",
                 extra={"node_id": self.node_id, "task_id": task_id, "attempt": attempt},
             )
+            if (task_id, attempt) not in self._owed:
+                # Its start went out on a stream this agent had left, or never came: said
+                # (LOST), as the LM waits for its end to queue the next attempt, and
+                # remembered, so that a late copy of the start is ignored.
+                self._never[task_id, attempt] = None
+                while len(self._never) > NEVER_KEPT:
+                    del self._never[next(iter(self._never))]
+                self._outbox.append(
+                    local_master_pb2.TaskReport(
+                        task_id=task_id, attempt=attempt, state=LOST, message="not here"
+                    )
+                )
+                if self._wake is not None:
+                    self._wake.set()
             return
         self._kill(entry, state, f"killed: {reason}" if reason else "killed")
         log.info("task killed", extra={"node_id": self.node_id, "task_id": task_id})

@@ -17,6 +17,7 @@ from services.core.lm_lifecycle import (
     Kill,
     Lifecycle,
     Lookup,
+    Owe,
     Publish,
     ReportVerdict,
     Requeue,
@@ -201,8 +202,9 @@ def test_a_report_from_another_node_than_the_books_say_is_ignored():
 
 
 # ----------------------------------------------------------- preemption
-def test_preemption_kills_every_victim_before_requeueing_any():
-    h = Harness(nodes=1)
+def preempted_two(h: Harness) -> tuple[list[Wire], list]:
+    """Two victims on node 0, preempted for task p (held, as the driver does), which
+    needs both their places."""
     victims = [Wire(f"v{i}", job_id="jv") for i in range(2)]
     for v in victims:
         spec = task(v.task_id, cpu=2000, queue="greedy", job_id="jv")
@@ -212,16 +214,107 @@ def test_preemption_kills_every_victim_before_requeueing_any():
         "gm-a", task("p", cpu=3000, job_id="jp"), 0, ["v0", "v1"], lambda queue: True
     )
     assert decision.status is PlacementStatus.ACCEPTED
+    h.life.hold(Wire("p", job_id="jp"), decision.allocation)
+    return victims, actions
+
+
+def test_preemption_kills_every_victim_and_queues_none_before_its_kill_took_effect():
+    # Chaos-sim bug 2: the next attempt was queued as the kill was sent; a kill that
+    # reached its worker late let the old attempt run beside the next one.
+    h = Harness(nodes=1)
+    victims, actions = preempted_two(h)
     kinds = [type(a).__name__ for a in actions]
-    assert kinds == ["Kill", "Kill", "Publish", "Requeue", "Publish", "Requeue"]
+    assert kinds == ["Kill", "Kill", "Publish", "Owe", "Publish", "Owe"]
     assert actions[:2] == [Kill(0, "v0", 0, "preempted"), Kill(0, "v1", 0, "preempted")]
     assert published(actions) == [
         ("v0", TaskState.PREEMPTED, "preempted"),
         ("v1", TaskState.PREEMPTED, "preempted"),
     ]
-    assert requeued(actions) == [("v0", 0), ("v1", 0)]
-    # The killed attempt's own end, reported by its worker afterwards, does nothing.
+    assert [a.task for a in actions if isinstance(a, Owe)] == victims
+    assert requeued(actions) == []  # the task that preempts them runs at once, though
+    assert "p" in h.books.allocations and set(h.life.stopping) == {("v0", 0), ("v1", 0)}
+    # Still running, as the worker says before the kill reaches it: nothing yet.
+    assert h.report(0, victims[0], TaskState.RUNNING).verdict is ReportVerdict.IGNORED
+    # The worker says it is killed: now the next attempt is queued, once.
+    outcome = h.report(0, victims[0], TaskState.PREEMPTED)
+    assert outcome.verdict is ReportVerdict.STOPPED
+    assert outcome.actions == [Requeue(victims[0], owed=True)]
     assert h.report(0, victims[0], TaskState.PREEMPTED).verdict is ReportVerdict.IGNORED
+    # It ended on its own before the kill came: its next attempt is queued all the same
+    # (the federation was told PREEMPTED).
+    outcome = h.report(0, victims[1], TaskState.SUCCEEDED)
+    assert requeued(outcome.actions) == [("v1", 0)] and not h.life.stopping
+
+
+def test_a_killed_attempts_end_from_another_node_or_attempt_queues_nothing():
+    h = Harness(nodes=2)
+    victims, _ = preempted_two(h)
+    assert h.report(1, victims[0], TaskState.PREEMPTED).verdict is ReportVerdict.IGNORED
+    other = Wire("v0", job_id="jv", attempt=1)
+    assert h.report(0, other, TaskState.PREEMPTED).verdict is ReportVerdict.IGNORED
+    assert ("v0", 0) in h.life.stopping
+
+
+def test_a_kill_whose_start_never_left_the_lm_queues_the_next_attempt_at_once():
+    h = Harness(nodes=1)
+    victims, _ = preempted_two(h)
+    # The driver found v0's start still waiting for the worker's stream and took it
+    # back with its kill: v0 never ran, and never will.
+    assert h.life.withdrawn("v0", 0) == [Requeue(victims[0], owed=True)]
+    assert h.life.withdrawn("v0", 0) == []
+    assert h.life.withdrawn("other", 0) == []  # a cancel's or a supersede's kill
+    assert set(h.life.stopping) == {("v1", 0)}
+
+
+def test_a_killed_attempts_next_is_queued_when_its_node_is_taken_for_dead():
+    # With worker_fence_s on, a worker the LM has not heard from for worker_timeout_s
+    # has killed what it ran, and starts nothing, by then.
+    h = Harness(nodes=1)
+    preempted_two(h)
+    loss = h.life.node_lost(0, "no heartbeat for 10 s")
+    assert ("p", 0) in requeued(loss.actions)
+    assert sorted(a.task.task_id for a in loss.actions if isinstance(a, Requeue) and a.owed) == [
+        "v0",
+        "v1",
+    ]
+    assert not h.life.stopping
+
+
+def test_a_registering_worker_says_which_killed_attempts_still_run():
+    h = Harness(nodes=1)
+    victims, _ = preempted_two(h)
+    p = h.life.tasks["p"]
+    # v0 still runs there (its kill was lost with the stream: killed again, STALE); v1
+    # is gone (the worker never got it, or it ended): its next attempt is queued.
+    plan = h.life.take_back(0, [h.held(victims[0]), h.held(p)])
+    assert (victims[0].task_id, InventoryVerdict.STALE) in plan.verdicts
+    assert Kill(0, "v0", 0, "this attempt ended on the LM's books") in plan.actions
+    assert requeued(plan.actions) == [("v1", 0)]
+    assert set(h.life.stopping) == {("v0", 0)}
+    # A start of v0 still waiting to be sent (its kill waits behind it): not ended yet.
+    assert requeued(h.life.take_back(0, [h.held(p)], pending=["v0"]).actions) == []
+    # Named as ended, its final report owed: ended.
+    plan = h.life.take_back(0, [h.held(p), h.held(victims[0], running=False)])
+    assert requeued(plan.actions) == [("v0", 0)] and not h.life.stopping
+
+
+def test_a_restarted_lm_still_queues_the_next_attempt_it_owed():
+    h = Harness(nodes=2, grace=15.0)
+    a, b, c = Wire("a"), Wire("b"), Wire("c")
+    h.life.recall([], owed=[a, b, c])
+    assert h.life.unclaimed
+    # a's worker names it running: it stops there, as its kill (STALE) takes effect.
+    plan = h.life.take_back(0, [h.held(a)])
+    assert requeued(plan.actions) == [] and h.life.stopping[("a", 0)].node == 0
+    assert requeued(h.report(0, a, TaskState.FAILED).actions) == [("a", 0)]
+    # b's worker names it ended.
+    plan = h.life.take_back(1, [h.held(b, running=False)])
+    assert requeued(plan.actions) == [("b", 0)]
+    # No worker names c within the grace: its worker died or fenced itself.
+    due = h.life.arm_orphans(100.0)
+    assert h.life.expire_orphan(due - 1) is None
+    assert h.life.expire_orphan(due) == [Requeue(c, owed=True)]
+    assert h.life.expire_orphan(due) is None and not h.life.unclaimed
 
 
 def test_a_preemption_for_a_newer_attempt_supersedes_the_older_too():
