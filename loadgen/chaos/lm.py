@@ -48,6 +48,7 @@ from services.core.lm_lifecycle import (
     Lifecycle,
     Owe,
     Publish,
+    ReportVerdict,
     Requeue,
     Start,
 )
@@ -358,7 +359,9 @@ class LM(Actor):
             stamps = outcome.task.timestamps
             stamps.started_unix_nanos = report.started or stamps.started_unix_nanos
             stamps.finished_unix_nanos = report.finished or stamps.finished_unix_nanos
-        if outcome.actions:
+        if outcome.verdict is ReportVerdict.STOPPED:
+            self.spawn(self._carry_out(outcome.actions))  # as the live LM: not awaited
+        elif outcome.actions:
             yield from self._carry_out(outcome.actions)
 
     def stream_broken(self, node_id: str) -> None:

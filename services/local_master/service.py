@@ -689,7 +689,12 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         elif verdict is ReportVerdict.ENDED:
             state_name = common_pb2.TaskState.Name(report.state).removeprefix("TASK_STATE_")
             metrics.TASKS_FINISHED.labels(self.lm_id, state_name.lower()).inc()
-        if outcome.actions:
+        if verdict is ReportVerdict.STOPPED:
+            # A killed attempt's next one: not awaited here, where a broker that is away
+            # would hold back every later report of this worker (the preempting task's
+            # start among them).
+            self._in_background(self._carry_out(outcome.actions))
+        elif outcome.actions:
             await self._carry_out(outcome.actions)
         return verdict.accepted
 
