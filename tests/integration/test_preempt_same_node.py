@@ -216,10 +216,11 @@ async def test_a_victims_requeue_waits_for_its_kill_and_outlives_a_broker_away()
 
 
 async def test_a_requeue_the_broker_never_confirmed_is_sent_by_the_restarted_lm(tmp_path):
-    """The LM stops while a victim's re-queue waits for a broker that is away: the
-    attempt has ended on its books (and in its journal), and the message is the task's
-    only way on. The restarted LM, its journal kept, sends it. Before, it was lost with
-    the LM and the job never ended (``megha-loadgen chaos-sim --small --seed 6``)."""
+    """The LM stops while a victim's re-queue (sent once its worker reported the kill)
+    waits for a broker that is away: the attempt has ended on its books (and in its
+    journal), and the message is the task's only way on. The restarted LM, its journal
+    kept, sends it. Before, it was lost with the LM and the job never ended
+    (``megha-loadgen chaos-sim --small --seed 6``)."""
     config = _config(journal=str(tmp_path / "lm-1.journal"))
     events: list[common_pb2.TaskEvent] = []
     stored: list[common_pb2.TaskBatch] = []
@@ -255,9 +256,14 @@ async def test_a_requeue_the_broker_never_confirmed_is_sent_by_the_restarted_lm(
             preempt = local_master_pb2.PreemptRequest(
                 gm_id="gm-1", task=_task("p", "high", 0, 30), node_index=0, victim_task_ids=["v"]
             )
-            with pytest.raises(grpc.aio.AioRpcError):
-                await lm.Preempt(preempt, timeout=0.5)
+            reply = await lm.Preempt(preempt, timeout=5)
+            assert reply.results[0].status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED
             await _until(events, lambda e: e.task_id == "v" and e.state == PREEMPTED, "no end")
+            # Its next attempt is owed once the worker says the kill took effect.
+            deadline = time.monotonic() + 10
+            while not books.journal.load().owed:
+                assert time.monotonic() < deadline, "the victim's re-queue was never owed"
+                await asyncio.sleep(0.05)
         bus.enqueue = enqueue  # the broker is back; the LM was not
         await bus.consume(user_queue("low"), on_low)
         await asyncio.sleep(0.3)
