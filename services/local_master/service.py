@@ -116,6 +116,7 @@ class WorkerSession:
 
 
 MAX_STARTS_PER_MESSAGE = 64
+STREAM_DRAIN_S = 1.0  # an ending heartbeat stream waits this long for a write under way
 OUTPUT_TIMEOUT_S = 5.0  # for a worker to answer a GetTaskOutput
 # A worker that fences itself (worker_fence_s) asks for acks; it gets at most one per this
 # long, so a busy worker's many heartbeats do not double the messages sent to it.
@@ -562,9 +563,11 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                     )
                     raise
 
+        ending = asyncio.Event()  # the call ends: no new write
+
         async def write() -> None:
             commands = session.commands
-            while session.generation == generation:
+            while session.generation == generation and not ending.is_set():
                 if not commands:
                     session.ready.clear()
                     await session.ready.wait()
@@ -596,7 +599,15 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         finally:
             session.streams -= 1
             reader.cancel()
-            writer.cancel()
+            if not writer.done():
+                # A write under way finishes before the call does: cancelled mid-write, it
+                # left an operation pending that gRPC then refused to end the call with
+                # (GRPC_CALL_ERROR_TOO_MANY_OPERATIONS, seen as a stream replaced).
+                ending.set()
+                session.ready.set()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait({writer}, timeout=STREAM_DRAIN_S)
+                writer.cancel()
 
     async def ReportTask(self, request, context):
         node = self.state.table.index_of(request.node_id)
