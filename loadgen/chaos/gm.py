@@ -184,6 +184,7 @@ class GM(Actor):
         self.held: dict[tuple, MessageBatch] = {}
         self.started_at = self.k.now
         self.failed: dict[str, MessageBatch] = {}
+        self.submitting: dict[str, Future] = {}
         self.unstarted: OrderedDict[str, tuple[str, float, Task]] = OrderedDict()
         self.round_due = False
         self.counters: dict[str, int] = defaultdict(int)
@@ -212,9 +213,24 @@ class GM(Actor):
 
     # ------------------------------------------------------------ submissions
     def submit_job(self, batch: Batch) -> Proc:
-        """SubmitJob: True once the broker stored the job (the client's ack)."""
+        """SubmitJob: True once the broker stored the job (the client's ack). One
+        submission of a job id at a time (``GlobalMaster._submitting``): a retry that
+        overtook a submission still under way took its tasks for queued, and was told
+        so, while that one's message was then refused (``--small --seed 25``)."""
         if not self.view.lms or not self.world.broker.alive:
             return False
+        while (under_way := self.submitting.get(batch.job_id)) is not None:
+            yield under_way
+        done = self.submitting[batch.job_id] = Future()
+        try:
+            stored = yield from self._submit_job(batch)
+        finally:  # (a crash drops the proc: another life's entry is left alone)
+            if self.submitting.get(batch.job_id) is done:
+                del self.submitting[batch.job_id]
+            done.set(True)
+        return stored
+
+    def _submit_job(self, batch: Batch) -> Proc:
         if self.failed.get(batch.job_id) is not None:
             yield from self._all_landed(self.failed[batch.job_id])
         if self.catching_up:  # ``GlobalMaster._submit_job``: a retry's tasks may run

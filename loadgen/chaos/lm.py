@@ -70,7 +70,9 @@ class JournalFile:
         self.ended: dict[str, int] = {}
         self.events: list[tuple[int, Event]] = []
         self.accepted: dict[str, Task] = {}
-        self.owed: dict[tuple[str, int], Task] = {}  # re-queues not confirmed (``owe``)
+        # Re-queues not confirmed (``owe``), with when they were first queued: sent again,
+        # a message keeps its tasks' ``queued_unix_nanos``.
+        self.owed: dict[tuple[str, int], tuple[Task, float]] = {}
         self.stopping: dict[tuple[str, int], Task] = {}  # killed attempts (``stop``)
         self.seq = 0
         self.published = 0
@@ -166,8 +168,8 @@ class LM(Actor):
             self._events_ready()
         if self.lc.unclaimed:
             self.spawn(self._orphans_loop())
-        for again in list(self.owed.values()):
-            self.spawn(self._send_owed(again))
+        for again, queued_at in list(self.owed.values()):
+            self.spawn(self._send_owed(again, queued_at))
 
     def restart(self, journal_kept: bool) -> None:
         if not journal_kept:
@@ -393,7 +395,7 @@ class LM(Actor):
                 if action.owed and self.journal is not None:  # owed now (``_stopped``)
                     self.journal.stopped(action.task)
                 if again is not None:
-                    yield from self._send_owed(again)
+                    yield from self._send_owed(again, self.k.now)
             else:
                 self._apply_one(action)
 
@@ -466,12 +468,12 @@ class LM(Actor):
             return None
         again = task.next_attempt()
         if self.journal is not None:
-            self.journal.owed[again.task_id, again.attempt] = again.copy()
+            self.journal.owed[again.task_id, again.attempt] = (again.copy(), self.k.now)
         return again
 
-    def _send_owed(self, again: Task) -> Proc:
+    def _send_owed(self, again: Task, queued_at: float) -> Proc:
         """``_enqueue_owed``."""
-        body = Batch(again.job_id, again.queue, (again,), self.k.now)
+        body = Batch(again.job_id, again.queue, (again,), queued_at)
         while True:
             stored = yield self.world.broker.enqueue(again.queue, body)
             if stored:

@@ -1,7 +1,7 @@
 """The deterministic fault-injection simulation (``loadgen/chaos``): a seed replays
 exactly, a run without faults keeps every promise, the checker catches a planted bug,
-and a few hundred seeds with faults are checked (failing today: the protocol bugs the
-simulation found, ``docs/chaos.md``)."""
+and a few hundred seeds with faults keep every promise (the protocol bugs the simulation
+found are in ``docs/chaos.md``)."""
 
 from __future__ import annotations
 
@@ -50,12 +50,6 @@ def test_the_checker_catches_a_planted_bug_launches_not_fenced():
     assert "started twice" in found
 
 
-@pytest.mark.xfail(
-    raises=AssertionError,
-    strict=True,
-    reason="issue 27: rare runs still fail, not traced yet (docs/chaos.md: 2 of the first "
-    "200 --small seeds, 25 and 179)",
-)
 def test_a_few_hundred_seeds_with_every_fault_keep_every_promise():
     for seed in range(200):  # stops at the first failing seed (replay it with the CLI)
         violations = run_seed(seed, SMALL).violations
