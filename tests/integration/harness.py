@@ -320,6 +320,13 @@ async def lm_knows(config, task_ids: list[str]) -> list[str]:
     return [t.task_id for t in await lm_lookup(config, task_ids)]
 
 
+async def hog(client, seconds: float) -> None:
+    """Fill both workers of ``embedded_federation`` for ``seconds`` (job "hog"), so that
+    what is submitted next waits in the GM's queue, where it can be counted."""
+    await client.submit(sim_tasks(2, seconds, cpu_milli=4000), job_id="hog")
+    await job_in_state(client, "hog", common_pb2.TASK_STATE_RUNNING, timeout_s=10)
+
+
 async def job_in_state(client, job_id: str, state: int, timeout_s: float = 20):
     """Poll ``GetJob`` until every task of the job is in ``state``; returns the job."""
     deadline = time.monotonic() + timeout_s

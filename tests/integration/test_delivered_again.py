@@ -25,16 +25,12 @@ from services.common.server import channel
 from tests.integration.harness import (
     StoredAfterAll,
     embedded_federation,
+    hog,
     job_in_state,
     sim_tasks,
 )
 
 pytestmark = pytest.mark.integration
-
-
-async def _hog(client, seconds: float) -> None:
-    await client.submit(sim_tasks(2, seconds, cpu_milli=4000), job_id="hog")
-    await job_in_state(client, "hog", common_pb2.TASK_STATE_RUNNING, timeout_s=10)
 
 
 def _message(job_id: str, queue: str, count: int) -> common_pb2.TaskBatch:
@@ -47,7 +43,7 @@ def _message(job_id: str, queue: str, count: int) -> common_pb2.TaskBatch:
 
 async def test_a_message_delivered_again_while_its_tasks_wait_is_acked_when_they_launch():
     async with embedded_federation("delivered-again") as (_config, gm, _bus, client):
-        await _hog(client, 1.5)
+        await hog(client, 1.5)
         await client.submit(sim_tasks(2, 0.05, cpu_milli=100), job_id="wait")
         queue = (await client.job("wait")).queue
         assert gm.queues.pending(queue) == 2

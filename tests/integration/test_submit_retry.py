@@ -16,6 +16,7 @@ from services._proto.megha.v1 import common_pb2
 from tests.integration.harness import (
     StoredAfterAll,
     embedded_federation,
+    hog,
     job_in_state,
     lm_knows,
     sim_tasks,
@@ -24,14 +25,9 @@ from tests.integration.harness import (
 pytestmark = pytest.mark.integration
 
 
-async def _hog(client, seconds: float) -> None:
-    await client.submit(sim_tasks(2, seconds, cpu_milli=4000), job_id="hog")
-    await job_in_state(client, "hog", common_pb2.TASK_STATE_RUNNING, timeout_s=10)
-
-
 async def test_a_retried_job_id_queues_only_what_the_gm_does_not_hold():
     async with embedded_federation("submit-retry") as (config, gm, _bus, client):
-        await _hog(client, 1.5)
+        await hog(client, 1.5)
         first = await client.submit(sim_tasks(2, 0.05, cpu_milli=100), job_id="again")
         queue = (await client.job("again")).queue
         assert gm.queues.pending(queue) == 2
@@ -61,7 +57,7 @@ async def test_a_second_message_of_a_queued_job_is_dropped_on_delivery():
     """What a retry through another GM (or a message stored after a lost confirm) looks
     like to the GM serving the queue: the job's tasks arrive a second time."""
     async with embedded_federation("submit-dup-msg") as (_config, gm, _bus, client):
-        await _hog(client, 1.0)
+        await hog(client, 1.0)
         tasks = sim_tasks(2, 0.05, cpu_milli=100)
         await client.submit(tasks, job_id="dup")
         queue = (await client.job("dup")).queue
