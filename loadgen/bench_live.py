@@ -41,7 +41,6 @@ from loadgen.events import AcceptedTasks, EventLog, TaskRows
 from loadgen.queues import (
     LiveAttempts,
     QueueFileError,
-    QueueSpec,
     check_gms,
     measured_shares,
     peak_held,
@@ -60,7 +59,13 @@ from services.app.supervisor import (
 )
 from services.common.bus import RabbitBus
 from services.common.client import GlobalMasterClient
-from services.common.config import ConfigError, FederationConfig, default_config, parse_config
+from services.common.config import (
+    ConfigError,
+    FederationConfig,
+    QueueConfig,
+    default_config,
+    parse_config,
+)
 from services.common.convert import resources_to_proto
 from services.common.names import (
     CANCEL_EXCHANGE,
@@ -113,8 +118,8 @@ class BenchOptions:
     queues: str = "per-gm"
     """``per-gm``: one user queue per GM, each GM schedules what is submitted to it;
     ``default``: the one ``default`` queue, scheduled by the first GM alone; ``file``:
-    ``queue_specs`` (``--queues FILE``), jobs round-robin over them."""
-    queue_specs: tuple[QueueSpec, ...] = ()
+    ``file_queues`` (``--queues FILE``), jobs round-robin over them."""
+    file_queues: tuple[QueueConfig, ...] = ()
     """The queues of ``--queues FILE``: each job goes to the GM serving its queue, and the
     summary reports every queue's measured share."""
     cpu_milli: int = 1000
@@ -147,10 +152,10 @@ class BenchOptions:
             problems.append("--queues must be 'per-gm', 'default' or a queue file")
         if self.queues == "file":
             try:
-                check_gms(self.queue_specs, self.gms)
+                check_gms(self.file_queues, self.gms)
             except QueueFileError as err:
                 problems.append(str(err))
-            if not self.queue_specs:
+            if not self.file_queues:
                 problems.append("--queues FILE names no queue")
         if self.cpu_milli < 1 or self.memory_mb < 0:
             problems.append("task resources must be positive")
@@ -213,10 +218,7 @@ def bench_config(options: BenchOptions, base_port: int, prefix: str) -> Federati
     if options.rabbitmq_url:
         data["rabbitmq_url"] = options.rabbitmq_url
     if options.queues == "file":
-        data["queues"] = [
-            {"name": q.name, "share": q.share, "gm": q.gm_id, "limit": q.limit}
-            for q in options.queue_specs
-        ]
+        data["queues"] = [q.model_dump() for q in options.file_queues]
     elif options.queues == "per-gm":
         share = 1.0 / options.gms
         data["queues"] = [
@@ -647,12 +649,12 @@ async def _measure(
     events = EventLog()
     bus = RabbitBus(config.rabbitmq_url, prefix=config.exchange_prefix)
     streaming = options.submit == "stream"
-    if options.queue_specs:
+    if options.file_queues:
         # Jobs round-robin over the queues, each submitted to the GM that serves it.
         endpoints = {gm.id: gm.target for gm in config.gms}
         targets = [
-            Target(q.gm_id, GlobalMasterClient(endpoints[q.gm_id], streaming), q.name, q.gm_id)
-            for q in options.queue_specs
+            Target(q.gm, GlobalMasterClient(endpoints[q.gm], streaming), q.name, q.gm)
+            for q in options.file_queues
         ]
     else:
         targets = [
@@ -665,7 +667,7 @@ async def _measure(
             for gm in config.gms
         ]
     offer = LoadOffer(options, targets)
-    attempts = LiveAttempts(options.queue_specs) if options.queue_specs else None
+    attempts = LiveAttempts(options.file_queues) if options.file_queues else None
     offer.offer.attempts = attempts
 
     async def on_batch(key: str, body: bytes) -> None:
@@ -745,7 +747,7 @@ def add_queue_report(
     rows = attempts.attempts(options.cpu_milli, options.memory_mb)
     measured, window = measured_shares(rows, attempts.queues, float(total[0]), float(total[1]))
     summary["queues"] = summary_queues(
-        options.queue_specs,
+        options.file_queues,
         measured,
         attempts.preempted,
         attempts.tasks_per_queue(),

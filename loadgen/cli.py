@@ -139,10 +139,10 @@ def _bench_live(args: argparse.Namespace) -> int:
         print(f"megha-loadgen: {err}", file=sys.stderr)
         return 2
 
-    queues, queue_specs = args.queues, ()
+    queues, file_queues = args.queues, ()
     if queues not in ("per-gm", "default"):
         try:
-            queue_specs = load_queues(queues)
+            file_queues = load_queues(queues)
         except (QueueFileError, OSError) as err:
             print(f"megha-loadgen: --queues: {err}", file=sys.stderr)
             return 2
@@ -160,7 +160,7 @@ def _bench_live(args: argparse.Namespace) -> int:
         log_dir=args.log_dir,
         rabbitmq_url=args.rabbitmq_url,
         queues=queues,
-        queue_specs=queue_specs,
+        file_queues=file_queues,
         cpu_milli=args.cpu_milli,
         memory_mb=args.memory_mb,
         service_log_level=args.service_log_level,

@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from loadgen import report
-from loadgen.queues import QueueSpec
 from loadgen.sim.config import SimConfig
+from services.common.config import QueueConfig
 
 PAPER_QUEUES = (
-    QueueSpec("q1", 0.10, 1),
-    QueueSpec("q2", 0.25, 2),
-    QueueSpec("q3", 0.15, 2),
-    QueueSpec("q4", 0.50, 3),
+    QueueConfig(name="q1", share=0.10, gm="gm-1"),
+    QueueConfig(name="q2", share=0.25, gm="gm-2"),
+    QueueConfig(name="q3", share=0.15, gm="gm-2"),
+    QueueConfig(name="q4", share=0.50, gm="gm-3"),
 )
 SIZES = (200, 500, 1_500)
 FAIR = SimConfig(scheduler="megha", gms=3, lms=3, fair_share=True, queues=PAPER_QUEUES)

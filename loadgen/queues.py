@@ -1,6 +1,6 @@
 """User queues for fairness runs (``--queues FILE``) and the shares they really got.
 
-    FILE (YAML list of name, share, gm[, limit]) ──load_queues──▶ QueueSpec per queue
+    FILE (YAML list of name, share, gm[, limit]) ──load_queues──▶ QueueConfig per queue
     trace jobs ──assign_queues──▶ a queue per task: the job's user when the trace names
         users, else round-robin over the queues, task by task
     enqueues, starts, ends (sim task log or live events) ──measured_shares──▶ per queue the
@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 import yaml
+from pydantic import ValidationError
 
-from services.core.limits import parse_limit
-from services.core.resources import ResourceError
+from services.common.config import QueueConfig
 
 _GM_ID = re.compile(r"^gm-?(\d+)$")
 
@@ -32,57 +32,16 @@ class QueueFileError(ValueError):
     """The queue file is malformed; the message names the file and the entry."""
 
 
-@dataclass(frozen=True)
-class QueueSpec:
-    name: str
-    """The user queue's name (a trace's user of that name lands in it)."""
-    share: float
-    """Configured dominant-resource share of the federation, in (0, 1]."""
-    gm: int
-    """The GM that serves the queue, numbered from 1 (``gm-1`` in a federation file)."""
-    limit: str = ""
-    """The most the queue may hold at once (``cpu=16,mem=64Gi``; empty: no limit), as the
-    federation file's ``queues[].limit``."""
-
-    @property
-    def gm_id(self) -> str:
-        """The queue's GM as ``megha`` names GMs (``default_config``: gm-1, gm-2, ...)."""
-        return f"gm-{self.gm}"
-
-
-def parse_queues(data: Any, where: str = "queues") -> tuple[QueueSpec, ...]:
-    """Validate a list of ``{name, share, gm[, limit]}``; ``gm`` is ``gm-N`` or the number
-    N, ``limit`` as in a federation file."""
+def parse_queues(data: Any, where: str = "queues") -> tuple[QueueConfig, ...]:
+    """Validate a list of ``{name, share, gm[, limit]}`` as ``QueueConfig``s; ``gm`` is
+    ``gm-N`` or the number N (made ``gm-N``), ``limit`` as in a federation file."""
     if isinstance(data, dict) and "queues" in data:
         data = data["queues"]
     if not isinstance(data, list) or not data:
         raise QueueFileError(f"{where}: expected a non-empty list of queues (name, share, gm)")
     out = []
     for i, entry in enumerate(data, 1):
-        at = f"{where}: queue {i}"
-        if not isinstance(entry, dict):
-            raise QueueFileError(f"{at}: expected a mapping with name, share and gm")
-        unknown = set(entry) - {"name", "share", "gm", "limit"}
-        if unknown:
-            raise QueueFileError(
-                f"{at}: unknown keys {sorted(unknown)}; use name, share, gm, limit"
-            )
-        name = entry.get("name")
-        if not isinstance(name, str) or not name:
-            raise QueueFileError(f"{at}: 'name' must be a non-empty string")
-        share = entry.get("share")
-        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
-            raise QueueFileError(f"{at} ({name}): 'share' must be a number in (0, 1]")
-        limit = entry.get("limit", "")
-        try:
-            if not isinstance(limit, str):
-                raise ResourceError("expected a string such as cpu=16,mem=64Gi")
-            if limit.strip():
-                parse_limit(limit)
-        except ResourceError as err:
-            raise QueueFileError(f"{at} ({name}): 'limit' {limit!r}: {err}") from None
-        gm = _gm_number(entry.get("gm"), f"{at} ({name})")
-        out.append(QueueSpec(name, float(share), gm, limit))
+        out.append(_queue(entry, f"{where}: queue {i}"))
     names = [q.name for q in out]
     if len(set(names)) != len(names):
         raise QueueFileError(f"{where}: queue names must be unique, got {names}")
@@ -92,17 +51,64 @@ def parse_queues(data: Any, where: str = "queues") -> tuple[QueueSpec, ...]:
     return tuple(out)
 
 
-def _gm_number(value: Any, at: str) -> int:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
+def _queue(entry: Any, at: str) -> QueueConfig:
+    """One entry, checked by ``QueueConfig`` itself; its complaints are worded for the
+    file (the first of name, share, limit, then gm, as the file reads)."""
+    if not isinstance(entry, dict):
+        raise QueueFileError(f"{at}: expected a mapping with name, share and gm")
+    unknown = set(entry) - set(QueueConfig.model_fields)
+    if unknown:
+        raise QueueFileError(
+            f"{at}: unknown keys {sorted(unknown)}; use {', '.join(QueueConfig.model_fields)}"
+        )
+    name = entry.get("name")
+    gm = _gm_id(entry.get("gm"))
+    # Strict: a share of true or "0.5" is a mistake in a file. The file must give a share
+    # (None fails), where a federation file defaults it to 1.
+    checked = {"share": None, **entry, "gm": gm or ""}
+    try:
+        queue = QueueConfig.model_validate(checked, strict=True)
+    except ValidationError as err:
+        problem = err.errors()[0]
+        field = problem["loc"][0]
+        if field == "name":
+            raise QueueFileError(f"{at}: 'name' must be a non-empty string") from None
+        if field == "share":
+            raise QueueFileError(f"{at} ({name}): 'share' must be a number in (0, 1]") from None
+        if field != "limit":
+            raise QueueFileError(f"{at} ({name}): '{field}': {problem['msg']}") from None
+        # The validator's error chains the reason (a ResourceError); a wrong type has none.
+        raised = problem.get("ctx", {}).get("error")
+        reason = getattr(raised, "__cause__", None) or "expected a string such as cpu=16,mem=64Gi"
+        raise QueueFileError(f"{at} ({name}): 'limit' {entry.get('limit')!r}: {reason}") from None
+    if gm is None:
+        raise QueueFileError(
+            f"{at} ({name}): 'gm' must be a GM id gm-N or its number N (from 1), "
+            f"got {entry.get('gm')!r}"
+        )
+    return queue
+
+
+def _gm_id(value: Any) -> str | None:
+    """``gm-N`` for N or a GM id naming N (``gm-N``, ``gmN``), N from 1; else None."""
     if isinstance(value, str):
         found = _GM_ID.match(value.strip())
-        if found and int(found.group(1)) >= 1:
-            return int(found.group(1))
-    raise QueueFileError(f"{at}: 'gm' must be a GM id gm-N or its number N (from 1), got {value!r}")
+        value = int(found.group(1)) if found else None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return f"gm-{value}"
+    return None
 
 
-def load_queues(path: str | Path) -> tuple[QueueSpec, ...]:
+def gm_index(gm_id: str) -> int:
+    """Where GM ``gm-N`` stands among a federation's GMs: N - 1. Loadgen's federations and
+    simulations name their GMs as ``default_config`` does (gm-1, gm-2, ...)."""
+    found = _GM_ID.match(gm_id)
+    if found is None or int(found.group(1)) < 1:
+        raise QueueFileError(f"GM {gm_id!r} is not named gm-N (N from 1)")
+    return int(found.group(1)) - 1
+
+
+def load_queues(path: str | Path) -> tuple[QueueConfig, ...]:
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -111,16 +117,14 @@ def load_queues(path: str | Path) -> tuple[QueueSpec, ...]:
     return parse_queues(data, str(path))
 
 
-def check_gms(queues: Sequence[QueueSpec], gms: int) -> None:
+def check_gms(queues: Sequence[QueueConfig], gms: int) -> None:
     for q in queues:
-        if q.gm > gms:
-            raise QueueFileError(
-                f"queue {q.name!r} is served by gm-{q.gm}, but there are {gms} GMs"
-            )
+        if gm_index(q.gm) >= gms:
+            raise QueueFileError(f"queue {q.name!r} is served by {q.gm}, but there are {gms} GMs")
 
 
 def assign_queues(
-    users: Sequence[str], first: np.ndarray, queues: Sequence[QueueSpec]
+    users: Sequence[str], first: np.ndarray, queues: Sequence[QueueConfig]
 ) -> np.ndarray:
     """Queue index of every task. A job whose user is a queue's name goes there; other
     named users go round-robin over the queues in order of first appearance (one user,
@@ -216,7 +220,7 @@ def peak_held(attempts: Attempts, queues: int) -> np.ndarray:
 
 
 def summary_queues(
-    queues: Sequence[QueueSpec],
+    queues: Sequence[QueueConfig],
     measured: Sequence[float | None],
     preempted: Sequence[int],
     tasks: Sequence[int],
@@ -231,7 +235,7 @@ def summary_queues(
             "share": q.share,
             "measured_share": measured[i],
             "preemptions": int(preempted[i]),
-            "gm": q.gm_id,
+            "gm": q.gm,
             "tasks": int(tasks[i]),
             "limit": q.limit or None,
         }
@@ -269,7 +273,7 @@ class LiveAttempts:
     arrives: the LM stamps no end then).
     """
 
-    def __init__(self, queues: Sequence[QueueSpec]) -> None:
+    def __init__(self, queues: Sequence[QueueConfig]) -> None:
         self.index = {q.name: i for i, q in enumerate(queues)}
         self.queues = len(queues)
         # (task_id, attempt) -> [queue, enqueued, started, ended]

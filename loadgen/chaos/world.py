@@ -106,7 +106,7 @@ class World:
         # consumes only its own queues; no standby takes one over).
         self.queue_names = ("a", "b")
         self.preferred = {q: gm_ids[i % len(gm_ids)] for i, q in enumerate(self.queue_names)}
-        self.fair = FairShare([QueueShare(q, 0.5, self.preferred[q]) for q in self.queue_names])
+        self.fair = FairShare([QueueShare(q, 0.5) for q in self.queue_names])
         self.recorded: list[Event] = []  # every event an LM published, as it made it
         self.runs: dict[tuple[str, int, str, int], list] = {}  # ground truth
         self.unexpected: list[str] = []

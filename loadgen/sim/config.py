@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from loadgen.queues import QueueFileError, QueueSpec, check_gms
+from loadgen.queues import QueueFileError, check_gms
+from services.common.config import QueueConfig
 from services.core.contention import OWNER_GRACE_S
 from services.core.scheduler import MAX_REJECTIONS, ROUND_PER_QUEUE
 
@@ -61,7 +62,7 @@ class SimConfig:
     fair_share: bool = False
     """Paper Alg. 2: a GM whose user is under its share may preempt over-share users.
     Off by default: ``.tr`` traces have no users and the compared simulators no preemption."""
-    queues: tuple[QueueSpec, ...] = ()
+    queues: tuple[QueueConfig, ...] = ()
     """User queues (name, share, serving GM, ``--queues FILE``); tasks go to the GM that
     serves their queue. Empty: one queue per GM with equal shares, jobs round-robin."""
     probe_ratio: float = 2.0
@@ -84,7 +85,7 @@ class SimConfig:
         """``central`` is Megha with one GM and one LM: the counts the run really uses."""
         if self.scheduler == "central":
             # The one GM serves every user queue.
-            queues = tuple(replace(q, gm=1) for q in self.queues)
+            queues = tuple(q.model_copy(update={"gm": "gm-1"}) for q in self.queues)
             return replace(self, gms=1, lms=1, queues=queues)
         return self
 

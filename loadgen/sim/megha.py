@@ -28,8 +28,8 @@ import numpy as np
 
 from loadgen.queues import (
     Attempts,
-    QueueSpec,
     assign_queues,
+    gm_index,
     measured_shares,
     peak_held,
     summary_queues,
@@ -37,9 +37,10 @@ from loadgen.queues import (
 from loadgen.sim.config import SimConfig, ns
 from loadgen.sim.engine import Engine
 from loadgen.sim.workload import TaskLog, Workload
+from services.common.config import QueueConfig
 from services.core.cluster_state import ClusterState
 from services.core.constraints import DEFAULT_NUM_CONSTRAINTS
-from services.core.fairness import FairShare, QueueShare, usage_by_queue
+from services.core.fairness import FairShare, usage_by_queue
 from services.core.global_view import ApplyResult, GlobalView, PreemptionPlan
 from services.core.limits import QueueLimits
 from services.core.lm_lifecycle import Lifecycle
@@ -195,26 +196,18 @@ class MeghaSim:
         gm_ids = [f"gm{g}" for g in range(config.gms)]
         # User queues: the configured ones (tasks spread by ``assign_queues``), else one
         # per GM with equal shares and whole jobs round-robin over the GMs.
-        if config.queues:
-            names = [q.name for q in config.queues]
-            shares = [q.share for q in config.queues]
-            self.queue_gm = np.array([q.gm - 1 for q in config.queues], dtype=np.int32)
-            self.queue_of: np.ndarray | None = assign_queues(
-                workload.users, workload.first, config.queues
-            )
-        else:
-            names = [f"user{g}" for g in range(config.gms)]
-            shares = [1 / config.gms] * config.gms
-            self.queue_gm = np.arange(config.gms, dtype=np.int32)
-            self.queue_of = None
-        self.queue_names = names
-        self.limits = QueueLimits.parse((q.name, q.limit) for q in config.queues)
-        self.fair = FairShare(
-            [
-                QueueShare(n, s, gm_ids[g])
-                for n, s, g in zip(names, shares, self.queue_gm, strict=True)
-            ]
+        self.queues = config.queues or tuple(
+            QueueConfig(name=f"user{g}", share=1 / config.gms, gm=f"gm-{g + 1}")
+            for g in range(config.gms)
         )
+        self.queue_of: np.ndarray | None = (
+            assign_queues(workload.users, workload.first, config.queues) if config.queues else None
+        )
+        names = [q.name for q in self.queues]
+        self.queue_gm = np.array([gm_index(q.gm) for q in self.queues], dtype=np.int32)
+        self.queue_names = names
+        self.limits = QueueLimits.parse((q.name, q.limit) for q in self.queues)
+        self.fair = FairShare([q.as_share() for q in self.queues])
         self.gms = [
             SimGM(
                 index=g,
@@ -632,7 +625,7 @@ class MeghaSim:
     def queue_report(self) -> tuple[dict, float]:
         """summary.json's ``"queues"`` (configured vs measured share, preemptions) and how
         long every queue was backlogged, from the task log and the preempted attempts."""
-        log, config = self.log, self.config
+        log = self.log
         queue_of = (
             self.queue_of
             if self.queue_of is not None
@@ -661,9 +654,6 @@ class MeghaSim:
             float(self.total_capacity[0]),
             float(self.total_capacity[1]),
         )
-        specs = config.queues or tuple(
-            QueueSpec(name, 1 / len(self.gms), g + 1) for g, name in enumerate(self.queue_names)
-        )
         counts = np.bincount(queue_of, minlength=len(self.queue_names))
         peaks = peak_held(attempts, len(self.queue_names))
-        return summary_queues(specs, measured, self.preempted_by_queue, counts, peaks), window
+        return summary_queues(self.queues, measured, self.preempted_by_queue, counts, peaks), window

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from loadgen import report
+from loadgen.queues import gm_index
 from loadgen.queues import render as render_queues
 from loadgen.sim.config import SimConfig, SimConfigError
 from loadgen.sim.engine import Engine
@@ -182,9 +183,17 @@ def summarise(
         virtual_s=round((engine.now - int(workload.arrival_ns[0])) / 1e9, 6),
         events=engine.events,
         trace=trace_name,
-        model=asdict(effective),
+        model=_model(effective),
         **extra,
     )
+
+
+def _model(config: SimConfig) -> dict[str, Any]:
+    """summary.json's ``model``: the config the run used, each queue's GM by its number
+    as summaries have always written it (``queues[].gm``: 1, not gm-1)."""
+    model = asdict(replace(config, queues=()))
+    model["queues"] = [{**q.model_dump(), "gm": gm_index(q.gm) + 1} for q in config.queues]
+    return model
 
 
 def _job_completion_s(workload: Workload, log: TaskLog) -> np.ndarray:

@@ -24,6 +24,7 @@ from services.core.constraints import (
     ConstraintError,
     constraint_ids,
 )
+from services.core.fairness import QueueShare
 from services.core.limits import parse_limit
 from services.core.match import PlacementPolicy, make_policy
 from services.core.resources import ResourceError, parse_resources
@@ -154,6 +155,10 @@ class AutoscaleConfig(_Model):
 
 
 class QueueConfig(_Model):
+    """A user queue: the one type for it outside ``services/core`` (federation files,
+    ``megha-loadgen --queues FILE``, the simulator); the core's fairness decisions get
+    ``as_share``."""
+
     name: str = Field(..., min_length=1, description="User queue name.")
     share: float = Field(1.0, gt=0, le=1, description="Dominant-resource share of the pool.")
     gm: str = Field(..., description="The one GM that serves this queue.")
@@ -171,8 +176,14 @@ class QueueConfig(_Model):
             try:
                 parse_limit(value)
             except ResourceError as err:
-                raise ValueError(f"limit {value!r}: {err}") from None
+                # Chained: a queue file's message names the reason alone (loadgen.queues).
+                raise ValueError(f"limit {value!r}: {err}") from err
         return value
+
+    def as_share(self) -> QueueShare:
+        """The queue as the core's fairness decisions see it (which GM serves it is the
+        drivers' business: ``FederationConfig.queues_of``)."""
+        return QueueShare(self.name, self.share)
 
 
 class TlsConfig(_Model):

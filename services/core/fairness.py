@@ -25,9 +25,11 @@ from services.core.task import TaskSpec
 
 @dataclass(frozen=True, slots=True)
 class QueueShare:
+    """A user queue as fairness sees it. Drivers make it from their config with
+    ``services.common.config.QueueConfig.as_share``."""
+
     name: str
     share: float  # fraction of the federation, 0 < share <= 1
-    gm: str = ""  # the one GM that serves the queue
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,7 @@ from services.common.request_stream import Launcher
 from services.common.requeue import RESTART_GRACE_S, enqueue_next_attempt
 from services.common.server import channel
 from services.core.autoscale import waiting_shapes
-from services.core.fairness import FairShare, QueueShare, dominant_share
+from services.core.fairness import FairShare, dominant_share
 from services.core.global_view import (
     ApplyResult,
     GlobalView,
@@ -215,9 +215,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             config.constraint_labels,
             silent_after_s=silent_after(config.heartbeat_interval_s),
         )
-        self.fair = FairShare(
-            [QueueShare(q.name, q.share, q.gm) for q in config.effective_queues()]
-        )
+        self.fair = FairShare([q.as_share() for q in config.effective_queues()])
         self.my_queues = [q.name for q in config.queues_of(gm_id)]
         # Every queue's limit: checked at submission here whatever GM serves the queue,
         # enforced when placing by the one that does.

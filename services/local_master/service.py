@@ -63,7 +63,7 @@ from services.common.requeue import RESTART_GRACE_S, enqueue_attempt
 from services.core.cancels import CancelledJobs
 from services.core.cluster_state import ClusterState, Decision
 from services.core.constraints import to_mask
-from services.core.fairness import FairShare, QueueShare, usage_by_queue
+from services.core.fairness import FairShare, usage_by_queue
 from services.core.global_view import GlobalView
 from services.core.lm_lifecycle import (
     Action,
@@ -146,9 +146,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             incarnation=time.time_ns(),  # a restart is a new life, told apart by GMs
             ended_kept=config.lm_ended_kept,
         )
-        self.fair = FairShare(
-            [QueueShare(q.name, q.share, q.gm) for q in config.effective_queues()]
-        )
+        self.fair = FairShare([q.as_share() for q in config.effective_queues()])
         self.sessions: dict[int, WorkerSession] = {}
         # GetTaskOutput calls waiting for their worker's SendTaskOutput, by request id.
         self._output_waiters: dict[int, asyncio.Future] = {}

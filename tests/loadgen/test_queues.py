@@ -4,25 +4,38 @@ import pytest
 from loadgen.queues import (
     Attempts,
     QueueFileError,
-    QueueSpec,
     assign_queues,
     load_queues,
     measured_shares,
     peak_held,
 )
+from services.common.config import QueueConfig
 
-QUEUES = (QueueSpec("q1", 0.25, 1), QueueSpec("q2", 0.75, 2))
+QUEUES = (
+    QueueConfig(name="q1", share=0.25, gm="gm-1"),
+    QueueConfig(name="q2", share=0.75, gm="gm-2"),
+)
 
 
 def test_a_queue_file_is_read_and_bad_ones_are_refused_with_the_entry(tmp_path):
     good = tmp_path / "queues.yaml"
     good.write_text("- {name: q1, share: 0.1, gm: gm-1}\n- {name: q2, share: 0.5, gm: 3}\n")
-    assert load_queues(good) == (QueueSpec("q1", 0.1, 1), QueueSpec("q2", 0.5, 3))
-    good.write_text("- {name: q1, share: 0.1, gm: 1, limit: 'cpu=2,mem=1Gi'}\n")
-    assert load_queues(good) == (QueueSpec("q1", 0.1, 1, "cpu=2,mem=1Gi"),)
+    # the GM is named as a federation file names it, whichever way the file gave it
+    assert load_queues(good) == (
+        QueueConfig(name="q1", share=0.1, gm="gm-1"),
+        QueueConfig(name="q2", share=0.5, gm="gm-3"),
+    )
+    good.write_text("- {name: q1, share: 1, gm: gm2, limit: 'cpu=2,mem=1Gi'}\n")
+    assert load_queues(good) == (
+        QueueConfig(name="q1", share=1.0, gm="gm-2", limit="cpu=2,mem=1Gi"),
+    )
     bad = {
         "- {name: q1, share: 0.6, gm: 1}\n- {name: q2, share: 0.6, gm: 1}\n": "add up to 1.20",
         "- {name: q1, share: 0, gm: 1}\n": "queue 1 \\(q1\\): 'share'",
+        "- {name: q1, share: true, gm: 1}\n": "queue 1 \\(q1\\): 'share'",
+        "- {name: q1, gm: 1}\n": "queue 1 \\(q1\\): 'share'",
+        "- {share: 0.5, gm: 1}\n": "queue 1: 'name' must be",
+        "- {name: q1, share: 0.1, gm: 0}\n": "'gm' must be a GM id",
         "- {name: q1, share: 0.1, gm: leader}\n": "'gm' must be a GM id",
         "- {name: q1, share: 0.1, gm: 1, weight: 2}\n": "unknown keys",
         "- {name: q1, share: 0.1, gm: 1}\n- {name: q1, share: 0.1, gm: 1}\n": "unique",

@@ -9,16 +9,16 @@ import numpy as np
 
 from loadgen.cli import main
 from loadgen.experiment import EXPERIMENTS
-from loadgen.queues import QueueSpec
 from loadgen.sim.config import SimConfig
 from loadgen.sim.run import WALL_KEYS, simulate
 from loadgen.trace import TraceJob, TraceTask
+from services.common.config import QueueConfig
 
 PAPER = (
-    QueueSpec("q1", 0.10, 1),
-    QueueSpec("q2", 0.25, 2),
-    QueueSpec("q3", 0.15, 2),
-    QueueSpec("q4", 0.50, 3),
+    QueueConfig(name="q1", share=0.10, gm="gm-1"),
+    QueueConfig(name="q2", share=0.25, gm="gm-2"),
+    QueueConfig(name="q3", share=0.15, gm="gm-2"),
+    QueueConfig(name="q4", share=0.50, gm="gm-3"),
 )
 CONFIG = SimConfig(workers=60, gms=3, lms=2, fair_share=True, queues=PAPER, seed=1)
 
@@ -109,7 +109,10 @@ def test_a_queue_limit_caps_what_the_queue_holds_in_the_simulator_as_live():
     """Two queues on two GMs, 60 cores, enough work to fill them all: the capped queue
     never holds more than 12 cores at once (without the limit it held far more), the
     other one takes the rest, and every task still runs."""
-    queues = (QueueSpec("capped", 0.5, 1, "cpu=12"), QueueSpec("open", 0.5, 2))
+    queues = (
+        QueueConfig(name="capped", share=0.5, gm="gm-1", limit="cpu=12"),
+        QueueConfig(name="open", share=0.5, gm="gm-2"),
+    )
     config = SimConfig(workers=60, gms=2, lms=2, fair_share=True, queues=queues, seed=1)
     s = simulate(config, backlog(jobs=10)).summary
     assert s["completed"] == s["tasks"] == 400
@@ -117,6 +120,6 @@ def test_a_queue_limit_caps_what_the_queue_holds_in_the_simulator_as_live():
     assert capped["limit"] == "cpu=12" and open_["limit"] is None
     assert capped["peak_cpu_milli"] == 12_000
     assert open_["peak_cpu_milli"] > 40_000
-    unlimited = (QueueSpec("capped", 0.5, 1), QueueSpec("open", 0.5, 2))
+    unlimited = tuple(q.model_copy(update={"limit": ""}) for q in queues)
     config = SimConfig(workers=60, gms=2, lms=2, fair_share=True, queues=unlimited, seed=1)
     assert simulate(config, backlog(jobs=10)).summary["queues"]["capped"]["peak_cpu_milli"] > 24_000

@@ -175,7 +175,7 @@ def test_with_shares_alg2_decides_and_no_room_is_held():
     # A partition is not a share: holding freed room for its owner handed a 10 % queue
     # 32 % of the federation in the fairness simulation, so with shares the rule is off.
     _, _, view, _ = freed_on_gm_bs_node(5.0)
-    fair = FairShare([QueueShare("qa", 0.5, "gm-a"), QueueShare("qb", 0.5, "gm-b")])
+    fair = FairShare([QueueShare("qa", 0.5), QueueShare("qb", 0.5)])
     Scheduler(view, UserQueues(["qa"]), fair, QueueLimits.parse([]))
     assert view.owner_first is None
     assert view.match(task("a2", queue="qa"), now=1.0).node == 1

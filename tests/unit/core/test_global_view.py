@@ -124,7 +124,7 @@ def test_preemption_plan_follows_alg2():
         gm = "gm-a" if node == 0 else "gm-b"
         state.launch(gm, task(f"hog{i}", cpu=2000, mem=1000, queue="hog"), node)
     view = view_of(states)
-    fair = FairShare([QueueShare("hog", 0.5, "gm-a"), QueueShare("small", 0.5, "gm-a")])
+    fair = FairShare([QueueShare("hog", 0.5), QueueShare("small", 0.5)])
     plan = view.preemption_plan(task("s1", cpu=2000, queue="small"), fair)
     assert isinstance(plan, PreemptionPlan)
     assert plan.victims.queue == "hog" and plan.victims.task_ids == ("hog1",)  # youngest on node 0
@@ -485,7 +485,7 @@ def test_no_victim_is_chosen_on_a_silent_lm():
     assert state.launch("gm-a", task("hog", cpu=4000, queue="hog"), 0).ok
     view = GlobalView("gm-a", silent_after_s=2.0)
     view.apply(state.snapshot(), now=0.0)
-    fair = FairShare([QueueShare("hog", 0.5, "gm-a"), QueueShare("small", 0.5, "gm-a")])
+    fair = FairShare([QueueShare("hog", 0.5), QueueShare("small", 0.5)])
     small = task("s", cpu=1000, queue="small")
     assert isinstance(view.preemption_plan(small, fair, now=1.0), PreemptionPlan)
     assert view.preemption_plan(small, fair, now=3.0) == (

@@ -8,7 +8,7 @@ from services.core.global_view import ApplyResult, GlobalView, PreemptionPlan
 from services.core.status import PlacementStatus as S
 from tests.builders import NODE, task
 
-FAIR = FairShare([QueueShare("hog", 0.5, "gm-a"), QueueShare("small", 0.5, "gm-a")])
+FAIR = FairShare([QueueShare("hog", 0.5), QueueShare("small", 0.5)])
 
 
 def over_share(state: ClusterState):

@@ -70,7 +70,7 @@ class Harness:
 
     def __init__(self, gms=("gm-a",), lms=1, nodes=1, queues=None, limits=(), **kwargs):
         queues = queues or {"q": (1.0, gms[0])}
-        self.fair = FairShare([QueueShare(n, s, g) for n, (s, g) in queues.items()])
+        self.fair = FairShare([QueueShare(n, s) for n, (s, _) in queues.items()])
         self.lms = {}
         for i in range(lms):
             state = ClusterState(f"lm-{i}", gms)

@@ -24,7 +24,7 @@ from services.core.fairness import FairShare, QueueShare
 from services.core.global_view import ApplyResult, GlobalView, PreemptionPlan
 from tests.builders import NODE, task
 
-FAIR = FairShare([QueueShare("hog", 0.5, "gm-a"), QueueShare("small", 0.5, "gm-a")])
+FAIR = FairShare([QueueShare("hog", 0.5), QueueShare("small", 0.5)])
 
 
 def lm_and_view(nodes: int = 2) -> tuple[ClusterState, GlobalView]:
