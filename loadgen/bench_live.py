@@ -224,8 +224,11 @@ def bench_config(options: BenchOptions, base_port: int, prefix: str) -> Federati
         data["queues"] = [
             {"name": f"q-{gm['id']}", "share": share, "gm": gm["id"]} for gm in data["gms"]
         ]
+    env = dict(os.environ)
+    if options.rabbitmq_url:  # the flag wins over MEGHA_RABBITMQ_URL
+        env.pop("MEGHA_RABBITMQ_URL", None)
     try:
-        config = parse_config(data)
+        config = parse_config(data, env)
     except ConfigError as err:
         raise BenchError(str(err)) from None
     if config.exchange_prefix != prefix:
