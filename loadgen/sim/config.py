@@ -112,8 +112,9 @@ class SimConfig:
         if self.queues:
             if self.scheduler == "sparrow":
                 raise SimConfigError("the sparrow model has no user queues")
+            run = self.effective()  # central moves every queue onto its one GM
             try:
-                check_gms(self.queues, self.effective().gms)
+                check_gms(run.queues, run.gms)
             except QueueFileError as err:
                 raise SimConfigError(str(err)) from None
         if self.scheduler == "megha" and self.lms > self.workers:

@@ -93,6 +93,10 @@ def test_simulate_queues_file_writes_queue_shares(tmp_path, capsys):
     assert summary["queues"]["a"]["share"] == 0.25
     assert abs(summary["queues"]["a"]["measured_share"] - 0.25) <= 0.05
     assert "measured" in capsys.readouterr().out
+    # central runs the same queue file on its one GM (it refused a file naming gm-2)
+    central = main([*argv, "--queues", str(queues), "--scheduler", "central", "--quiet"])
+    assert central == 0, capsys.readouterr().err
+    capsys.readouterr()
     # a queue on a GM that does not exist is refused with the reason
     queues.write_text("- {name: a, share: 0.5, gm: gm-3}\n")
     assert main([*argv, "--queues", str(queues), "--quiet"]) == 2
