@@ -197,7 +197,7 @@ class Pending:
 
 
 @dataclass
-class Recent:
+class RecentAllocations:
     """Recent allocation times (seconds) of tasks this GM scheduled."""
 
     values: deque = field(default_factory=lambda: deque(maxlen=10_000))
@@ -250,7 +250,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self.max_submissions = MAX_SUBMISSIONS
         self._submissions = 0  # under way now, of any job id
         self._overloaded = False  # refusing submissions (said once per spell)
-        self.recent = Recent()
+        self.recent = RecentAllocations()
         # Every decision about the queued tasks: the round, replies, the view's changes.
         self.scheduler: Scheduler[Pending] = Scheduler(
             self.view,
