@@ -320,11 +320,13 @@ class Lifecycle(Generic[T]):
         decision = self.books.preempt(gm_id, spec, node, victim_ids, is_over_share)
         if decision.status is not PlacementStatus.ACCEPTED:
             return decision, []
-        actions: list[Action] = [
-            Kill(v.node, v.task_id, v.attempt, "preempted") for v in decision.preempted
-        ]
+        # Each victim is stopping (journalled, ``Owe``) before its kill goes out: a kill
+        # that takes its start back at once re-queues it then (``withdrawn``), and the
+        # journal's row must not be written after that, or a restart would queue it again.
+        actions: list[Action] = []
         for victim in decision.preempted:
             actions.extend(self._stop(victim, TaskState.PREEMPTED, "preempted"))
+        actions.extend(Kill(v.node, v.task_id, v.attempt, "preempted") for v in decision.preempted)
         if older is not None and all(v.task_id != older.task_id for v in decision.preempted):
             # (The live LM did not check this before the lifecycle moved here: the older
             # attempt was dropped from the books and left running on its worker.)

@@ -224,8 +224,11 @@ def test_preemption_kills_every_victim_and_queues_none_before_its_kill_took_effe
     h = Harness(nodes=1)
     victims, actions = preempted_two(h)
     kinds = [type(a).__name__ for a in actions]
-    assert kinds == ["Kill", "Kill", "Publish", "Owe", "Publish", "Owe"]
-    assert actions[:2] == [Kill(0, "v0", 0, "preempted"), Kill(0, "v1", 0, "preempted")]
+    # Stopping (journalled) before the kills: a kill that takes back a start at once
+    # re-queues it, and a stopping row written after that would queue it again after a
+    # restart (chaos-sim --small --seed 485).
+    assert kinds == ["Publish", "Owe", "Publish", "Owe", "Kill", "Kill"]
+    assert actions[-2:] == [Kill(0, "v0", 0, "preempted"), Kill(0, "v1", 0, "preempted")]
     assert published(actions) == [
         ("v0", TaskState.PREEMPTED, "preempted"),
         ("v1", TaskState.PREEMPTED, "preempted"),
