@@ -469,6 +469,9 @@ class LM(Actor):
         again = task.next_attempt()
         if self.journal is not None:
             self.journal.owed[again.task_id, again.attempt] = (again.copy(), self.k.now)
+            row = self.journal.accepted.get(again.task_id)  # ``TaskJournal.owe``
+            if row is not None and row.attempt < again.attempt:
+                del self.journal.accepted[again.task_id]
         return again
 
     def _send_owed(self, again: Task, queued_at: float) -> Proc:

@@ -239,6 +239,12 @@ class TaskJournal:
                 "INSERT OR REPLACE INTO owed (task_id, attempt, task) VALUES (?, ?, ?)",
                 (again.task_id, again.attempt, again.SerializeToString()),
             )
+            # The attempt before has ended on the books, its ending maybe not written yet:
+            # recalled as an orphan, it would be queued a second time.
+            self._db.execute(
+                "DELETE FROM accepted WHERE task_id = ? AND attempt < ?",
+                (again.task_id, again.attempt),
+            )
             self.written = True
 
     def paid(self, task_id: str, attempt: int) -> None:

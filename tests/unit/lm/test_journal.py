@@ -183,3 +183,18 @@ def test_owed_requeues_are_recalled_until_paid(tmp_path):
     journal.close()
     owed = TaskJournal(path, keep=10, keep_events=10).load().owed
     assert [(t.task_id, t.attempt) for t in owed] == [("b", 1)]
+
+
+def test_an_owed_requeue_strikes_the_attempt_before_from_the_accepted(tmp_path):
+    """The attempt before has ended on the books, its ending maybe not written yet (the
+    LM died first): recalled as accepted, it was queued a second time as an orphan
+    (``megha-loadgen chaos-sim --small --seed 1029``)."""
+    path = tmp_path / "lm-1.journal"
+    journal = TaskJournal(path, keep=10, keep_events=10)
+    journal.accept([common_pb2.Task(task_id="a", job_id="j", attempt=0)])
+    journal.accept([common_pb2.Task(task_id="b", job_id="j", attempt=0)])
+    journal.owe(common_pb2.Task(task_id="a", job_id="j", attempt=1))
+    journal.close()
+    recalled = TaskJournal(path, keep=10, keep_events=10).load()
+    assert [t.task_id for t in recalled.accepted] == ["b"]
+    assert [(t.task_id, t.attempt) for t in recalled.owed] == [("a", 1)]
