@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 from services._proto.megha.v1 import predictor_pb2
 from services.autoscaler.service import History, NodeProcess, forecast_method
@@ -45,7 +46,12 @@ def test_an_adopted_node_is_known_by_its_pool_and_slot_not_its_pid_alone():
     argv = [sys.executable, "-c", "import time; time.sleep(30)", "--pool", "burst", "--slot", "2"]
     proc = subprocess.Popen(argv)
     try:
-        assert NodeProcess("burst", 2, proc.pid).running()
+        # Until the child has exec'd, /proc shows the parent's command line (a loaded
+        # machine took long enough for the check to read it).
+        deadline = time.monotonic() + 10
+        while not NodeProcess("burst", 2, proc.pid).running():
+            assert time.monotonic() < deadline, "the node process never showed its arguments"
+            time.sleep(0.01)
         assert not NodeProcess("burst", 1, proc.pid).running()  # a reused pid
         assert not NodeProcess("gpu", 2, proc.pid).running()
     finally:
