@@ -386,18 +386,19 @@ class LM(Actor):
             self.journal.accept(t for t in tasks if self.lc.tasks.get(t.task_id) is t)
 
     def _carry_out(self, actions) -> Proc:
-        """Every re-queue of the plan is owed before the first is sent (``_owe``)."""
+        """``LocalMaster._carry_out``: the re-queues owed, the rest of the plan, then the
+        re-queues sent."""
         actions = list(actions)
-        owed = iter([self._owe(a.task) for a in actions if isinstance(a, Requeue)])
+        requeues = [a for a in actions if isinstance(a, Requeue)]
+        owed = [self._owe(a.task) for a in requeues]
         for action in actions:
-            if isinstance(action, Requeue):
-                again = next(owed)
-                if action.owed and self.journal is not None:  # owed now (``_stopped``)
-                    self.journal.stopped(action.task)
-                if again is not None:
-                    yield from self._send_owed(again, self.k.now)
-            else:
+            if not isinstance(action, Requeue):
                 self._apply_one(action)
+        for action, again in zip(requeues, owed, strict=True):
+            if action.owed and self.journal is not None:  # owed now (``_stopped``)
+                self.journal.stopped(action.task)
+            if again is not None:
+                yield from self._send_owed(again, self.k.now)
 
     def _apply(self, actions) -> None:
         for action in actions:

@@ -746,20 +746,24 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         return task
 
     async def _carry_out(self, actions: Iterable[Action]) -> None:
-        """Carry out a lifecycle plan, in its order; a re-queue is awaited until the
-        broker has it (``_enqueue_owed``). Every re-queue of the plan is journalled as
-        owed before the first is sent: the LM may die while one waits for the broker."""
+        """Carry out a lifecycle plan: every re-queue of it is journalled as owed first
+        (the LM may die while one waits for the broker), then the rest of the plan, in
+        its order (the endings the re-queues follow are written with it), then the
+        re-queues, each awaited until the broker has it (``_enqueue_owed``). Sent in the
+        plan's order, an ending after a re-queue waiting for a broker that was away was
+        lost with an LM that died meanwhile, and its attempt, owed again but not known
+        ended, was placed again beside the next."""
         actions = list(actions)
-        owed = iter([self._owe(a.task) for a in actions if isinstance(a, Requeue)])
+        requeues = [a for a in actions if isinstance(a, Requeue)]
+        owed = [self._owe(a.task) for a in requeues]
         for action in actions:
-            if isinstance(action, Requeue):
-                again = next(owed)
-                if action.owed:  # owed now, no longer stopping (``_owe`` wrote it)
-                    self._stopped(action.task)
-                if again is not None:
-                    await asyncio.shield(self._send_requeue(again))
-            else:
+            if not isinstance(action, Requeue):
                 self._apply_one(action)
+        for action, again in zip(requeues, owed, strict=True):
+            if action.owed:  # owed now, no longer stopping (``_owe`` wrote it)
+                self._stopped(action.task)
+            if again is not None:
+                await asyncio.shield(self._send_requeue(again))
 
     def _apply(self, actions: Iterable[Action]) -> None:
         """``_carry_out`` for a plan that re-queues nothing (a start, a cancel, a
