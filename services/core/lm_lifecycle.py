@@ -352,7 +352,9 @@ class Lifecycle(Generic[T]):
         """A worker's report on one of its attempts."""
         key = (report.task_id, report.attempt)
         stop = self.stopping.get(key)
-        if stop is not None and stop.node == node and report.state != TaskState.RUNNING:
+        # (node -1: recalled after a restart, and no registration named it yet: its
+        # worker's report, sent again on a new stream, says where it was and that it ended)
+        if stop is not None and stop.node in (node, -1) and report.state != TaskState.RUNNING:
             # A killed attempt ended (killed, or it finished or failed before the kill
             # came): now its next attempt cannot run beside it.
             del self.stopping[key]

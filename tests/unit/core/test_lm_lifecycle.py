@@ -320,6 +320,19 @@ def test_a_restarted_lm_still_queues_the_next_attempt_it_owed():
     assert h.life.expire_orphan(due) is None and not h.life.unclaimed
 
 
+def test_a_recalled_killed_attempt_whose_end_comes_as_a_report_is_queued_at_once():
+    """Its worker's final report was written to the old LM's stream, so it is not in the
+    registration (owed reports only) but sent again on the new stream: before, a report
+    of an attempt recalled with no node was ignored, and its next attempt waited for the
+    orphans' grace (the live chaos suite's lm-kill once ran out of time)."""
+    h = Harness(nodes=1, grace=15.0)
+    v = Wire("v")
+    h.life.recall([], owed=[v])
+    assert requeued(h.life.take_back(0, []).actions) == []
+    assert requeued(h.report(0, v, TaskState.PREEMPTED).actions) == [("v", 0)]
+    assert not h.life.stopping
+
+
 def test_a_preemption_for_a_newer_attempt_supersedes_the_older_too():
     h = Harness(nodes=2)
     old, victim = Wire("t1", attempt=0), Wire("v")
