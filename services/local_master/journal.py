@@ -249,11 +249,7 @@ class TaskJournal:
 
     def paid(self, task_id: str, attempt: int) -> None:
         """The broker has ``task_id``'s attempt ``attempt`` (``owe``)."""
-        with self._lock, self._db:
-            self._db.execute(
-                "DELETE FROM owed WHERE task_id = ? AND attempt = ?", (task_id, attempt)
-            )
-            self.written = True
+        self._strike("owed", task_id, attempt)
 
     def stop(self, tasks: list[common_pb2.Task]) -> None:
         """Write that each of ``tasks`` (killed attempts) waits for its kill to take
@@ -270,9 +266,14 @@ class TaskJournal:
 
     def stopped(self, task_id: str, attempt: int) -> None:
         """``attempt`` of ``task_id`` can no longer run: its next attempt is owed now."""
+        self._strike("stopping", task_id, attempt)
+
+    def _strike(self, table: str, task_id: str, attempt: int) -> None:
+        """Delete the row of ``attempt`` of ``task_id`` from ``owed`` or ``stopping``."""
         with self._lock, self._db:
             self._db.execute(
-                "DELETE FROM stopping WHERE task_id = ? AND attempt = ?", (task_id, attempt)
+                f"DELETE FROM {table} WHERE task_id = ? AND attempt = ?",
+                (task_id, attempt),
             )
             self.written = True
 
