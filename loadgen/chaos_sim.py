@@ -38,13 +38,14 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
             "task's resources are released. Exit 0: no violation; 1: some; 2: bad input."
         ),
     )
-    which = parser.add_mutually_exclusive_group()
-    which.add_argument(
-        "--seed", type=non_negative_int, help="run this one seed (replays it exactly)"
-    )
-    which.add_argument("--seeds", type=positive_int, help="run seeds 0..K-1")
     parser.add_argument(
-        "--first", type=non_negative_int, default=0, help="with --seeds: start here"
+        "--seed",
+        type=non_negative_int,
+        help="run this one seed (replays it exactly); with --seeds, the first of them",
+    )
+    parser.add_argument("--seeds", type=positive_int, help="run seeds 0..K-1")
+    parser.add_argument(
+        "--first", type=non_negative_int, default=None, help="with --seeds: start here"
     )
     parser.add_argument(
         "--verbose", action="store_true", help="print the event trace of a failing --seed"
@@ -110,7 +111,13 @@ def main(args: argparse.Namespace) -> int:
         if args.verbose and not result.ok:
             print("\n".join(result.trace))
         return 0 if result.ok else 1
-    return many(range(args.first, args.first + args.seeds), cfg, args.jobs)
+    if args.seed is not None and args.first is not None:
+        print(
+            "megha-loadgen: --seed and --first both name the first seed: give one", file=sys.stderr
+        )
+        return 2
+    first = args.seed if args.seed is not None else (args.first or 0)
+    return many(range(first, first + args.seeds), cfg, args.jobs)
 
 
 def describe(result: Result) -> str:
