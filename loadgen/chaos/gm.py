@@ -187,6 +187,7 @@ class GM(Actor):
         self.submitting: dict[str, Future] = {}
         self.unstarted: OrderedDict[str, tuple[str, float, Task]] = OrderedDict()
         self.round_due = False
+        self.recheck_at: float | None = None  # the parked work's recheck timer, when set
         self.counters: dict[str, int] = defaultdict(int)
 
     def start(self) -> None:
@@ -512,11 +513,24 @@ class GM(Actor):
         self.round_due = False
         while True:
             plan = self.scheduler.round(self.k.now)
+            self._carry_out(plan)
             if not plan.taken:
                 break
-            self._carry_out(plan)
+
+    def _recheck(self, at: float) -> None:
+        """The live GM's ``_unpark_all`` timer: parked work is tried again."""
+        if self.recheck_at != at:
+            return  # an earlier recheck took its place
+        self.recheck_at = None
+        if self.scheduler.unpark():
+            self._wake()
 
     def _carry_out(self, plan: RoundPlan[Pending]) -> None:
+        if plan.recheck_in is not None:
+            at = self.k.now + plan.recheck_in
+            if self.recheck_at is None or at < self.recheck_at:
+                self.recheck_at = at
+                self.later(plan.recheck_in, self._recheck, at)
         for item, drop in plan.dropped:
             self._drop(item, drop)
         for (lm_id, repartition), decided in plan.launches.items():
@@ -703,6 +717,7 @@ class GM(Actor):
                 self._accepted(plan.lm_id, item)
             else:
                 self._drop(item, self.scheduler.preempt_unanswered(queue, item))
+                self._wake()  # a round arms the recheck of what parked blind
             return
         if reply.state is not None:
             yield from self._apply_state(reply.state)

@@ -50,6 +50,10 @@ RESTART_SETTLE_S = 30.0
 MAX_REJECTIONS = 20  # an LM rejecting a task this often parks it until the view changes
 WAITING_FOR_RESOURCES = "waiting for resources"
 HELD_SLACK_S = 1e-6  # a recheck lands just after a hold ends, never just before
+# Work parked for a reason no view change need announce (an LM refused it too often, or
+# a preemption went unanswered and the LM does not hold it) is tried again this soon,
+# whatever the view does: in a quiet federation nothing else would wake it.
+BLIND_RECHECK_S = 5.0
 
 
 class Work(Protocol):
@@ -195,6 +199,8 @@ class Scheduler(Generic[W]):
         # Per queue, the parked work that waits for "no node" (nothing unparked since):
         # later work of its shape joins it instead of parking beside it.
         self._last_parked: dict[str, W] = {}
+        # Work is parked that waits for no change of the view (``BLIND_RECHECK_S``).
+        self._blind = False
 
     # ------------------------------------------------------------------ intake
     def never_runs(self, queue: str, spec: TaskSpec, now: float | None) -> str | None:
@@ -240,6 +246,8 @@ class Scheduler(Generic[W]):
             # work may fit there, though the view will not change by itself.
             again = max(held - now, 0.0) + HELD_SLACK_S
             plan.recheck_in = again if plan.recheck_in is None else min(plan.recheck_in, again)
+        if self._blind and (plan.recheck_in is None or plan.recheck_in > BLIND_RECHECK_S):
+            plan.recheck_in = BLIND_RECHECK_S
         return plan
 
     def _place(
@@ -362,11 +370,14 @@ class Scheduler(Generic[W]):
         plan.waiting.append((work, why))
         self._park(queue, work, no_node)
 
-    def _park(self, queue: str, work: W, no_node: bool) -> None:
+    def _park(self, queue: str, work: W, no_node: bool, blind: bool = False) -> None:
         """Park ``work`` until the view changes; work that waits for no node joins the
         parked work of its shape when that is the queue's newest (same order, one item):
         sound because a shape that found no node keeps finding none until the view
-        changes, and every view change unparks (and forgets ``_last_parked``)."""
+        changes, and every view change unparks (and forgets ``_last_parked``).
+        ``blind``: what it waits for may never show in the view; the next round asks
+        for a recheck (``BLIND_RECHECK_S``), so the driver must run one."""
+        self._blind |= blind
         last = self._last_parked.get(queue)
         if no_node and last is not None and last.join(work):
             return
@@ -379,6 +390,7 @@ class Scheduler(Generic[W]):
     def unpark(self) -> bool:
         """The view changed: parked work is tried again. True if there was any."""
         self._last_parked.clear()
+        self._blind = False
         return self.queues.unpark() > 0
 
     # ----------------------------------------------------------------- replies
@@ -424,7 +436,7 @@ class Scheduler(Generic[W]):
             return Reply.CANCELLED
         work.rejections += 1
         if work.rejections >= self.max_rejections:
-            self._park(queue, work, no_node=False)
+            self._park(queue, work, no_node=False, blind=True)
             return Reply.PARKED
         self.queues.push_front(queue, work)
         return Reply.RETRY
@@ -440,10 +452,12 @@ class Scheduler(Generic[W]):
 
     def preempt_unanswered(self, queue: str, work: W) -> Drop | None:
         """A preemption went unanswered and its LM, fenced, does not hold the task: it
-        waits for the view to change (the victims may be gone by then)."""
+        waits for the view to change (the victims may be gone by then), or at most
+        ``BLIND_RECHECK_S`` after the next round (the federation may be quiet by then:
+        ``chaos-sim --small --seed 4463``). The driver runs a round after this."""
         drop = self._drop(work)
         if drop is None:
-            self._park(queue, work, no_node=False)
+            self._park(queue, work, no_node=False, blind=True)
         return drop
 
     # -------------------------------------------------------------- reconcilers

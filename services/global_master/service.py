@@ -1146,9 +1146,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self._wake.clear()
             while True:
                 plan = self.scheduler.round(time.monotonic())
+                self._carry_out(plan)  # an empty plan may still ask for a recheck
                 if not plan.taken:
                     break
-                self._carry_out(plan)
                 await asyncio.sleep(0)  # let replies and heartbeats in between rounds
 
     def _carry_out(self, plan: RoundPlan[Pending]) -> None:
@@ -1343,6 +1343,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 await self._accepted(plan.lm_id, item)  # it took it after all
             else:
                 self._drop(item, self.scheduler.preempt_unanswered(queue, item))
+                self._wake.set()  # a round arms the recheck of what parked blind
             return
         if reply.HasField("state"):
             await self._apply_state(reply.state)

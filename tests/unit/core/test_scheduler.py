@@ -11,7 +11,7 @@ from services.core.cluster_state import ClusterState
 from services.core.fairness import FairShare, QueueShare
 from services.core.global_view import ApplyResult, GlobalView
 from services.core.limits import QueueLimits
-from services.core.scheduler import Drop, Reply, RoundPlan, Scheduler
+from services.core.scheduler import BLIND_RECHECK_S, Drop, Reply, RoundPlan, Scheduler
 from services.core.status import PlacementStatus as S
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
@@ -191,6 +191,24 @@ def test_a_stale_view_rejected_too_often_parks_the_task_until_the_view_changes()
     h.lms["lm-0"].add_node("lm-0-w9", NODE)  # a view change: a heartbeat shows it
     assert h.heartbeat()["gm-a"]
     assert placed(sched.round(0.0)) == ["t"]
+
+
+def test_work_parked_for_refusals_is_tried_again_in_a_quiet_federation():
+    """Parked after refusals or an unanswered preemption, a task waited for a view change
+    that a quiet federation never makes (``chaos-sim --small --seed 4463``: two tasks
+    stuck with no fault at all). Now a round asks the driver to recheck."""
+    h = Harness(nodes=1, max_rejections=1)
+    sched = h.gms["gm-a"]
+    work = One(task("t", cpu=1000, queue="q", job_id="j"))
+    assert sched.rejected("q", work, S.REJECTED_RESOURCES) is Reply.PARKED
+    plan = sched.round(0.0)
+    assert plan.taken == [] and plan.recheck_in == BLIND_RECHECK_S
+    assert sched.unpark()  # the driver's timer
+    assert placed(sched.round(0.0)) == ["t"]
+    assert sched.round(0.0).recheck_in is None  # nothing parked blind now
+    other = One(task("u", cpu=1000, queue="q", job_id="j"))
+    assert sched.preempt_unanswered("q", other) is None
+    assert sched.round(0.0).recheck_in == BLIND_RECHECK_S
 
 
 def test_preemption_refused_because_the_victim_ended_releases_the_pledges_and_retries():
