@@ -273,6 +273,11 @@ class GM(Actor):
         self.spawn(self._forget_failed(key, local))
         for item in self.scheduler.withdraw(batch.queue, lambda item: item.batch is local):
             self._drop(item, Drop.WITHDRAWN)
+        # As the live GM: deliveries that joined it (stored after all) are taken anew.
+        again = [d for d in (local.delivery, *local.joined) if d is not None]
+        local.delivery, local.joined = None, []
+        for delivery in again:
+            self.spawn(self._delivered(delivery))
         return False
 
     def _forget_failed(self, key: tuple, local: MessageBatch) -> Proc:

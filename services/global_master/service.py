@@ -147,6 +147,13 @@ class Batch:
             await self._landed.wait()
 
 
+def _deliveries(batch: Batch) -> list[Delivery]:
+    """Take the deliveries a batch holds back (to hand them on)."""
+    out = [d for d in (batch.delivery, *batch.joined) if d is not None]
+    batch.delivery, batch.joined = None, []
+    return out
+
+
 def _one_done(batch: Batch) -> list[Delivery]:
     """One more of the message's tasks is accounted for (launched or dropped); its
     deliveries, to ack, once that was the last."""
@@ -569,6 +576,12 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self._spawn(self._forget_failed(key, local))
             for item in self.scheduler.withdraw(queue, lambda item: item.batch is local):
                 self._drop(item, Drop.WITHDRAWN)
+            # Stored after all, its delivery may be here already (it overtook the lost
+            # confirm, or a client's retry through another GM published it again): those
+            # joined this batch and would wait for it forever. Each is taken as a delivery
+            # anew, checked against what launched (``chaos-sim --small --seed 4767``).
+            for delivery in _deliveries(local):
+                self._spawn(self._on_delivery(delivery))
             log.warning(
                 "enqueue failed; dropping the job's unlaunched tasks",
                 extra={"job_id": job_id, "error": repr(err)},

@@ -157,3 +157,33 @@ async def test_a_refused_jobs_launch_that_comes_back_rejected_ends_at_once():
         assert gm.queues.pending(queue) == 0
         assert (await client.job("gone")).tasks[0].state == common_pb2.TASK_STATE_REJECTED
         assert gm.jobs.taken("gone", [task]) == set()  # a retry queues it again
+
+
+async def test_a_submission_whose_confirm_is_lost_after_its_delivery_came_still_runs():
+    """The message was stored and delivered back to this GM (joining the tasks it was
+    scheduling from memory), then the confirm was lost. The delivery used to wait for
+    that batch forever, unacked, its task dropped (``chaos-sim --small --seed 4767``):
+    now it is taken as a delivery anew, checked against what launched, and runs."""
+    async with embedded_federation("submit-confirm-lost") as (_config, gm, gm_bus, client):
+        await client.submit(sim_tasks(2, 1.0, cpu_milli=4000), job_id="hog")
+        await job_in_state(client, "hog", common_pb2.TASK_STATE_RUNNING, timeout_s=10)
+        real = gm_bus.enqueue
+
+        async def confirm_lost(queue: str, body: bytes) -> None:
+            await real(queue, body)  # stored for real
+            key = _message_key(common_pb2.TaskBatch.FromString(body))
+            async with asyncio.timeout(5):
+                while key in gm._local:  # until its delivery came back and joined
+                    await asyncio.sleep(0.01)
+            raise ConnectionError("the confirm was lost")
+
+        gm_bus.enqueue = confirm_lost
+        request = global_master_pb2.SubmitJobRequest(job_id="stored", tasks=sim_tasks(1, 0.05))
+        with pytest.raises(Aborted) as refused:
+            await gm.SubmitJob(request, Context())
+        gm_bus.enqueue = real
+        assert refused.value.args[0] == grpc.StatusCode.UNAVAILABLE
+        # No retry by the client: the stored message alone runs the task, once.
+        job = await job_in_state(client, "stored", common_pb2.TASK_STATE_SUCCEEDED, 15)
+        assert job.tasks[0].attempt == 0
+        assert gm.queues.pending(job.queue) == 0
