@@ -316,6 +316,8 @@ class GM(Actor):
                 self.k.log(self.name, f"delivery {msg.job_id} joins {held.remaining} held")
             return
         batch = self.held[key] = MessageBatch(delivery, remaining=len(msg.tasks), key=key)
+        while (under_way := self.submitting.get(msg.job_id)) is not None:
+            yield under_way  # as the live GM: its confirm may yet drop the tasks it holds
         failed = self.failed.get(msg.job_id)
         if local is not None:
             yield from self._all_landed(local)

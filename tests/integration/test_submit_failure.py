@@ -187,3 +187,53 @@ async def test_a_submission_whose_confirm_is_lost_after_its_delivery_came_still_
         job = await job_in_state(client, "stored", common_pb2.TASK_STATE_SUCCEEDED, 15)
         assert job.tasks[0].attempt == 0
         assert gm.queues.pending(job.queue) == 0
+
+
+async def test_a_delivery_of_tasks_held_by_a_submission_under_way_waits_for_its_confirm():
+    """A client's retry through another GM stored some of the job's tasks while this
+    GM's own submission of them waited for its confirm. Their delivery skipped them as
+    queued here; the confirm then failed and dropped them: acknowledged, never run
+    (``chaos-sim --small --seed 6719``). Now the delivery waits for the submission."""
+    async with embedded_federation("submit-under-way") as (_config, gm, gm_bus, client):
+        await client.submit(sim_tasks(2, 1.0, cpu_milli=4000), job_id="hog")
+        await job_in_state(client, "hog", common_pb2.TASK_STATE_RUNNING, timeout_s=10)
+        real, release = gm_bus.enqueue, asyncio.Event()
+
+        async def unconfirmed(queue: str, body: bytes) -> None:
+            await release.wait()
+            raise ConnectionError("the broker went away before storing it")
+
+        gm_bus.enqueue = unconfirmed
+        tasks = sim_tasks(2, 0.05)
+        request = global_master_pb2.SubmitJobRequest(job_id="split", tasks=tasks)
+        submitting = asyncio.create_task(gm.SubmitJob(request, Context()))
+        async with asyncio.timeout(5):
+            while "split" not in gm._submitting:
+                await asyncio.sleep(0.01)
+        queue = (await client.job("split")).queue
+        retry = common_pb2.TaskBatch(job_id="split", queue=queue)
+        retry.tasks.add().CopyFrom(tasks[1])
+        retry.tasks[0].task_id, retry.tasks[0].job_id, retry.tasks[0].queue = (
+            "split.1",
+            "split",
+            queue,
+        )
+        delivery = StoredAfterAll(retry.SerializeToString())
+        handling = asyncio.create_task(gm._on_delivery(delivery))
+        await asyncio.sleep(0.2)
+        release.set()
+        with pytest.raises(Aborted):
+            await submitting
+        gm_bus.enqueue = real
+        await asyncio.wait_for(handling, 10)
+        # split.0 was only in the failed submission (the client was told); split.1's
+        # message was stored: it runs.
+        deadline = time.monotonic() + 15
+        while True:
+            states = {t.task_id: t.state for t in (await client.job("split")).tasks}
+            if states.get("split.1") == common_pb2.TASK_STATE_SUCCEEDED:
+                break
+            assert time.monotonic() < deadline, f"split.1 never ran: {states}"
+            await asyncio.sleep(0.05)
+        assert states["split.0"] == common_pb2.TASK_STATE_REJECTED
+        assert delivery.acked
