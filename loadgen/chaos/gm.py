@@ -348,7 +348,10 @@ class GM(Actor):
             )
         if batch.remaining == len(launched):
             batch.remaining = 0
-            self.held.pop(key, None)
+            # Only its own entry: a submission of the same message since (a client's
+            # retry) holds the key now, with tasks still to launch (``--seed 1505``).
+            if self.held.get(key) is batch:
+                del self.held[key]
             for done in (delivery, *batch.joined):
                 self.world.broker.ack(done)
             return
