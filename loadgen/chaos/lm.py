@@ -448,7 +448,12 @@ class LM(Actor):
         session = self.sessions.get(node)
         if session is None:
             return
-        session.commands.append(command)
+        if command[0] == "kill":  # as the live LM: ahead of the starts not yet written
+            commands = session.commands
+            at = next((i for i, c in enumerate(commands) if c[0] != "kill"), len(commands))
+            commands.insert(at, command)
+        else:
+            session.commands.append(command)
         self._write(session)
 
     def _write(self, session: Session) -> None:

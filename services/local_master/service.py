@@ -837,7 +837,24 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             command = local_master_pb2.WorkerCommand(
                 kill=local_master_pb2.KillTask(task_id=task_id, attempt=attempt, reason=reason)
             )
-        session.commands.append(command)
+        commands = session.commands
+        if kill is None:
+            commands.append(command)
+        else:
+            # Ahead of the starts not yet written (in order among kills): a start may
+            # take the room this kill frees, and the worker runs what it reads in order.
+            # Behind them, a start that waited for a new stream (the old one broke)
+            # overtook the kill of a stale attempt the registration found still running,
+            # and the node held both (``chaos-sim --small --seed 7277``).
+            at = next(
+                (
+                    i
+                    for i, c in enumerate(commands)
+                    if id(c) not in session.written and not c.HasField("kill")
+                ),
+                len(commands),
+            )
+            commands.insert(at, command)
         session.ready.set()
 
     def _owe(self, task: common_pb2.Task) -> common_pb2.Task | None:
