@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -131,7 +132,7 @@ class Sources:
                 record["error"] = _error(answer)
             else:
                 state, draining = answer
-                rows = node_rows(state, draining)
+                rows = sorted(node_rows(state, draining), key=lambda r: natural(r.node_id))
                 record["version"] = state.version
                 record["nodes"] = [asdict(r) for r in rows]
                 record["partitions"] = _partitions(rows, list(state.gm_ids))
@@ -258,6 +259,11 @@ class Sources:
             samples = list(view.recent_allocation_times.samples_s) if view is not None else []
             gms.append({"gm_id": gm_id, "error": error, **distribution(samples)})
         return {"gms": gms, "buckets_s": list(BUCKETS_S)}
+
+
+def natural(name: str) -> tuple:
+    """Sorts ``lm-1-w10`` after ``lm-1-w9``."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
 def _ended(job: Record) -> int:
