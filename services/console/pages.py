@@ -91,7 +91,7 @@ def federation(data: Record) -> str:
     parts = [
         f"<p>{data['nodes']} nodes on {len(data['lms'])} LMs, {len(data['gms'])} GMs</p>",
         _counts(data["counts"]),
-        _errors([f"{g['gm_id']} ({g['target']}): {g['error']}" for g in data["gms"]]),
+        _errors([f"{g['gm_id']} ({g['target']}): {g['error']}" for g in data["gms"] if g["error"]]),
     ]
     labels = data.get("labels", {})
     for lm in data["lms"]:
@@ -236,7 +236,9 @@ def jobs(data: Record) -> str:
 
 
 def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
+    if seconds is None:
+        return "-"
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
 def job(data: Record, output: Record | None = None, shown_task: str = "") -> str:
@@ -256,7 +258,7 @@ def job(data: Record, output: Record | None = None, shown_task: str = "") -> str
             (_e(note), "reason"),
         ]))  # fmt: skip
     parts = [
-        f"<p>queue {_e(data['queue'])}, {data['tasks']} tasks "
+        f"<p><b>{_e(data['job_id'])}</b>: queue {_e(data['queue'])}, {data['tasks']} tasks "
         f'<span class="muted">(as {_e(data["gm_id"])} knows it)</span></p>',
         _counts(data["states"]),
         _table(["task", "state", "LM/node", "allocation time", "pending reason / note"], rows),
@@ -286,7 +288,7 @@ def _histogram_svg(histogram: list[int], buckets: list[float]) -> str:
         f'<text x="{i * bar}" y="{height - 4}" font-size="10">{_e(_ms(buckets[i]))}</text>'
         for i in range(0, len(buckets), 4)
     )
-    return (f'<svg class="histogram" width="{width}" height="{height}" role="img">'
+    return (f'<svg class="histogram" width="{width + 40}" height="{height}" role="img">'
             f"{''.join(bars)}{ticks}</svg>")  # fmt: skip
 
 
@@ -299,14 +301,21 @@ def _cdf_svg(cdf: list[list[float]], buckets: list[float]) -> str:
     def x(seconds: float) -> float:
         return (math.log10(max(seconds, buckets[0])) - low) / (high - low) * (width - 10)
 
-    points = " ".join(f"{x(s):.1f},{(1 - f) * (height - 20):.1f}" for s, f in cdf)
+    points = " ".join(f"{x(s) + 30:.1f},{(1 - f) * (height - 30) + 5:.1f}" for s, f in cdf)
+    grid = "".join(
+        f'<line x1="30" x2="{width}" y1="{(1 - f) * (height - 30) + 5:.0f}" '
+        f'y2="{(1 - f) * (height - 30) + 5:.0f}" stroke="#e3e6eb"/>'
+        f'<text x="0" y="{(1 - f) * (height - 30) + 9:.0f}" font-size="10">{f:g}</text>'
+        for f in (0, 0.5, 0.9, 0.99, 1)
+    )
     ticks = "".join(
-        f'<text x="{x(buckets[i]):.0f}" y="{height - 4}" font-size="10">{_e(_ms(buckets[i]))}'
+        f'<text x="{x(buckets[i]) + 30:.0f}" y="{height - 4}" font-size="10">'
+        f"{_e(_ms(buckets[i]))}"
         "</text>"
         for i in range(0, len(buckets), 4)
     )
     return (
-        f'<svg class="cdf" width="{width}" height="{height}" role="img">'
+        f'<svg class="cdf" width="{width + 40}" height="{height}" role="img">{grid}'
         f'<polyline fill="none" stroke="#17803d" stroke-width="2" points="{points}"/>'
         f"{ticks}</svg>"
     )
