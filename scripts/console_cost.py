@@ -3,10 +3,10 @@ with one open on the jobs page, alternating, in one sitting (docs/console.md).
 
     python scripts/console_cost.py [--rate 200] [--seconds 20] [--rounds 2] [--json]
 
-"With": once the benchmark's federation is up (its ``federation.yaml`` in the log dir and
-its GMs answering), ``megha console`` starts on it and a poller asks ``/jobs?fragment=1``
-every 2 s, exactly what ``console.js`` does on an open jobs page (a browser itself would
-compete for this machine's cores, where an operator's does not). Prints, per run, the
+"With": once the benchmark has written its ``federation.yaml``, the console starts on it
+(in this process) and a poller asks ``/jobs?fragment=1`` every 2 s, exactly what
+``console.js`` does on an open jobs page (a browser itself would compete for this
+machine's cores, where an operator's does not). Prints, per run, the
 GMs' CPU (% of a core, ms per task), the allocation-time p50/p99 and the polls answered.
 Needs RabbitMQ, as bench-live does.
 """
@@ -14,9 +14,8 @@ Needs RabbitMQ, as bench-live does.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,52 +24,51 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from services.common.config import load_config  # noqa: E402
+from services.console.server import bind, running_console  # noqa: E402
+
 POLL_S = 2.0  # services/console/server.py REFRESH_S
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class JobsPageOpen:
-    """``megha console`` on the federation in ``log_dir`` and a poller of its jobs page,
-    from when the federation is up until ``stop``."""
+    """The console on the federation in ``log_dir`` (in this process, on a thread of its
+    own: a ``megha console`` process, starting while the federation loads two cores,
+    took longer to import than the benchmark lasts) and a poller of its jobs page, from
+    when the federation's file is written until ``stop``."""
 
     def __init__(self, log_dir: Path):
         self.log_dir = log_dir
         self.polls = self.failed = 0
         self._stop = threading.Event()
-        self.console: subprocess.Popen | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
         self.thread.start()
 
-    def _run(self) -> None:
-        config = self.log_dir / "federation.yaml"
-        while not config.exists() and not self._stop.wait(0.2):
-            pass
-        port = _free_port()
-        self.console = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "console", "--config", str(config),
-             "--port", str(port)],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        url = f"http://127.0.0.1:{port}/jobs?fragment=1"
-        while not self._stop.wait(POLL_S):
-            try:
-                with urllib.request.urlopen(url, timeout=10) as reply:
-                    reply.read()
+    async def _run(self) -> None:
+        path = self.log_dir / "federation.yaml"
+        while not path.exists() and not self._stop.is_set():
+            await asyncio.sleep(0.1)
+        if self._stop.is_set():
+            return
+        async with running_console(load_config(str(path)), bind("127.0.0.1", 0)) as base:
+            url = base + "jobs?fragment=1"
+            while not self._stop.is_set():
+                await asyncio.sleep(POLL_S)
+                try:
+                    await asyncio.to_thread(_get, url)
                     self.polls += 1
-            except OSError:
-                self.failed += 1  # not up yet, or the GMs not yet
+                except OSError:
+                    self.failed += 1
 
     def stop(self) -> None:
         self._stop.set()
         self.thread.join()
-        if self.console is not None:
-            self.console.send_signal(signal.SIGINT)
-            self.console.wait(20)
+
+
+def _get(url: str) -> None:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        reply.read()
 
 
 def bench(rate: float, seconds: float, with_console: bool) -> dict:

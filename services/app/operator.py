@@ -214,7 +214,7 @@ async def client_command(args: argparse.Namespace, config: FederationConfig) -> 
             if args.command == "cancel":
                 return await _cancel(client, args, config)
             if args.command == "status":
-                return await _status(client, config, target, args.json)
+                return await _status(client, config, target, getattr(args, "json", False))
     except grpc.aio.AioRpcError as err:
         print(f"megha: {err.code().name}: {err.details()}", file=sys.stderr)
         # Not for UNAVAILABLE answers of a running GM (no LM heard from, broker down).
@@ -296,7 +296,7 @@ _TASK_OPTIONS += ("constraints", "retries", "priority")
 
 
 async def _submit(client: GlobalMasterClient, args, config: FederationConfig) -> int:
-    if args.wait and (args.dry_run or args.json):
+    if args.wait and (getattr(args, "dry_run", False) or getattr(args, "json", False)):
         print("megha: --wait follows a queued job: not with --dry-run or --json", file=sys.stderr)
         return 2
     if args.file:
@@ -362,10 +362,10 @@ async def _queue_job(
 ) -> int:
     """Submit a task for each template, say so, and with ``--wait`` follow the job; with
     ``--dry-run``, say where each would go instead (``_dry_run``)."""
-    if args.dry_run:
+    if getattr(args, "dry_run", False):
         return await _dry_run(client, args, config, templates, queue)
     reply = await client.submit([t.build() for t in templates], queue=queue, job_id=job_id)
-    if args.json:
+    if getattr(args, "json", False):
         _print_json({"job_id": reply.job_id, "task_ids": list(reply.task_ids)})
         return 0
     print(f"job {reply.job_id}: {len(reply.task_ids)} tasks queued ({what})")
@@ -391,7 +391,7 @@ async def _dry_run(
     else:
         async with GlobalMasterClient(target) as serving:
             plan = await serving.plan([t.build() for t in templates], queue)
-    if args.json:
+    if getattr(args, "json", False):
         _print_json(plan_record(plan))
     else:
         note = "" if plan.served_here else " (not the GM serving the queue: it would differ)"
@@ -579,12 +579,12 @@ async def _copy_output(client: GlobalMasterClient, args, task_id: str) -> int:
 
 async def _job(client: GlobalMasterClient, args) -> int:
     if args.watch:
-        if args.json:
+        if getattr(args, "json", False):
             print("megha: --watch prints events as they come: not with --json", file=sys.stderr)
             return 2
         return await _follow(client, args.job_id)
     job = await client.job(args.job_id)
-    if args.json:
+    if getattr(args, "json", False):
         _print_json(job_record(job))
         return 0
     counts = Counter(STATE_NAMES.get(t.state, "?") for t in job.tasks)
@@ -625,7 +625,7 @@ def _note(task: global_master_pb2.TaskStatus) -> str:
 
 async def _jobs(client: GlobalMasterClient, args) -> int:
     jobs = await client.jobs(args.queue, args.limit, args.unfinished)
-    if args.json:
+    if getattr(args, "json", False):
         _print_json([job_summary_record(job) for job in jobs])
         return 0
     if not jobs:
