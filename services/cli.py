@@ -49,6 +49,10 @@ def _add_gm(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_json(parser: argparse.ArgumentParser, text: str) -> None:
+    parser.add_argument("--json", action="store_true", help=text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="megha", description="Megha: decentralized fair scheduling for federated clusters"
@@ -97,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--base-port", type=port, default=50050)
     up.add_argument("--log-dir", default="", help="child process logs (default: a temp dir)")
+    up.add_argument(
+        "--console-port",
+        type=port,
+        default=8080,
+        help="serve the web console on 127.0.0.1:PORT (another port if it is taken; 0: no "
+        "console; default 8080)",
+    )
     up.add_argument("--replay", default="", help="after start-up, replay this trace and stop")
     up.add_argument(
         "--max-jobs", type=positive_int, default=10, help="with --replay: jobs to replay"
@@ -116,6 +127,21 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="with --replay: give up after this many seconds (default: 60 s + 3x the "
         "trace's compressed span and longest task)",
+    )
+
+    console = commands.add_parser(
+        "console",
+        help="serve the web console: federation, queues, jobs and allocation times, "
+        "read-only, live",
+    )
+    _add_config(console)
+    console.add_argument("--host", default="127.0.0.1", help="listen here (default 127.0.0.1)")
+    console.add_argument("--port", type=port, default=8080, help="default 8080")
+    console.add_argument(
+        "--refresh",
+        type=positive_float,
+        default=2.0,
+        help="seconds between an open page's updates (default 2)",
     )
 
     submit = commands.add_parser(
@@ -175,6 +201,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="within its queue, tasks of a higher priority are served first (default 0)",
     )
     submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
+    submit.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="queue nothing: say where each task would go now, or why it would wait or "
+        "never run, as the GM serving the queue judges it (exit 0: all would start, "
+        "1: some would wait, 2: some never)",
+    )
+    _add_json(submit, "print the queued job (or with --dry-run, the plan) as JSON")
 
     job = commands.add_parser("job", help="show (or --watch) a job")
     _add_config(job)
@@ -186,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="list every task (default: a job of over 50 lists 50, those not succeeded first)",
     )
+    _add_json(job, "print the job and every task as JSON")
 
     logs = commands.add_parser(
         "logs", help="what a task wrote to stdout (or --stderr), read from its worker host"
@@ -212,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_argument("--queue", default="", help="only this user queue's jobs")
     jobs.add_argument("--limit", type=_job_limit, default=20, help="at most this many (1-1000)")
     jobs.add_argument("--unfinished", action="store_true", help="only jobs not ended yet")
+    _add_json(jobs, "print a JSON list of the jobs")
 
     cancel = commands.add_parser(
         "cancel", help="cancel a job: its queued tasks are dropped, its running ones killed"
@@ -225,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="LMs, partitions, queues, allocation times")
     _add_config(status)
     _add_gm(status)
+    _add_json(status, "print one JSON object")
 
     drain = commands.add_parser(
         "drain",
@@ -353,6 +390,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             setup_logging("autoscale", args.log_level)
             path = str(Path(args.config).resolve()) if args.config else ""
             return asyncio.run(serve(config, path, Path(args.log_dir) if args.log_dir else None))
+        if args.command == "console":
+            from services.console.server import serve
+
+            return asyncio.run(serve(config, args.host, args.port, args.refresh))
         from services.app import operator
 
         if args.command == "drain":

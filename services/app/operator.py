@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import signal
 import sys
 import tempfile
@@ -39,7 +40,6 @@ from services.app.supervisor import (
 )
 from services.common.client import STATE_NAMES, FollowStalled, GlobalMasterClient, TaskTemplate
 from services.common.config import (
-    ConfigError,
     FederationConfig,
     default_config,
     load_config,
@@ -47,6 +47,13 @@ from services.common.config import (
 )
 from services.common.convert import resources_from_proto
 from services.common.jobfile import JobFileError, JobFileTask, build_template, load_job
+from services.common.reports import (
+    job_record,
+    job_summary_record,
+    pending_by_serving_gm,
+    plan_record,
+    status_record,
+)
 from services.common.server import channel, endpoints, use_tls, wait_all_healthy
 from services.core.constraints import ConstraintError
 from services.core.limits import describe_held, limit_from_wire
@@ -109,7 +116,7 @@ def up(args: argparse.Namespace, workload: Workload | None = None) -> int:
                 "nodes is a process); run megha up against RabbitMQ for them",
                 file=sys.stderr,
             )
-        return asyncio.run(_up_embedded(config, workload))
+        return asyncio.run(_up_embedded(config, workload, args.console_port))
     return asyncio.run(_up_processes(config, args, workload))
 
 
@@ -124,7 +131,24 @@ def _print_endpoints(config: FederationConfig, mode: str) -> None:
         print(f"  {name:<12} {target}", flush=True)
 
 
-async def _up_embedded(config: FederationConfig, workload: Workload | None) -> int:
+@contextlib.asynccontextmanager
+async def _console(config: FederationConfig, port: int):
+    """The web console of the federation ``megha up`` started, on ``port`` (another one
+    if it is taken; 0: none), its URL printed with the endpoints."""
+    if not port:
+        yield
+        return
+    from services.console.server import bind, running_console
+
+    sock = bind("127.0.0.1", port, fallback=True)
+    async with running_console(config, sock) as url:
+        print(f"  {'console':<12} {url}", flush=True)
+        yield
+
+
+async def _up_embedded(
+    config: FederationConfig, workload: Workload | None, console_port: int = 0
+) -> int:
     from services.app.runner import serve_embedded
 
     ready = asyncio.Event()
@@ -137,11 +161,12 @@ async def _up_embedded(config: FederationConfig, workload: Workload | None) -> i
     await wait_until_ready(config)
     _print_endpoints(config, "embedded")
     code = 0
-    if workload is not None:
-        code = await workload.run(config)
-        server.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await server
+    async with _console(config, console_port):
+        if workload is not None:
+            code = await workload.run(config)
+            server.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await server
     return code
 
 
@@ -156,15 +181,16 @@ async def _up_processes(
         await children.guard(wait_all_healthy(config, timeout_s=60))
         await children.guard(wait_until_ready(config))
         _print_endpoints(config, f"processes, logs in {log_dir}")
-        # From here on a child that dies is started again: the federation recovers.
-        if workload is not None:
-            return await children.guard(workload.run(config), restart=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await children.guard(stop.wait(), restart=True)
-        return 0
+        async with _console(config, args.console_port):
+            # From here on a child that dies is started again: the federation recovers.
+            if workload is not None:
+                return await children.guard(workload.run(config), restart=True)
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
+            await children.guard(stop.wait(), restart=True)
+            return 0
     except ChildDied as err:
         print(f"megha: {err}", file=sys.stderr)
         return 1
@@ -188,7 +214,7 @@ async def client_command(args: argparse.Namespace, config: FederationConfig) -> 
             if args.command == "cancel":
                 return await _cancel(client, args, config)
             if args.command == "status":
-                return await _status(client, config, target)
+                return await _status(client, config, target, getattr(args, "json", False))
     except grpc.aio.AioRpcError as err:
         print(f"megha: {err.code().name}: {err.details()}", file=sys.stderr)
         # Not for UNAVAILABLE answers of a running GM (no LM heard from, broker down).
@@ -270,6 +296,9 @@ _TASK_OPTIONS += ("constraints", "retries", "priority")
 
 
 async def _submit(client: GlobalMasterClient, args, config: FederationConfig) -> int:
+    if args.wait and (getattr(args, "dry_run", False) or getattr(args, "json", False)):
+        print("megha: --wait follows a queued job: not with --dry-run or --json", file=sys.stderr)
+        return 2
     if args.file:
         return await _submit_file(client, args, config)
     if args.env and not (args.argv or args.image):
@@ -293,7 +322,7 @@ async def _submit(client: GlobalMasterClient, args, config: FederationConfig) ->
         return 2
     tasks = [template] * (args.count or 1)
     each = f"{format_resources(template.resources)} each"
-    return await _queue_job(client, args, tasks, args.queue, args.job_id, each)
+    return await _queue_job(client, args, config, tasks, args.queue, args.job_id, each)
 
 
 async def _submit_file(client: GlobalMasterClient, args, config: FederationConfig) -> int:
@@ -318,25 +347,95 @@ async def _submit_file(client: GlobalMasterClient, args, config: FederationConfi
             print(f"megha: {name}: {line}", file=sys.stderr)
         return 2
     kinds = _by_state(Counter(_kind(template) for template in templates))
-    return await _queue_job(
-        client, args, templates, args.queue or job.queue, args.job_id or job.job_id, kinds
-    )
+    queue, job_id = args.queue or job.queue, args.job_id or job.job_id
+    return await _queue_job(client, args, config, templates, queue, job_id, kinds)
 
 
 async def _queue_job(
     client: GlobalMasterClient,
     args,
+    config: FederationConfig,
     templates: list[TaskTemplate],
     queue: str,
     job_id: str,
     what: str,
 ) -> int:
-    """Submit a task for each template, say so, and with ``--wait`` follow the job."""
+    """Submit a task for each template, say so, and with ``--wait`` follow the job; with
+    ``--dry-run``, say where each would go instead (``_dry_run``)."""
+    if getattr(args, "dry_run", False):
+        return await _dry_run(client, args, config, templates, queue)
     reply = await client.submit([t.build() for t in templates], queue=queue, job_id=job_id)
+    if getattr(args, "json", False):
+        _print_json({"job_id": reply.job_id, "task_ids": list(reply.task_ids)})
+        return 0
     print(f"job {reply.job_id}: {len(reply.task_ids)} tasks queued ({what})")
     if args.wait:
         return await _follow(client, reply.job_id, reply.task_ids)
     return 0
+
+
+async def _dry_run(
+    client: GlobalMasterClient,
+    args,
+    config: FederationConfig,
+    templates: list[TaskTemplate],
+    queue: str,
+) -> int:
+    """Where each task would go now, or why not, as the GM judges it (``PlanJob``);
+    nothing is queued. Asked of the GM that serves the queue (another GM matches its own
+    partition first), unless ``--gm`` names one. Exit 0 if every task would start now
+    (placed, or by preemption), 1 if some would wait, 2 if some could never run."""
+    target = client.target if args.gm else (_queue_gm(config, queue) or client.target)
+    if target == client.target:
+        plan = await client.plan([t.build() for t in templates], queue)
+    else:
+        async with GlobalMasterClient(target) as serving:
+            plan = await serving.plan([t.build() for t in templates], queue)
+    if getattr(args, "json", False):
+        _print_json(plan_record(plan))
+    else:
+        note = "" if plan.served_here else " (not the GM serving the queue: it would differ)"
+        print(f"dry run on {plan.gm_id} for queue {plan.queue}{note}; nothing was queued")
+        rows = plan_record(plan)["tasks"]
+        for outcome, group in _runs(rows):
+            first, last = group[0]["index"], group[-1]["index"]
+            which = f"task {first}" if first == last else f"tasks {first}-{last}"
+            if outcome in ("placed", "preempts"):
+                for row in group:  # one line each: each goes to its own node
+                    how = " (repartition)" if row["repartition"] else ""
+                    why = f": {row['reason']}" if outcome == "preempts" else ""
+                    where = f"{row['lm_id']}/{row['node_id']}"
+                    verb = "would run on" if outcome == "placed" else "would preempt on"
+                    print(f"  task {row['index']:<5} {verb} {where}{how}{why}")
+            else:
+                verb = "would wait" if outcome == "waits" else "would never run"
+                print(f"  {which:<10} {verb}: {group[0]['reason']}")
+    outcomes = {t.outcome for t in plan.tasks}
+    if global_master_pb2.PLAN_OUTCOME_NEVER in outcomes:
+        return 2
+    return 1 if global_master_pb2.PLAN_OUTCOME_WAITS in outcomes else 0
+
+
+def _runs(rows: list[dict]) -> list[tuple[str, list[dict]]]:
+    """Consecutive rows of the same outcome and reason, grouped (a job of 1,000 tasks
+    that all wait for the same thing says so once)."""
+    runs: list[tuple[str, list[dict]]] = []
+    for row in rows:
+        if runs and runs[-1][0] == row["outcome"] and runs[-1][1][-1]["reason"] == row["reason"]:
+            runs[-1][1].append(row)
+        else:
+            runs.append((row["outcome"], [row]))
+    return runs
+
+
+def _queue_gm(config: FederationConfig, queue: str) -> str | None:
+    """The target of the GM serving ``queue`` (empty: the first), if the config knows."""
+    known = config.queue(queue) if queue else config.effective_queues()[0]
+    return None if known is None else config.gm(known.gm).target
+
+
+def _print_json(record) -> None:
+    print(json.dumps(record, indent=1))
 
 
 def _kind(template: TaskTemplate) -> str:
@@ -480,8 +579,14 @@ async def _copy_output(client: GlobalMasterClient, args, task_id: str) -> int:
 
 async def _job(client: GlobalMasterClient, args) -> int:
     if args.watch:
+        if getattr(args, "json", False):
+            print("megha: --watch prints events as they come: not with --json", file=sys.stderr)
+            return 2
         return await _follow(client, args.job_id)
     job = await client.job(args.job_id)
+    if getattr(args, "json", False):
+        _print_json(job_record(job))
+        return 0
     counts = Counter(STATE_NAMES.get(t.state, "?") for t in job.tasks)
     print(f"job {job.job_id} (queue {job.queue}): {len(job.tasks)} tasks: {_by_state(counts)}")
     peaks = sorted(t.peak_memory_mb for t in job.tasks if t.peak_memory_mb)
@@ -520,6 +625,9 @@ def _note(task: global_master_pb2.TaskStatus) -> str:
 
 async def _jobs(client: GlobalMasterClient, args) -> int:
     jobs = await client.jobs(args.queue, args.limit, args.unfinished)
+    if getattr(args, "json", False):
+        _print_json([job_summary_record(job) for job in jobs])
+        return 0
     if not jobs:
         print("no job (a GM remembers the jobs submitted through it and those it heard run)")
         return 0
@@ -562,52 +670,18 @@ async def _serving_gm(
     return None if queue is None else config.gm(queue.gm).target
 
 
-# How long ``megha status`` waits for the other GMs' counts of their queues' waiting
-# tasks (asked all at once): a GM that is down or frozen shows ``?`` after about this
-# long, not after a full call deadline of its own, one GM after the other.
-PEER_STATUS_TIMEOUT_S = 1.5
-
-
-async def _peer_view(target: str) -> global_master_pb2.GetClusterViewResponse | None:
-    """The cluster view of the GM at ``target``; None if it does not answer in time."""
-    try:
-        async with GlobalMasterClient(target) as other:
-            return await other.cluster(timeout_s=PEER_STATUS_TIMEOUT_S)
-    except grpc.aio.AioRpcError:
-        return None
-
-
-async def _pending_by_serving_gm(
-    view, config: FederationConfig, asked: str
-) -> dict[str, int | None]:
-    """Each queue's waiting tasks as the GM that serves it counts them (only that GM
-    holds them; the GM asked shows 0 for the others' queues); None: it did not answer."""
-    serving: dict[str, str] = {}  # queue -> the target of the GM that serves it
-    for q in view.queues:
-        try:
-            serving[q.queue] = config.gm(q.gm_id).target
-        except ConfigError:
-            serving[q.queue] = asked
-    others = sorted(set(serving.values()) - {asked})
-    views = dict(zip(others, await asyncio.gather(*map(_peer_view, others)), strict=True))
-    pending: dict[str, int | None] = {}
-    for q in view.queues:
-        if serving[q.queue] == asked:
-            pending[q.queue] = q.pending_tasks
-            continue
-        other_view = views[serving[q.queue]]
-        rows = [r for r in other_view.queues if r.queue == q.queue] if other_view else []
-        pending[q.queue] = rows[0].pending_tasks if rows else None
-    return pending
-
-
 def _free(cpu_milli: int, memory_mb: int) -> str:
     return f"cpu={cpu_milli / 1000:g} mem={memory_mb}Mi"
 
 
-async def _status(client: GlobalMasterClient, config: FederationConfig, target: str) -> int:
+async def _status(
+    client: GlobalMasterClient, config: FederationConfig, target: str, json_out: bool = False
+) -> int:
     view = await client.cluster()
-    pending = await _pending_by_serving_gm(view, config, target)
+    pending = await pending_by_serving_gm(view, config, target)
+    if json_out:
+        _print_json(status_record(view, pending, config, target))
+        return 0
     print(f"{'LM':<10} {'version':>8} {'age s':>6}  partitions (gm: nodes, free)")
     # Per GM partition: nodes and free room over the LMs the GM hears from. A silent LM's
     # room is what it last said it had: not counted, it may be gone.

@@ -212,7 +212,19 @@ class GlobalMasterClient:
             pause = min(FOLLOW_PAUSE_MAX_S, pause * 2)
 
     async def cluster(
-        self, pending_shapes: bool = False, timeout_s: float = 10.0
+        self,
+        pending_shapes: bool = False,
+        timeout_s: float = 10.0,
+        allocation_samples: bool = False,
     ) -> global_master_pb2.GetClusterViewResponse:
-        request = global_master_pb2.GetClusterViewRequest(pending_shapes=pending_shapes)
+        request = global_master_pb2.GetClusterViewRequest(
+            pending_shapes=pending_shapes, allocation_samples=allocation_samples
+        )
         return await self.stub.GetClusterView(request, timeout=timeout_s)
+
+    async def plan(
+        self, tasks: Sequence[common_pb2.Task], queue: str = ""
+    ) -> global_master_pb2.PlanJobResponse:
+        """Where each task would go now, or why not; nothing is queued (``PlanJob``)."""
+        request = global_master_pb2.PlanJobRequest(queue=queue, tasks=tasks)
+        return await self.stub.PlanJob(request, timeout=10)

@@ -59,6 +59,7 @@ from services.common.request_stream import Launcher
 from services.common.requeue import RESTART_GRACE_S, enqueue_next_attempt
 from services.common.server import channel
 from services.core.autoscale import waiting_shapes
+from services.core.dry_run import dry_run
 from services.core.fairness import FairShare, dominant_share
 from services.core.global_view import (
     ApplyResult,
@@ -258,6 +259,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self._submissions = 0  # under way now, of any job id
         self._overloaded = False  # refusing submissions (said once per spell)
         self.recent = RecentAllocations()
+        self.preempted: defaultdict[str, int] = defaultdict(int)  # queue -> tasks preempted
         # Every decision about the queued tasks: the round, replies, the view's changes.
         self.scheduler: Scheduler[Pending] = Scheduler(
             self.view,
@@ -741,6 +743,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 usage_share=dominant_share(held, total) if held is not None else 0.0,
                 pending_tasks=self.queues.pending(q.name),
                 running_tasks=running[q.name],
+                preempted_tasks=self.preempted[q.name],
             )
             if held is not None:
                 status.held.CopyFrom(resources_to_proto(held))
@@ -754,8 +757,50 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             reply.recent_allocation_times.p90_s = p90
             reply.recent_allocation_times.p99_s = p99
             reply.recent_allocation_times.count = values.size
+            if request.allocation_samples:
+                reply.recent_allocation_times.samples_s.extend(self.recent.values)
         if request.pending_shapes:
             self._pending_shapes(reply)
+        return reply
+
+    async def PlanJob(self, request, context):
+        """A dry run of a job (``services.core.dry_run``): nothing is queued or kept."""
+        queue = request.queue or self.config.effective_queues()[0].name
+        if self.config.queue(queue) is None:
+            known = ", ".join(q.name for q in self.config.effective_queues())
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"unknown queue {queue!r}; known: {known}"
+            )
+        if not request.tasks:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a job needs at least one task")
+        if len(request.tasks) > MAX_TASKS_PER_JOB:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"a job may have at most {MAX_TASKS_PER_JOB} tasks, got {len(request.tasks)}",
+            )
+        specs = []
+        for i, given in enumerate(request.tasks):
+            task = common_pb2.Task()
+            task.CopyFrom(given)
+            task.task_id = task.task_id or f"dry-run.{i}"
+            task.job_id, task.queue, task.index = "dry-run", queue, i
+            try:
+                check_submitted(task)
+                specs.append(parse_task(task, self.config.num_constraints))
+            except InvalidTask as err:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"task {i}: {err}")
+        reply = global_master_pb2.PlanJobResponse(
+            gm_id=self.gm_id, queue=queue, served_here=queue in self.my_queues
+        )
+        for i, outlook in enumerate(dry_run(self.scheduler, queue, specs, time.monotonic())):
+            reply.tasks.add(
+                index=i,
+                outcome=int(outlook.outcome),
+                lm_id=outlook.lm_id,
+                node_id=outlook.node_id,
+                repartition=outlook.repartition,
+                reason=outlook.reason,
+            )
         return reply
 
     def _pending_shapes(self, reply: global_master_pb2.GetClusterViewResponse) -> None:
@@ -1010,6 +1055,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         ends = []
         for event in events:
             self.jobs.apply(event)
+            if event.state == common_pb2.TASK_STATE_PREEMPTED:
+                self.preempted[event.queue] += 1
             if event.state not in (common_pb2.TASK_STATE_QUEUED, common_pb2.TASK_STATE_PLACED):
                 unstarted = self._unstarted.get(event.task_id)
                 if (

@@ -793,6 +793,7 @@ class QueueStatus(_message.Message):
     RUNNING_TASKS_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
     HELD_FIELD_NUMBER: _builtins.int
+    PREEMPTED_TASKS_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     gm_id: _builtins.str
     """The GM that serves the queue (each queue has exactly one)."""
@@ -806,6 +807,10 @@ class QueueStatus(_message.Message):
     """
     pending_tasks: _builtins.int
     running_tasks: _builtins.int
+    preempted_tasks: _builtins.int
+    """Tasks of the queue an LM preempted (paper Alg. 2), as this GM heard of them
+    since it started.
+    """
     @_builtins.property
     def limit(self) -> Global___Resources:
         """The queue's limit (federation.yaml: queues[].limit): the most it may hold across
@@ -827,10 +832,11 @@ class QueueStatus(_message.Message):
         running_tasks: _builtins.int = ...,
         limit: Global___Resources | None = ...,
         held: Global___Resources | None = ...,
+        preempted_tasks: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "limit", b"limit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "held", b"held", "limit", b"limit", "pending_tasks", b"pending_tasks", "queue", b"queue", "running_tasks", b"running_tasks", "share", b"share", "usage_share", b"usage_share"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "held", b"held", "limit", b"limit", "pending_tasks", b"pending_tasks", "preempted_tasks", b"preempted_tasks", "queue", b"queue", "running_tasks", b"running_tasks", "share", b"share", "usage_share", b"usage_share"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -9,6 +9,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from services._proto.megha.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -20,6 +21,44 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _PlanOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PlanOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_PlanOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PLAN_OUTCOME_UNSPECIFIED: _PlanOutcome.ValueType  # 0
+    PLAN_OUTCOME_PLACED: _PlanOutcome.ValueType  # 1
+    """A node has room now: lm_id / node_id name it."""
+    PLAN_OUTCOME_PREEMPTS: _PlanOutcome.ValueType  # 2
+    """No node has room now, but a queue under its share would preempt victims of
+    the queue most over its share there (lm_id / node_id name the node).
+    """
+    PLAN_OUTCOME_WAITS: _PlanOutcome.ValueType  # 3
+    """It would wait in its queue: reason says for what."""
+    PLAN_OUTCOME_NEVER: _PlanOutcome.ValueType  # 4
+    """No node could ever hold it (or it asks more than its queue's limit): it
+    would be refused at submission; reason says why.
+    """
+
+class PlanOutcome(_PlanOutcome, metaclass=_PlanOutcomeEnumTypeWrapper):
+    """Whether a task could be placed now, or why not."""
+
+PLAN_OUTCOME_UNSPECIFIED: PlanOutcome.ValueType  # 0
+PLAN_OUTCOME_PLACED: PlanOutcome.ValueType  # 1
+"""A node has room now: lm_id / node_id name it."""
+PLAN_OUTCOME_PREEMPTS: PlanOutcome.ValueType  # 2
+"""No node has room now, but a queue under its share would preempt victims of
+the queue most over its share there (lm_id / node_id name the node).
+"""
+PLAN_OUTCOME_WAITS: PlanOutcome.ValueType  # 3
+"""It would wait in its queue: reason says for what."""
+PLAN_OUTCOME_NEVER: PlanOutcome.ValueType  # 4
+"""No node could ever hold it (or it asks more than its queue's limit): it
+would be refused at submission; reason says why.
+"""
+Global___PlanOutcome: _TypeAlias = PlanOutcome  # noqa: Y015
 
 @_typing.final
 class SubmitJobRequest(_message.Message):
@@ -498,18 +537,24 @@ class GetClusterViewRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PENDING_SHAPES_FIELD_NUMBER: _builtins.int
+    ALLOCATION_SAMPLES_FIELD_NUMBER: _builtins.int
     pending_shapes: _builtins.bool
     """Also list the shapes of the tasks this GM holds waiting (the autoscaler's
     demand); off by default, as it walks every waiting task.
+    """
+    allocation_samples: _builtins.bool
+    """Also send the allocation times behind recent_allocation_times (the console's
+    histogram); off by default, as there are up to 10,000 of them.
     """
     def __init__(
         self,
         *,
         pending_shapes: _builtins.bool = ...,
+        allocation_samples: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["pending_shapes", b"pending_shapes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation_samples", b"allocation_samples", "pending_shapes", b"pending_shapes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -636,11 +681,18 @@ class AllocationTimeSummary(_message.Message):
     P90_S_FIELD_NUMBER: _builtins.int
     P99_S_FIELD_NUMBER: _builtins.int
     COUNT_FIELD_NUMBER: _builtins.int
+    SAMPLES_S_FIELD_NUMBER: _builtins.int
     p50_s: _builtins.float
     p90_s: _builtins.float
     p99_s: _builtins.float
     count: _builtins.int
     """How many placements the percentiles cover."""
+    @_builtins.property
+    def samples_s(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """With GetClusterViewRequest.allocation_samples: the allocation times the
+        percentiles are taken over, in seconds, oldest first.
+        """
+
     def __init__(
         self,
         *,
@@ -648,11 +700,107 @@ class AllocationTimeSummary(_message.Message):
         p90_s: _builtins.float = ...,
         p99_s: _builtins.float = ...,
         count: _builtins.int = ...,
+        samples_s: _abc.Iterable[_builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "p50_s", b"p50_s", "p90_s", b"p90_s", "p99_s", b"p99_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "p50_s", b"p50_s", "p90_s", b"p90_s", "p99_s", b"p99_s", "samples_s", b"samples_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AllocationTimeSummary: _TypeAlias = AllocationTimeSummary  # noqa: Y015
+
+@_typing.final
+class PlanJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    QUEUE_FIELD_NUMBER: _builtins.int
+    TASKS_FIELD_NUMBER: _builtins.int
+    queue: _builtins.str
+    """The user queue (empty: the first), as in SubmitJobRequest."""
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Task]:
+        """The tasks as they would be submitted; their ids may be empty."""
+
+    def __init__(
+        self,
+        *,
+        queue: _builtins.str = ...,
+        tasks: _abc.Iterable[_common_pb2.Task] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue", "tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlanJobRequest: _TypeAlias = PlanJobRequest  # noqa: Y015
+
+@_typing.final
+class PlanJobResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GM_ID_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    SERVED_HERE_FIELD_NUMBER: _builtins.int
+    TASKS_FIELD_NUMBER: _builtins.int
+    gm_id: _builtins.str
+    """The GM that judged, the queue, and whether this GM serves the queue (if
+    not, the GM that does would match its own partition first).
+    """
+    queue: _builtins.str
+    served_here: _builtins.bool
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskPlan]:
+        """One per task, in the order of PlanJobRequest.tasks."""
+
+    def __init__(
+        self,
+        *,
+        gm_id: _builtins.str = ...,
+        queue: _builtins.str = ...,
+        served_here: _builtins.bool = ...,
+        tasks: _abc.Iterable[Global___TaskPlan] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "queue", b"queue", "served_here", b"served_here", "tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PlanJobResponse: _TypeAlias = PlanJobResponse  # noqa: Y015
+
+@_typing.final
+class TaskPlan(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    LM_ID_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    REPARTITION_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    outcome: Global___PlanOutcome.ValueType
+    lm_id: _builtins.str
+    node_id: _builtins.str
+    repartition: _builtins.bool
+    """The node belongs to another GM's partition (a Repartition request)."""
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        outcome: Global___PlanOutcome.ValueType = ...,
+        lm_id: _builtins.str = ...,
+        node_id: _builtins.str = ...,
+        repartition: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["index", b"index", "lm_id", b"lm_id", "node_id", b"node_id", "outcome", b"outcome", "reason", b"reason", "repartition", b"repartition"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskPlan: _TypeAlias = TaskPlan  # noqa: Y015

@@ -76,6 +76,11 @@ class GlobalMasterStub:
                 request_serializer=megha_dot_v1_dot_global__master__pb2.GetClusterViewRequest.SerializeToString,
                 response_deserializer=megha_dot_v1_dot_global__master__pb2.GetClusterViewResponse.FromString,
                 _registered_method=True)
+        self.PlanJob = channel.unary_unary(
+                '/megha.v1.GlobalMaster/PlanJob',
+                request_serializer=megha_dot_v1_dot_global__master__pb2.PlanJobRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_global__master__pb2.PlanJobResponse.FromString,
+                _registered_method=True)
 
 
 class GlobalMasterServicer:
@@ -146,6 +151,16 @@ class GlobalMasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PlanJob(self, request, context):
+        """Where each task of a job would go now, or why it would wait or never run, as
+        this GM judges it on its view (the same match, queue limit and fairness it
+        schedules with; ``megha submit --dry-run``). Nothing is queued or reserved.
+        Ask the GM that serves the queue: another GM matches its own partition first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GlobalMasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -188,6 +203,11 @@ def add_GlobalMasterServicer_to_server(servicer, server):
                     servicer.GetClusterView,
                     request_deserializer=megha_dot_v1_dot_global__master__pb2.GetClusterViewRequest.FromString,
                     response_serializer=megha_dot_v1_dot_global__master__pb2.GetClusterViewResponse.SerializeToString,
+            ),
+            'PlanJob': grpc.unary_unary_rpc_method_handler(
+                    servicer.PlanJob,
+                    request_deserializer=megha_dot_v1_dot_global__master__pb2.PlanJobRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_global__master__pb2.PlanJobResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -407,6 +427,33 @@ class GlobalMaster:
             '/megha.v1.GlobalMaster/GetClusterView',
             megha_dot_v1_dot_global__master__pb2.GetClusterViewRequest.SerializeToString,
             megha_dot_v1_dot_global__master__pb2.GetClusterViewResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PlanJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/megha.v1.GlobalMaster/PlanJob',
+            megha_dot_v1_dot_global__master__pb2.PlanJobRequest.SerializeToString,
+            megha_dot_v1_dot_global__master__pb2.PlanJobResponse.FromString,
             options,
             channel_credentials,
             insecure,

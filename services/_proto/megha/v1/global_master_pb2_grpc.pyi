@@ -65,6 +65,12 @@ class GlobalMasterStub:
     """
     GetClusterView: _grpc.UnaryUnaryMultiCallable[_global_master_pb2.GetClusterViewRequest, _global_master_pb2.GetClusterViewResponse]
     """The GM's current view, for operators and debugging staleness."""
+    PlanJob: _grpc.UnaryUnaryMultiCallable[_global_master_pb2.PlanJobRequest, _global_master_pb2.PlanJobResponse]
+    """Where each task of a job would go now, or why it would wait or never run, as
+    this GM judges it on its view (the same match, queue limit and fairness it
+    schedules with; ``megha submit --dry-run``). Nothing is queued or reserved.
+    Ask the GM that serves the queue: another GM matches its own partition first.
+    """
 
 @_typing.type_check_only
 class GlobalMasterAsyncStub(GlobalMasterStub):
@@ -100,6 +106,12 @@ class GlobalMasterAsyncStub(GlobalMasterStub):
     """
     GetClusterView: _aio.UnaryUnaryMultiCallable[_global_master_pb2.GetClusterViewRequest, _global_master_pb2.GetClusterViewResponse]  # type: ignore[assignment]
     """The GM's current view, for operators and debugging staleness."""
+    PlanJob: _aio.UnaryUnaryMultiCallable[_global_master_pb2.PlanJobRequest, _global_master_pb2.PlanJobResponse]  # type: ignore[assignment]
+    """Where each task of a job would go now, or why it would wait or never run, as
+    this GM judges it on its view (the same match, queue limit and fairness it
+    schedules with; ``megha submit --dry-run``). Nothing is queued or reserved.
+    Ask the GM that serves the queue: another GM matches its own partition first.
+    """
 
 class GlobalMasterServicer(metaclass=_abc_1.ABCMeta):
     """Called by clients and the load generator."""
@@ -180,5 +192,17 @@ class GlobalMasterServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_global_master_pb2.GetClusterViewResponse, _abc.Awaitable[_global_master_pb2.GetClusterViewResponse]]:
         """The GM's current view, for operators and debugging staleness."""
+
+    @_abc_1.abstractmethod
+    def PlanJob(
+        self,
+        request: _global_master_pb2.PlanJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_global_master_pb2.PlanJobResponse, _abc.Awaitable[_global_master_pb2.PlanJobResponse]]:
+        """Where each task of a job would go now, or why it would wait or never run, as
+        this GM judges it on its view (the same match, queue limit and fairness it
+        schedules with; ``megha submit --dry-run``). Nothing is queued or reserved.
+        Ask the GM that serves the queue: another GM matches its own partition first.
+        """
 
 def add_GlobalMasterServicer_to_server(servicer: GlobalMasterServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
