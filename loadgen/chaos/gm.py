@@ -49,7 +49,9 @@ IN_DOUBT_S = 60.0
 LM_ACCEPT_S = 30.0
 FENCE_RETRY_S = 0.5
 LOOKUP_TIMEOUT_S = 5.0
-SCHEDULE_BEFORE_CONFIRM = 16
+# The live GM's is 16; the simulated jobs have 1-8 tasks, so that both ways (scheduled
+# while the broker confirms, or after) are taken, the line is drawn lower here.
+SCHEDULE_BEFORE_CONFIRM = 4
 RECOVER_EVERY_S = 2.0
 RESTART_GRACE_S = 5.0
 ROUND_EVERY_S = 0.02
@@ -273,6 +275,13 @@ class GM(Actor):
         self.spawn(self._forget_failed(key, local))
         for item in self.scheduler.withdraw(batch.queue, lambda item: item.batch is local):
             self._drop(item, Drop.WITHDRAWN)
+        if not early:  # as the live GM: none was pushed, all were only booked as queued
+            for task in batch.tasks:
+                self.book.apply(
+                    Event(
+                        task.task_id, task.job_id, task.queue, states.REJECTED, "", "", task.attempt
+                    )
+                )
         # As the live GM: deliveries that joined it (stored after all) are taken anew.
         again = [d for d in (local.delivery, *local.joined) if d is not None]
         local.delivery, local.joined = None, []

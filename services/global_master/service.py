@@ -578,6 +578,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self._spawn(self._forget_failed(key, local))
             for item in self.scheduler.withdraw(queue, lambda item: item.batch is local):
                 self._drop(item, Drop.WITHDRAWN)
+            if not early:
+                # None was pushed to the scheduler: all are only booked as queued. Left so,
+                # a retry's message (through another GM) would find them "taken" here and
+                # be acked with nothing run (the two-queue preemption replay: a 33-task
+                # job stuck after a confirm timed out on a loaded machine).
+                for task in batch.tasks:
+                    self._event(task, common_pb2.TASK_STATE_REJECTED, "the broker refused it")
             # Stored after all, its delivery may be here already (it overtook the lost
             # confirm, or a client's retry through another GM published it again): those
             # joined this batch and would wait for it forever. Each is taken as a delivery

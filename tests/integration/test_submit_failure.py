@@ -18,7 +18,7 @@ from services._proto.megha.v1 import (
 )
 from services.common.convert import parse_task
 from services.core.status import PlacementStatus
-from services.global_master.service import Batch, Pending, _message_key
+from services.global_master.service import SCHEDULE_BEFORE_CONFIRM, Batch, Pending, _message_key
 from tests.integration.harness import (
     StoredAfterAll,
     embedded_federation,
@@ -236,4 +236,34 @@ async def test_a_delivery_of_tasks_held_by_a_submission_under_way_waits_for_its_
             assert time.monotonic() < deadline, f"split.1 never ran: {states}"
             await asyncio.sleep(0.05)
         assert states["split.0"] == common_pb2.TASK_STATE_REJECTED
+        assert delivery.acked
+
+
+async def test_a_big_job_whose_confirm_failed_is_not_taken_for_queued_by_a_retrys_message():
+    """A job too big to schedule before its confirm (over SCHEDULE_BEFORE_CONFIRM tasks)
+    whose publish failed left its tasks booked QUEUED here; the client's retry through
+    another GM stored the job, and its delivery here skipped them all as taken and was
+    acked: 33 tasks acknowledged, never run (the two-queue preemption replay)."""
+    async with embedded_federation("submit-big-failed") as (_config, gm, gm_bus, client):
+        real = gm_bus.enqueue
+
+        async def refused(queue: str, body: bytes) -> None:
+            raise TimeoutError()  # not stored
+
+        gm_bus.enqueue = refused
+        tasks = sim_tasks(SCHEDULE_BEFORE_CONFIRM + 1, 0.05, cpu_milli=100)
+        request = global_master_pb2.SubmitJobRequest(job_id="big", tasks=tasks)
+        with pytest.raises(Aborted):
+            await gm.SubmitJob(request, Context())
+        gm_bus.enqueue = real
+        job = await client.job("big")
+        assert {t.state for t in job.tasks} == {common_pb2.TASK_STATE_REJECTED}
+        # The retry's message, as another GM published it.
+        retry = common_pb2.TaskBatch(job_id="big", queue=job.queue)
+        for i, task in enumerate(tasks):
+            task.task_id, task.job_id, task.queue, task.index = f"big.{i}", "big", job.queue, i
+            retry.tasks.add().CopyFrom(task)
+        delivery = StoredAfterAll(retry.SerializeToString())
+        await asyncio.wait_for(gm._on_delivery(delivery), 10)
+        await job_in_state(client, "big", common_pb2.TASK_STATE_SUCCEEDED, timeout_s=20)
         assert delivery.acked
