@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from loadgen import report
 from services._proto.megha.v1 import common_pb2
 from services.core.recent import GrowingMap
-from services.core.states import RUNNING, SUCCEEDED, TERMINAL
+from services.core.states import PREEMPTED, RUNNING, SUCCEEDED, TERMINAL
 
 # What a report needs of one event, packed: state, attempt and every stamp of
 # ``report.STAMPS``, then "lm_id\0node_id". A run keeps one record per task and event kind.
@@ -99,6 +99,7 @@ class EventLog:
         self.successes: GrowingMap[int] = GrowingMap()
         self.events = 0
         self.batches = 0
+        self.preempted = 0  # PREEMPTED events: attempts preemption ended
 
     async def on_batch(self, _routing_key: str, body: bytes) -> None:
         self.add(common_pb2.TaskEventBatch.FromString(body))
@@ -115,6 +116,8 @@ class EventLog:
             known = self.running.get(event.task_id)
             if known is None or event.attempt >= _STATE_ATTEMPT.unpack_from(known)[1]:
                 self.running[event.task_id] = record(event)
+        elif state == PREEMPTED:
+            self.preempted += 1
         elif state in TERMINAL:  # LOST, PREEMPTED, RETRYING come back as a new attempt
             self.ended[event.task_id] = record(event)
             if state == SUCCEEDED:

@@ -295,6 +295,7 @@ async def replay_jobs(
         retried_submissions=retried,
         failed=sum(1 for t in accepted if t in events.ended and t not in events.successes),
         duplicates=events.duplicates,
+        preemptions=events.preempted,
         timed_out=timed_out,
         timeout_s=round(timeout_s, 3),
         skipped_lines=skipped_lines,
