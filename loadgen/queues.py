@@ -225,9 +225,11 @@ def summary_queues(
     preempted: Sequence[int],
     tasks: Sequence[int],
     peaks: np.ndarray | None = None,
+    preempted_work_s: Sequence[float] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The ``"queues"`` entry of summary.json. ``preemptions``: the queue's task attempts
-    that were preempted (the victims it gave up); ``peak_cpu_milli`` and
+    that were preempted (the victims it gave up); ``preempted_work_s``: how long those
+    attempts had run when preempted (work thrown away); ``peak_cpu_milli`` and
     ``peak_memory_mb``: ``peak_held``, to set beside ``limit``."""
     out = {}
     for i, q in enumerate(queues):
@@ -239,6 +241,8 @@ def summary_queues(
             "tasks": int(tasks[i]),
             "limit": q.limit or None,
         }
+        if preempted_work_s is not None:
+            row["preempted_work_s"] = round(float(preempted_work_s[i]), 3)
         if peaks is not None:
             row["peak_cpu_milli"], row["peak_memory_mb"] = (int(v) for v in peaks[i])
         out[q.name] = row
@@ -255,6 +259,8 @@ def render(summary_entry: dict[str, dict[str, Any]], backlogged_s: float) -> str
             f"  {name:<12} {q['gm']:<6} share {q['share']:.0%}  measured {got:>6}  "
             f"preempted {q['preemptions']}"
         )
+        if q.get("preempted_work_s"):
+            line += f" ({q['preempted_work_s']:,.0f} s of work lost)"
         if q.get("limit"):
             line += (
                 f"  limit {q['limit']}: held at most cpu={q['peak_cpu_milli'] / 1000:g} "

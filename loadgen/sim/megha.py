@@ -656,4 +656,15 @@ class MeghaSim:
         )
         counts = np.bincount(queue_of, minlength=len(self.queue_names))
         peaks = peak_held(attempts, len(self.queue_names))
-        return summary_queues(self.queues, measured, self.preempted_by_queue, counts, peaks), window
+        # Work thrown away: how long each preempted attempt had run (one preempted before
+        # it started, its start stamp unset, lost none).
+        ran = pre[:, 2] > 0
+        lost = np.bincount(
+            queue_of[pre[ran, 0]],
+            weights=(pre[ran, 3] - pre[ran, 2]) / 1e9,
+            minlength=len(self.queue_names),
+        )
+        rows = summary_queues(
+            self.queues, measured, self.preempted_by_queue, counts, peaks, lost.tolist()
+        )
+        return rows, window

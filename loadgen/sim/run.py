@@ -154,6 +154,9 @@ def summarise(
         extra["per_gm"] = report.per_gm([f"gm{g}" for g in log.gm[started].tolist()], alloc)
         if effective.queues:
             extra["queues"], extra["queues_backlogged_s"] = model.queue_report()
+            extra["preempted_work_s"] = round(
+                sum(q["preempted_work_s"] for q in extra["queues"].values()), 3
+            )
     else:
         counters = {}
         extra["sparrow"] = {

@@ -56,7 +56,9 @@ def test_a_few_hundred_seeds_with_every_fault_keep_every_promise():
         assert not violations, f"seed {seed}: {[str(v) for v in violations[:5]]}"
 
 
-@pytest.mark.parametrize("seed", [2, 6, 12, 59, 163, 485, 1029, 4463, 4767, 6719, 1505, 7277, 2515, 28])
+@pytest.mark.parametrize(
+    "seed", [2, 6, 12, 59, 163, 485, 1029, 4463, 4767, 6719, 1505, 7277, 2515, 28]
+)
 def test_the_seeds_that_found_the_fixed_bugs_keep_every_promise(seed):
     """docs/chaos.md: 2 (a preemption's task not held while its victims' re-queues
     waited), 12 (a redelivered message acked while its tasks waited in the GM), 59 and

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from loadgen.cli import main
 from loadgen.experiment import EXPERIMENTS
@@ -49,6 +50,13 @@ def test_backlogged_queues_get_their_shares_and_every_task_runs_to_the_end_once(
     # the queue with the smallest share and equal demand gives up the most
     assert s["queues"]["q1"]["preemptions"] == max(q["preemptions"] for q in s["queues"].values())
     assert sum(q["preemptions"] for q in s["queues"].values()) == s["preemptions"]
+    # the work preemption threw away: what the preempted attempts had run, at most their
+    # whole duration (20 s at most here) each
+    lost = {name: q["preempted_work_s"] for name, q in s["queues"].items()}
+    assert s["preempted_work_s"] == pytest.approx(sum(lost.values()), abs=0.01)
+    assert 0 < s["preempted_work_s"] <= 20.0 * s["preemptions"]
+    for name, q in s["queues"].items():
+        assert (lost[name] > 0) == (q["preemptions"] > 0), name
     # every preempted task came back as a later attempt and finished
     assert (result.log.attempt > 0).sum() > 0
     assert result.log.finished().all()
