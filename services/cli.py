@@ -16,6 +16,7 @@ from services.common.argtypes import (
     non_negative_int,
     number_list,
     port,
+    port_or_off,
     positive_float,
     positive_int,
 )
@@ -103,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--log-dir", default="", help="child process logs (default: a temp dir)")
     up.add_argument(
         "--console-port",
-        type=port,
+        type=port_or_off,
         default=8080,
         help="serve the web console on 127.0.0.1:PORT (another port if it is taken; 0: no "
         "console; default 8080)",
