@@ -180,15 +180,18 @@ async def _up_processes(
         start_federation(config, config_path, children)
         await children.guard(wait_all_healthy(config, timeout_s=60))
         await children.guard(wait_until_ready(config))
+        stop = asyncio.Event()
+        if workload is None:
+            # Before the endpoints are printed: a caller that reads them may stop us at
+            # once, while the console is still starting.
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
         _print_endpoints(config, f"processes, logs in {log_dir}")
         async with _console(config, args.console_port):
             # From here on a child that dies is started again: the federation recovers.
             if workload is not None:
                 return await children.guard(workload.run(config), restart=True)
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, stop.set)
             await children.guard(stop.wait(), restart=True)
             return 0
     except ChildDied as err:
