@@ -456,10 +456,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             del self._submitting[job_id]
             done.set()
 
-    async def _queue_job(self, request, job_id: str) -> global_master_pb2.SubmitJobResponse:
-        """Queue the tasks of one job not already taken, or raise ``Refused`` having
-        changed nothing."""
-        now = time.time_ns()
+    def _job_queue(self, request) -> str:
+        """The queue a job (a SubmitJob or PlanJob request) goes to, once its task count
+        and queue are checked; else ``Refused``."""
         if not request.tasks:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "a job needs at least one task")
         if len(request.tasks) > MAX_TASKS_PER_JOB:
@@ -473,6 +472,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT, f"unknown queue {queue!r}; known: {known}"
             )
+        return queue
+
+    async def _queue_job(self, request, job_id: str) -> global_master_pb2.SubmitJobResponse:
+        """Queue the tasks of one job not already taken, or raise ``Refused`` having
+        changed nothing."""
+        now = time.time_ns()
+        queue = self._job_queue(request)
         if not self.view.lms:
             raise Refused(
                 grpc.StatusCode.UNAVAILABLE, "no Local Master heard from yet; retry shortly"
@@ -772,19 +778,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
     async def PlanJob(self, request, context):
         """A dry run of a job (``services.core.dry_run``): nothing is queued or kept."""
-        queue = request.queue or self.config.effective_queues()[0].name
-        if self.config.queue(queue) is None:
-            known = ", ".join(q.name for q in self.config.effective_queues())
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"unknown queue {queue!r}; known: {known}"
-            )
-        if not request.tasks:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a job needs at least one task")
-        if len(request.tasks) > MAX_TASKS_PER_JOB:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"a job may have at most {MAX_TASKS_PER_JOB} tasks, got {len(request.tasks)}",
-            )
+        try:
+            queue = self._job_queue(request)
+        except Refused as refused:
+            await context.abort(refused.code, refused.details)
         specs = []
         for i, given in enumerate(request.tasks):
             task = common_pb2.Task()
