@@ -59,9 +59,13 @@ def wait_for(browser, probe, what: str, timeout_s: float = 30.0):
 
 
 def cells(browser, css: str) -> list[str]:
-    from selenium.webdriver.common.by import By
-
-    return [e.text for e in browser.find_elements(By.CSS_SELECTOR, css)]
+    """The text of every element ``css`` matches, read in one script: the page swaps its
+    live region every refresh, and elements found first and read one by one went stale
+    in between (StaleElementReferenceException in a CI run)."""
+    return browser.execute_script(
+        "return Array.from(document.querySelectorAll(arguments[0]), e => e.innerText.trim())",
+        css,
+    )
 
 
 def test_the_federation_page_lists_every_node(up, browser):
