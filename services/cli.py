@@ -85,6 +85,23 @@ def build_parser() -> argparse.ArgumentParser:
             _add_predictor_train(p)
         p.add_argument("--log-level", default="INFO")
 
+    certs = commands.add_parser(
+        "certs",
+        help="make a CA and a certificate per process and user (tls.dir), or a user token",
+    )
+    _add_config(certs)
+    certs.add_argument("--out", default="certs", help="directory to write (default: certs)")
+    certs.add_argument(
+        "--user", action="append", default=[], help="a user certificate too (repeatable)"
+    )
+    certs.add_argument("--days", type=positive_int, default=365, help="validity (days)")
+    certs.add_argument(
+        "--token",
+        metavar="USER",
+        help="print a new bearer token for USER and the token_sha256 line for the "
+        "federation file instead (writes nothing)",
+    )
+
     scale = commands.add_parser(
         "autoscale", help="grow the config's autoscale pools ahead of demand, shrink idle ones"
     )
@@ -353,6 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "predictor" and args.action == "train":
         return _predictor_train(args)
 
+    from services.common.authz import use_authz
     from services.common.bus import BrokerUnreachable
     from services.common.config import ConfigError, load_config
     from services.common.server import TlsError, use_tls
@@ -369,7 +387,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 workload = TraceReplay(args)
             return operator.up(args, workload)
         config = load_config(args.config)
-        use_tls(config.tls)
+        if args.command == "certs":
+            return _certs(args, config)
+        identity = _identity(args, config)
+        use_tls(config.tls, identity)
+        use_authz(config.authz, identity, config.effective_queues()[0].name)
         if args.command in ROLES:
             from services.app.runner import serve_role
             from services.common.logs import setup_logging
@@ -412,6 +434,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _certs(args: argparse.Namespace, config) -> int:
+    from services.app.certs import issue, new_token
+
+    if args.token:
+        token, digest = new_token()
+        print(f"token for user {args.token} (give it to them; it is not stored):\n{token}")
+        print(f"\nin the federation file:\nauthz:\n  users:\n    {args.token}:")
+        print(f"      token_sha256: {digest}")
+        return 0
+    out = Path(args.out)
+    written = issue(out, config, args.user, args.days)
+    print(f"wrote {len(written)} certificates and keys under {out}/ (CA: {out}/ca.crt)")
+    for path in written:
+        print(f"  {path.relative_to(out).with_suffix('')}")
+    print(f"\nin the federation file:\ntls:\n  ca: {out / 'ca.crt'}\n  dir: {out}")
+    return 0
+
+
+def _identity(args: argparse.Namespace, config) -> str | None:
+    """Who this process is (``role/name``, for its certificate and its audit lines): a
+    service from its command; the CLI from $MEGHA_IDENTITY (None: ``admin/operator``)."""
+    if args.command in ("gm", "lm"):
+        return f"{args.command}/{args.id}"
+    if args.command == "worker":  # the worker hosts of one LM share its identity
+        lm = config.pool(args.pool).lm if getattr(args, "pool", "") else args.lm
+        return f"worker/{lm or 'any'}"
+    if args.command == "predictor":
+        return "predictor/predictor"
+    if args.command in ("autoscale", "console"):
+        return "autoscaler/autoscaler" if args.command == "autoscale" else "console/console"
+    return None
 
 
 def _bench(args: argparse.Namespace) -> int:

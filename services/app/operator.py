@@ -38,6 +38,7 @@ from services.app.supervisor import (
     wait_until_ready,
     write_federation,
 )
+from services.common.authz import use_authz
 from services.common.client import STATE_NAMES, FollowStalled, GlobalMasterClient, TaskTemplate
 from services.common.config import (
     FederationConfig,
@@ -88,7 +89,8 @@ def _federation(args: argparse.Namespace) -> FederationConfig:
         config = load_config(args.config)
     else:
         config = parse_config(default_config(args.gms, args.lms, args.workers, args.base_port))
-    use_tls(config.tls)
+    use_tls(config.tls)  # the operator's identity; every embedded service's too
+    use_authz(config.authz, None, config.effective_queues()[0].name)
     return config
 
 

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import Message
 
 from services.core.ids import id_problem
+
+if TYPE_CHECKING:
+    from services.common.authz import Authorizer
 
 MAX_DETAILS_CHARS = 300  # of a parse error quoted back to the client
 
@@ -47,7 +50,8 @@ class CheckedRequests(grpc.aio.ServerInterceptor):
     """Makes each method take bytes and parse them itself (see the module docstring).
     Handlers whose behaviour is not a coroutine or async generator are left as they are."""
 
-    def __init__(self) -> None:
+    def __init__(self, authorizer: Authorizer | None = None) -> None:
+        self.authorizer = authorizer  # checks each call after its parse (authz.py)
         # Per method: the handler gRPC gave, and what it is served as instead.
         self._handlers: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
@@ -61,7 +65,10 @@ class CheckedRequests(grpc.aio.ServerInterceptor):
             return handler
         known = self._handlers.get(details.method)
         if known is None or known[0] is not handler:
-            known = self._handlers[details.method] = (handler, _checked(handler, details.method))
+            known = self._handlers[details.method] = (
+                handler,
+                _checked(handler, details.method, self.authorizer),
+            )
         return known[1]
 
 
@@ -82,26 +89,70 @@ class _ParsingContext:
     """A servicer context whose ``read`` parses (``WorkerHeartbeats`` reads its stream
     with ``context.read``); everything else is the call's own context."""
 
-    def __init__(self, context, parse: Callable[[bytes], Any], method: str) -> None:
+    def __init__(
+        self, context, parse: Callable[[bytes], Any], method: str, check: Check | None = None
+    ) -> None:
         self._context = context
         self._parse = parse
         self._method = method
+        self._check = check
+
+    async def _one(self, raw: bytes) -> Any:
+        request = await _parse(raw, self._parse, self._method, self._context)
+        if self._check is not None:
+            await self._check(request)
+        return request
 
     async def read(self) -> Any:
         raw = await self._context.read()
         if raw is grpc.aio.EOF:
             return raw
-        return await _parse(raw, self._parse, self._method, self._context)
+        return await self._one(raw)
 
     async def requests(self, raw_requests: AsyncIterator[bytes]) -> AsyncIterator[Any]:
         async for raw in raw_requests:
-            yield await _parse(raw, self._parse, self._method, self._context)
+            yield await self._one(raw)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
 
 
-def _checked(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+Check = Callable[[Any], Awaitable[None]]
+
+
+async def _authorized(authz: Authorizer | None, method: str, context) -> Check | None:
+    """The call's role checked (PERMISSION_DENIED if refused); then the check of each of
+    its requests (None without authorization)."""
+    if authz is None:
+        return None
+    who = await authz.check_call(method, context)
+
+    async def check(request: Any) -> None:
+        await authz.check(method, request, context, who)
+
+    return check
+
+
+async def _answered(
+    behavior: Callable, request: Any, context, method: str, authz: Authorizer | None
+) -> Any:
+    """``behavior``'s answer to ``request``; with authorization, a state-changing call
+    leaves its audit line once answered, with its status (``Authorizer.answered``)."""
+    if authz is None:
+        return await behavior(request, context)
+    code = grpc.StatusCode.OK
+    try:
+        return await behavior(request, context)
+    except BaseException:
+        code = context.code() or grpc.StatusCode.UNKNOWN
+        raise
+    finally:
+        authz.answered(method, request, code)
+
+
+def _checked(
+    handler: grpc.RpcMethodHandler, method: str, authz: Authorizer | None = None
+) -> grpc.RpcMethodHandler:
     parse = handler.request_deserializer
     serialize = handler.response_serializer
     if not handler.request_streaming:
@@ -109,7 +160,10 @@ def _checked(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandl
         if inspect.isasyncgenfunction(behavior):
 
             async def unary_replies(raw: bytes, context) -> AsyncIterator[Any]:
+                check = await _authorized(authz, method, context)
                 request = await _parse(raw, parse, method, context)
+                if check is not None:
+                    await check(request)
                 async for reply in behavior(request, context):
                     yield reply
 
@@ -118,7 +172,11 @@ def _checked(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandl
             return handler
 
         async def unary(raw: bytes, context) -> Any:
-            return await behavior(await _parse(raw, parse, method, context), context)
+            check = await _authorized(authz, method, context)
+            request = await _parse(raw, parse, method, context)
+            if check is not None:
+                await check(request)
+            return await _answered(behavior, request, context, method, authz)
 
         if handler.response_streaming:
             return grpc.unary_stream_rpc_method_handler(unary, None, serialize)
@@ -128,7 +186,8 @@ def _checked(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandl
     if inspect.isasyncgenfunction(behavior):
 
         async def stream_replies(raw_requests, context) -> AsyncIterator[Any]:
-            parsing = _ParsingContext(context, parse, method)
+            check = await _authorized(authz, method, context)
+            parsing = _ParsingContext(context, parse, method, check)
             async for reply in behavior(parsing.requests(raw_requests), parsing):
                 yield reply
 
@@ -137,7 +196,8 @@ def _checked(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandl
         return handler
 
     async def stream(raw_requests, context) -> Any:
-        parsing = _ParsingContext(context, parse, method)
+        check = await _authorized(authz, method, context)
+        parsing = _ParsingContext(context, parse, method, check)
         return await behavior(parsing.requests(raw_requests), parsing)
 
     if handler.response_streaming:

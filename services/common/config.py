@@ -193,12 +193,59 @@ class TlsConfig(_Model):
     broker too (unless its query names aiormq's own ``cafile``, ``certfile``, ...)."""
 
     ca: str = Field(..., min_length=1, description="PEM file of the CA that signs them all.")
-    cert: str = Field(..., min_length=1, description="PEM certificate this process shows.")
-    key: str = Field(..., min_length=1, description="PEM private key of ``cert``.")
+    cert: str = Field("", description="PEM certificate this process shows (one for every process).")
+    key: str = Field("", description="PEM private key of ``cert``.")
+    dir: str = Field(
+        "",
+        description="Per-process identities instead of one certificate: each process shows "
+        "``<dir>/<role>/<name>.crt`` and ``.key`` (``megha certs`` writes them), e.g. "
+        "gm/gm-1, lm/lm-1, worker/lm-1 (the worker hosts of lm-1), user/alice, "
+        "admin/operator. Servers read the caller's role and name from the certificate's "
+        "URI, spiffe://megha/<role>/<name>.",
+    )
     server_name: str = Field(
         "",
         description="The name to check in a server's certificate instead of the host of its "
         "target (e.g. one certificate for every process, issued for this name).",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TlsConfig:
+        if not self.dir and not (self.cert and self.key):
+            raise ValueError("tls needs cert and key, or dir (per-process identities)")
+        return self
+
+
+Right = Literal["submit", "cancel", "watch"]
+
+
+class UserConfig(_Model):
+    """What one user may do: per queue (``"*"``: every queue), ``submit`` jobs, ``cancel``
+    their own jobs, ``watch`` jobs (GetJob, WatchJob, ListJobs, task output). An admin may
+    do everything: any queue, anyone's jobs, drain nodes."""
+
+    queues: dict[str, list[Right]] = Field(default_factory=dict)
+    admin: bool = False
+    token_sha256: str = Field(
+        "",
+        pattern=r"^([0-9a-f]{64})?$",
+        description="SHA-256 (hex) of a bearer token the user may show instead of a "
+        "certificate (``megha certs --token NAME`` makes one); the token itself is never "
+        "stored.",
+    )
+
+
+class AuthzConfig(_Model):
+    """Who may call what. Servers then check every call: roles (from the caller's
+    certificate) against the RPCs each role may call, and users against their queues.
+    Refused calls end PERMISSION_DENIED with the reason."""
+
+    users: dict[str, UserConfig] = Field(default_factory=dict)
+    audit: str = Field(
+        "-",
+        description="Where each process writes its audit log, one JSON line per "
+        "state-changing or refused call: a file path ({process} is replaced by the "
+        "process's identity, e.g. gm.gm-1), '-' for stdout, '' for none.",
     )
 
 
@@ -350,6 +397,9 @@ class FederationConfig(_Model):
     queues: list[QueueConfig] = Field(default_factory=list)
     predictor: Endpoint | None = None
     tls: TlsConfig | None = Field(None, description="Mutual TLS; none (plaintext) by default.")
+    authz: AuthzConfig | None = Field(
+        None, description="Authorization and audit; none (every caller may do everything)."
+    )
     autoscale: AutoscaleConfig | None = Field(None, description="Pools ``megha autoscale`` sizes.")
 
     @model_validator(mode="before")
@@ -418,6 +468,11 @@ class FederationConfig(_Model):
             )
         if self.autoscale is not None:
             self._pools_consistent(lm_ids)
+        if self.authz is not None and (self.tls is None or not self.tls.dir):
+            raise ValueError(
+                "authz needs tls with dir (per-process identities): a server reads who "
+                "calls from the caller's certificate"
+            )
         names = [q.name for q in self.queues]
         if len(set(names)) != len(names):
             raise ValueError(f"queue names must be unique, got {names}")

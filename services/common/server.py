@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import ssl
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from services.common import authz
 from services.common.checked_requests import CheckedRequests
 
 if TYPE_CHECKING:
@@ -69,6 +71,7 @@ class Tls:
     server_name: str = ""
     cert_path: str = ""
     key_path: str = ""
+    token: str = ""  # a user's bearer token, shown instead of a certificate
 
     def server_credentials(self) -> grpc.ServerCredentials:
         return grpc.ssl_server_credentials(
@@ -76,7 +79,11 @@ class Tls:
         )
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
-        return grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
+        credentials = grpc.ssl_channel_credentials(self.ca, self.key, self.cert)
+        if self.token:
+            token = grpc.access_token_call_credentials(self.token)
+            return grpc.composite_channel_credentials(credentials, token)
+        return credentials
 
     @functools.cached_property
     def broker_context(self) -> ssl.SSLContext:
@@ -114,26 +121,48 @@ class TlsError(ValueError):
     """A TLS file of the federation file that cannot be read (named in the message)."""
 
 
-def use_tls(config: TlsConfig | None) -> None:
+DEFAULT_IDENTITY = "admin/operator"  # who the CLI is, with per-process identities
+# What a user with a token ($MEGHA_TOKEN) shows: a certificate that lets a client connect
+# (the servers ask every caller for one) but names no one; the token names the user.
+TOKEN_IDENTITY = "client/shared"
+
+
+def identity_files(config: TlsConfig, identity: str | None = None) -> tuple[str, str]:
+    """The certificate and key this process shows: ``config``'s one pair, or with
+    per-process identities (``dir``) ``<dir>/<identity>.crt`` and ``.key``. ``identity``
+    is ``role/name``; None: ``$MEGHA_IDENTITY``, else ``admin/operator`` (the CLI), or
+    with ``$MEGHA_TOKEN`` (a user's bearer token, sent with each call) ``client/shared``."""
+    if not config.dir:
+        return config.cert, config.key
+    identity = identity or os.environ.get("MEGHA_IDENTITY") or DEFAULT_IDENTITY
+    base = Path(config.dir) / identity
+    return f"{base}.crt", f"{base}.key"
+
+
+def use_tls(config: TlsConfig | None, identity: str | None = None) -> None:
     """Make every ``Service`` and ``channel`` of this process speak mutual TLS with the
-    files ``config`` names (None: plaintext, the default). Call it once at start-up,
-    before any server or channel is made."""
+    files ``config`` names (None: plaintext, the default), showing ``identity``'s
+    certificate (``identity_files``). Call it once at start-up, before any server or
+    channel is made."""
     global _tls
     if config is None:
         _tls = None
         return
+    token = os.environ.get("MEGHA_TOKEN", "") if identity is None else ""
+    if token and not os.environ.get("MEGHA_IDENTITY"):
+        identity = TOKEN_IDENTITY
+    cert, key = identity_files(config, identity)
+    paths = {"ca": config.ca, "cert": cert, "key": key}
     files = {}
     for name in ("ca", "cert", "key"):
-        path = getattr(config, name)
+        path = paths[name]
         try:
             files[name] = Path(path).read_bytes()
         except OSError as err:
             raise TlsError(f"tls.{name}: cannot read {path}: {err.strerror or err}") from None
         if b"-----BEGIN " not in files[name]:
             raise TlsError(f"tls.{name}: {path} is not a PEM file")
-    _tls = Tls(
-        files["ca"], files["cert"], files["key"], config.server_name, config.cert, config.key
-    )
+    _tls = Tls(files["ca"], files["cert"], files["key"], config.server_name, cert, key, token)
 
 
 # aiormq's own TLS settings in a broker URL's query; a URL with any of them keeps them.
@@ -188,7 +217,10 @@ class Service:
 
     async def start(self) -> Service:
         # Requests are parsed in the call, so that bad bytes are INVALID_ARGUMENT.
-        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[CheckedRequests()])
+        # With authorization on, a caller's identity is checked per call.
+        jobs = next((s.job_access for _, s, _ in self.servicers if hasattr(s, "job_access")), None)
+        checks = authz.authorizer(jobs)
+        server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[CheckedRequests(checks)])
         names = [
             reflection.SERVICE_NAME,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

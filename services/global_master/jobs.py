@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from services._proto.megha.v1 import common_pb2, global_master_pb2
@@ -49,6 +49,7 @@ class JobRecord:
 
     job_id: str
     queue: str
+    owner: str = ""  # who submitted it (Task.owner), where this GM was told
     _statuses: dict[str, bytes] = field(default_factory=dict)
     _by_state: dict[int, int] = field(default_factory=dict)  # tasks in each state
     watchers: list[asyncio.Queue] = field(default_factory=list)
@@ -127,14 +128,22 @@ class JobBook:
     def get(self, job_id: str) -> JobRecord | None:
         return self.jobs.get(job_id)
 
-    def newest(self, limit: int, queue: str = "", unfinished_only: bool = False) -> list[JobRecord]:
-        """Up to ``limit`` jobs, the most recently heard of first; scans only as far as
-        it must."""
+    def newest(
+        self,
+        limit: int,
+        queue: str = "",
+        unfinished_only: bool = False,
+        visible: Callable[[str], bool] | None = None,
+    ) -> list[JobRecord]:
+        """Up to ``limit`` jobs, the most recently heard of first (only of the queues
+        ``visible`` admits, when given); scans only as far as it must."""
         found: list[JobRecord] = []
         for job in reversed(self.jobs.values()):
             if len(found) >= limit:
                 break
             if (queue and job.queue != queue) or (unfinished_only and job.done):
+                continue
+            if visible is not None and not visible(job.queue):
                 continue
             found.append(job)
         return found
@@ -176,6 +185,8 @@ class JobBook:
 
     def queued(self, task: common_pb2.Task) -> None:
         job = self.record(task.job_id, task.queue)
+        if task.owner and not job.owner:
+            job.owner = task.owner
         # A task rejected before (its job's first message was refused) is queued again;
         # a preempted or lost one comes back as its next attempt.
         task_id = task.task_id

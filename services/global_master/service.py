@@ -34,7 +34,7 @@ from services._proto.megha.v1 import (
     local_master_pb2,
     local_master_pb2_grpc,
 )
-from services.common import metrics
+from services.common import authz, metrics
 from services.common.bus import Bus, Delivery
 from services.common.config import FederationConfig
 from services.common.convert import (
@@ -162,6 +162,13 @@ def _one_done(batch: Batch) -> list[Delivery]:
     if batch.remaining:
         return []
     return [d for d in (batch.delivery, *batch.joined) if d is not None]
+
+
+def _owner() -> str:
+    """Who submits the job being served (``user/alice``), as its tasks carry it; "" when
+    callers are not identified (no authorization)."""
+    who = authz.caller.get()
+    return str(who) if who.role else ""
 
 
 def _message_key(batch: common_pb2.TaskBatch) -> tuple:
@@ -483,12 +490,20 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             raise Refused(
                 grpc.StatusCode.UNAVAILABLE, "no Local Master heard from yet; retry shortly"
             )
+        owner = _owner()
+        known = self.jobs.get(job_id)
+        if known is not None and known.owner and owner and known.owner != owner:
+            raise Refused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"job {shown(job_id)} is {known.owner}'s: name your job otherwise",
+            )
         batch = common_pb2.TaskBatch(job_id=job_id, queue=queue)
         batch.tasks.extend(request.tasks)
         specs: list[TaskSpec] = []
         for i, task in enumerate(batch.tasks):
             task.task_id = task.task_id or f"{job_id}.{i}"
             task.job_id, task.queue, task.index = job_id, queue, i
+            task.owner = owner  # the caller's, whatever the client wrote
             try:
                 check_submitted(task)
                 spec = parse_task(task, self.config.num_constraints)
@@ -693,10 +708,19 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 f"limit must be between 0 (the default, {DEFAULT_LISTED_JOBS}) and "
                 f"{MAX_LISTED_JOBS}, got {request.limit}",
             )
+        policy, who = authz.policy(), authz.caller.get()
+        visible = None if policy is None else (lambda queue: policy.may(who, "watch", queue))
+        if policy is not None and who.role not in ("user", "admin"):
+            visible = None  # services (the console, the autoscaler) see every queue
         jobs = self.jobs.newest(
-            request.limit or DEFAULT_LISTED_JOBS, request.queue, request.unfinished_only
+            request.limit or DEFAULT_LISTED_JOBS, request.queue, request.unfinished_only, visible
         )
         return global_master_pb2.ListJobsResponse(jobs=[job.summary() for job in jobs])
+
+    def job_access(self, job_id: str) -> authz.Job | None:
+        """A job's queue and owner, for the authorizer (None: not known here)."""
+        job = self.jobs.get(job_id)
+        return None if job is None else authz.Job(job.queue, job.owner)
 
     async def CancelJob(self, request, context):
         if not request.job_id:
