@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -126,6 +127,11 @@ class BenchOptions:
     memory_mb: int = 64
     service_log_level: str = "INFO"
     submit: str = "stream"
+    secure: bool = False
+    """Per-process certificates (``megha certs``), mutual TLS and authorization on: the
+    load generator submits as user ``bench`` (submit and watch on every queue), and each
+    process writes an audit log beside its log."""
+    certs_dir: str = ""  # made by ``run_bench`` when ``secure``
     """How jobs reach the GMs: ``stream`` (one ``SubmitStream`` per GM, as a program
     submitting many jobs would) or ``unary`` (one ``SubmitJob`` call each, as the CLI)."""
 
@@ -215,6 +221,12 @@ def bench_config(options: BenchOptions, base_port: int, prefix: str) -> Federati
         endpoint.setdefault("metrics_port", 0)
         endpoint["metrics_port"] = endpoint["metrics_port"] or next(spare)
     data["exchange_prefix"] = prefix
+    if options.secure:
+        certs = Path(options.certs_dir)
+        data["tls"] = {"ca": str(certs / "ca.crt"), "dir": str(certs)}
+        bench_user = {"queues": {"*": ["submit", "watch", "cancel"]}}
+        audit = str(certs.parent / "audit-{process}.log")
+        data["authz"] = {"users": {"bench": bench_user}, "audit": audit}
     if options.rabbitmq_url:
         data["rabbitmq_url"] = options.rabbitmq_url
     if options.queues == "file":
@@ -237,7 +249,7 @@ def bench_config(options: BenchOptions, base_port: int, prefix: str) -> Federati
             "MEGHA_EXCHANGE_PREFIX is set; bench-live needs a prefix of its own: unset it"
         )
     try:  # MEGHA_TLS: the children and this process's clients on mutual TLS
-        use_tls(config.tls)
+        use_tls(config.tls, "user/bench" if options.secure else None)
     except TlsError as err:
         raise BenchError(str(err)) from None
     return config
@@ -459,13 +471,19 @@ async def run_bench(
     """Start the federation, offer the load, measure, write the report, stop everything."""
     options.check()
     prefix = f"bench-{uuid.uuid4().hex[:10]}"
+    log_dir = options.log_dir or Path(tempfile.mkdtemp(prefix="megha-bench-"))
+    if options.secure:
+        from services.app.certs import issue
+
+        options = dataclasses.replace(options, certs_dir=str(log_dir / "certs"))
+        fed = parse_config(default_config(options.gms, options.lms))
+        issue(Path(options.certs_dir), fed, users=["bench"])
     config = free_config(options, prefix)
     if not broker_reachable(config.rabbitmq_url):
         raise BenchError(
             f"RabbitMQ is not reachable at {config.rabbitmq_url}; start it "
             "(e.g. 'rabbitmq-server -detached') or pass --rabbitmq-url"
         )
-    log_dir = options.log_dir or Path(tempfile.mkdtemp(prefix="megha-bench-"))
     progress = progress or Progress()
     workers = sum(group.count for group in config.workers)
     say(

@@ -110,6 +110,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="stream: jobs go over one SubmitStream per GM (default); unary: one SubmitJob "
         "call per job, as `megha submit` does",
     )
+    bench.add_argument(
+        "--secure",
+        action="store_true",
+        help="per-process certificates, mutual TLS and authorization on (what they cost): "
+        "the load generator submits as a user, each process writes an audit log",
+    )
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(f"loadgen.{name}").add_subcommand(commands)
     return parser
@@ -165,6 +171,7 @@ def _bench_live(args: argparse.Namespace) -> int:
         memory_mb=args.memory_mb,
         service_log_level=args.service_log_level,
         submit=args.submit,
+        secure=args.secure,
     )
     try:
         return run(options) if len(rates) == 1 else bench_sweep.run(options, rates)
