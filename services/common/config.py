@@ -13,6 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, get_origin
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -27,7 +28,13 @@ from services.core.constraints import (
 from services.core.fairness import QueueShare
 from services.core.limits import parse_limit
 from services.core.match import PlacementPolicy, make_policy
-from services.core.resources import ResourceError, parse_resources
+from services.core.resources import (
+    DEFAULT_MAX_NODE_CAPACITY,
+    ResourceError,
+    above_bound,
+    parse_bound,
+    parse_resources,
+)
 
 # How long a worker agent keeps one heartbeat stream (services/worker/agent.py).
 WORKER_STREAM_LIFE_S = 120.0
@@ -71,6 +78,17 @@ class LocalMasterConfig(Endpoint):
         "it ended, and queues again what it had accepted and no worker still holds; empty = "
         "memory only.",
     )
+    max_node_capacity: str = Field(
+        "",
+        description="This LM's bound on one node's advertised capacity, e.g. 'cpu=256,mem=2Ti': "
+        "the resources it names replace the federation's max_node_capacity, the others "
+        "keep it; empty = the federation's. A worker registering above it is refused.",
+    )
+
+    @field_validator("max_node_capacity")
+    @classmethod
+    def _bound_parses(cls, value: str) -> str:
+        return _checked_bound(value)
 
 
 class _Nodes(_Model):
@@ -83,6 +101,13 @@ class _Nodes(_Model):
         description="Constraints each node has: ids, or names from constraint_names.",
     )
     executor: Literal["sim", "process", "docker"] = Field("sim", description="Default executor.")
+    capacity_beyond_host: bool = Field(
+        False,
+        description="With a process or docker executor, each node advertises at most the "
+        "CPUs and memory of the machine its host runs on (its CPU affinity, cgroup limits and "
+        "physical memory), logging when it cuts capacity down; true: advertise capacity as "
+        "written (to try out packing on a small machine). Sim nodes always advertise it.",
+    )
 
     @field_validator("capacity")
     @classmethod
@@ -134,6 +159,7 @@ class AutoscalePool(_Nodes):
             constraints=self.constraints,
             executor=self.executor,
             name_prefix=self.prefix,
+            capacity_beyond_host=self.capacity_beyond_host,
         )
 
 
@@ -276,6 +302,20 @@ class FederationConfig(_Model):
         description="A worker agent idle this long sends a heartbeat (task reports go at once).",
     )
     worker_timeout_s: float = Field(10.0, gt=0, description="Silence before a worker is dead.")
+    forget_lost_after_s: float = Field(
+        600.0,
+        ge=0,
+        description="A node lost (dead) this long without registering again is forgotten: "
+        "its LM drops it from its nodes, so GMs and megha nodes no longer list it (its worker, "
+        "if it ever comes back, simply registers again). 0: lost nodes are listed for ever.",
+    )
+    max_node_capacity: str = Field(
+        DEFAULT_MAX_NODE_CAPACITY,
+        description="The most one node may advertise, e.g. 'cpu=1024,mem=16Ti,disk=1024Ti,"
+        "net=1T' (the default; resources left out keep it): a worker registering above it "
+        "is refused (INVALID_ARGUMENT), and worker groups and autoscale pools above it are "
+        "a config error. Each LM may set its own (lms[].max_node_capacity).",
+    )
     lm_call_timeout_s: float = Field(
         10.0,
         gt=0,
@@ -419,6 +459,11 @@ class FederationConfig(_Model):
             data["autoscale"] = {**autoscale, "pools": pools}
         return data
 
+    @field_validator("max_node_capacity")
+    @classmethod
+    def _max_node_capacity_parses(cls, value: str) -> str:
+        return _checked_bound(value)
+
     @field_validator("constraint_names")
     @classmethod
     def _constraint_names(cls, value: dict[str, int]) -> dict[str, int]:
@@ -473,6 +518,7 @@ class FederationConfig(_Model):
                 "authz needs tls with dir (per-process identities): a server reads who "
                 "calls from the caller's certificate"
             )
+        self._nodes_within_bounds()
         names = [q.name for q in self.queues]
         if len(set(names)) != len(names):
             raise ValueError(f"queue names must be unique, got {names}")
@@ -507,6 +553,28 @@ class FederationConfig(_Model):
                     f"the {clash} does: set name_prefix"
                 )
             prefixes[pool.prefix] = f"autoscale pool {pool.name!r}"
+
+    def _nodes_within_bounds(self) -> None:
+        """Every configured node fits its LM's max_node_capacity: its LM would refuse it."""
+        pools = self.autoscale.pools if self.autoscale is not None else []
+        nodes: list[tuple[str, _Nodes]] = [
+            *((f"worker group of {g.lm!r}", g) for g in self.workers),
+            *((f"autoscale pool {p.name!r}", p) for p in pools),
+        ]
+        for what, group in nodes:
+            why = above_bound(parse_resources(group.capacity), self.node_capacity_bound(group.lm))
+            if why:
+                raise ValueError(
+                    f"{what}: capacity {group.capacity!r} is above the max_node_capacity of "
+                    f"LM {group.lm!r}: {why}"
+                )
+
+    def node_capacity_bound(self, lm_id: str) -> np.ndarray:
+        """The most one node of ``lm_id`` may advertise: the federation's
+        max_node_capacity, with what that LM's own names in its place."""
+        bound = parse_bound(self.max_node_capacity)
+        own = next((m.max_node_capacity for m in self.lms if m.id == lm_id), "")
+        return parse_bound(own, bound)
 
     def _ports_distinct(self) -> None:
         """No two servers listen on one port of one host (the second would fail to start,
@@ -571,6 +639,14 @@ class FederationConfig(_Model):
         if self.queues:
             return list(self.queues)
         return [QueueConfig(name="default", share=1.0, gm=self.gms[0].id)]
+
+
+def _checked_bound(value: str) -> str:
+    try:
+        parse_bound(value)
+    except ResourceError as err:
+        raise ValueError(f"{value!r}: {err}") from None
+    return value
 
 
 def _find(items: list[Any], item_id: str, kind: str) -> Any:

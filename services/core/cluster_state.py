@@ -134,9 +134,27 @@ class ClusterState:
             partition = int(self.table.partition_sizes().argmin())
         index = self.table.add(node_id, capacity, constraint_mask, partition, address)
         self.version += 1
-        self._free_version = np.append(self._free_version, self.version)
-        self._static_version = np.append(self._static_version, self.version)
+        if index < len(self._free_version):  # a vacant row (a forgotten node's)
+            self._free_version[index] = self._static_version[index] = self.version
+        else:
+            self._free_version = np.append(self._free_version, self.version)
+            self._static_version = np.append(self._static_version, self.version)
         return index
+
+    def forget_node(self, index: int) -> bool:
+        """Vacate a dead node's row (``NodeTable.vacate``): its id leaves the books, full
+        snapshots no longer list it, and the next delta shows the row empty; a new node
+        may take it. Refused (False) for a node alive, or holding allocations."""
+        if not 0 <= index < self.table.size or index in self.table.vacant:
+            return False
+        if self.table.is_alive(index) or self._by_node.get(index):
+            return False
+        self._by_node.pop(index, None)
+        self.draining.discard(index)
+        self.table.vacate(index)
+        self.version += 1
+        self._free_version[index] = self._static_version[index] = self.version
+        return True
 
     def drain(self, index: int, on: bool = True) -> bool:
         """Drain a node (``on``) or let it take tasks again; whether that changed it.
@@ -287,8 +305,10 @@ class ClusterState:
         full = since_version is None or since_version < self._delta_floor
         if full:
             base = 0
-            free_idx = np.arange(self.table.size, dtype=np.uint32)
-            nodes = self.table.columns()
+            # Vacant rows are no nodes: a full state lists none (a view fills the gap).
+            occupied = self.table.occupied()
+            free_idx = occupied.astype(np.uint32)
+            nodes = self.table.columns(occupied)
             allocations = list(self.allocations.values())
             ended: list[str] = []
         else:
@@ -398,7 +418,8 @@ class ClusterState:
             return duplicate
         if gm_id not in self._partition_of:
             return Decision(PlacementStatus.REJECTED_UNKNOWN_GM, f"unknown GM {gm_id!r}")
-        if not 0 <= node < self.table.size:
+        if not 0 <= node < self.table.size or node in self.table.vacant:
+            # (A vacant row: its node was forgotten, lost for forget_lost_after_s.)
             return Decision(PlacementStatus.REJECTED_UNKNOWN_NODE, f"no node with index {node}")
         if not self.table.is_alive(node):
             return Decision(

@@ -21,6 +21,7 @@ the books are read and changed here, effects are a plan the driver executes in o
     node_lost(node, reason) ────────▶ released; its stopping attempts ──▶ LOST + Requeue
     cancel(job_ids) ────────────────▶ released ─────────────────────────▶ CANCELLED, Kill
     heard(node, now) / silent(now) ─▶ nodes silent past the timeout (the watchdog)
+    forgettable(now, after) / forget ▶ nodes lost past forget_lost_after_s: row vacated
     expire_orphan(now) ─────────────▶ the oldest orphan past the grace ▶ Requeue, LOST
     lookup(task_ids, lease) ────────▶ attempt, running; fences what is not held
 
@@ -275,6 +276,9 @@ class Lifecycle(Generic[T]):
         self.orphans: dict[str, T] = {}
         self.orphans_due = math.inf  # see ``arm_orphans``
         self.last_heard: dict[int, float] = {}  # by node
+        # When each node now dead was taken for dead (``node_lost`` given ``now``), for
+        # ``forgettable``; a node heard from again leaves it.
+        self.lost_at: dict[int, float] = {}
 
     # ------------------------------------------------------- GM requests
     def refusal(self, job_id: str) -> Decision | None:
@@ -507,12 +511,15 @@ class Lifecycle(Generic[T]):
         )
         return plan
 
-    def node_lost(self, node: int, reason: str) -> NodeLoss[T]:
+    def node_lost(self, node: int, reason: str, now: float | None = None) -> NodeLoss[T]:
         """``node`` is dead (silent, or its worker said it leaves): out of the books, its
         tasks re-queued, and the attempts killed there (``stopping``) too: a worker silent
         for ``worker_timeout_s`` has fenced itself by then (when the fence is on). The
         driver also drops what still waits to be sent to it: a start reaching it when it
-        comes back would run its task twice."""
+        comes back would run its task twice. With ``now``, the node may be forgotten once
+        it has stayed lost long enough (``forgettable``)."""
+        if now is not None and self.books.table.is_alive(node):
+            self.lost_at[node] = now
         lost = self.books.set_alive(node, False)
         loss: NodeLoss[T] = NodeLoss(lost)
         for allocation in lost:
@@ -542,6 +549,33 @@ class Lifecycle(Generic[T]):
     def heard(self, node: int, now: float) -> None:
         """``node``'s worker was heard from (it registered, or sent a heartbeat)."""
         self.last_heard[node] = now
+        self.lost_at.pop(node, None)
+
+    def forgettable(self, now: float, after_s: float) -> list[int]:
+        """Nodes lost for longer than ``after_s`` that never came back: the driver
+        ``forget``s them. None when ``after_s`` is 0 (never forget)."""
+        if after_s <= 0:
+            return []
+        table = self.books.table
+        return [
+            node
+            for node, since in self.lost_at.items()
+            if now - since > after_s and not table.is_alive(node)
+        ]
+
+    def forget(self, node: int) -> bool:
+        """Forget a node that stayed lost: its row leaves the books
+        (``ClusterState.forget_node``), so GMs stop listing it; its worker, if it ever
+        comes back, registers as a new node. Refused (False, kept) while anything still
+        refers to the node: it is alive, holds allocations, or has killed attempts whose
+        end is awaited there (``node_lost`` queued those, so none should be left)."""
+        if any(stop.node == node for stop in self.stopping.values()):
+            return False
+        if not self.books.forget_node(node):
+            return False
+        self.last_heard.pop(node, None)
+        self.lost_at.pop(node, None)
+        return True
 
     def silent(self, now: float) -> Iterator[int]:
         """Alive nodes not heard from for longer than ``worker_timeout_s``: dead. Lazy,

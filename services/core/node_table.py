@@ -1,7 +1,11 @@
 """The column store of one LM's nodes, shared by the LM's books and the GM's view of them.
 
 Nodes are rows ``0..n-1`` that never move (a dead node keeps its row), so an index is a
-stable node address on the wire. Numbers live in numpy arrays laid out resource-major
+stable node address on the wire for the node's life. A node the LM forgets (lost for
+``forget_lost_after_s``) leaves a *vacant* row (``vacate``: no id, nothing in it, dead),
+which the next new node takes (``add``): a forged or churning stream of node ids does not
+grow the table for ever. A row changes node only after its node was lost that long, so a
+request naming it has long expired. Numbers live in numpy arrays laid out resource-major
 (``free[d, i]``), so "free cpu of every node" is one contiguous slice. Sets of nodes
 (alive, each constraint, each partition) are bitarrays, so a candidate set is a few ANDs.
 The numpy arrays are the truth; the bitarrays are kept in step by every mutator.
@@ -78,6 +82,8 @@ class NodeTable:
         self.alive = bitarray(endian="big")
         self.constraint_bits = [bitarray(endian="big") for _ in range(num_constraints)]
         self.members = [bitarray(endian="big") for _ in range(num_partitions)]
+        # Rows no node holds (``vacate``, or gaps a snapshot left): no id, nothing in them.
+        self.vacant: set[int] = set()
         # Bumped by every mutator: lets a caller remember "no node fits this shape" for as
         # long as the table has not changed (GlobalView's miss cache).
         self.version = 0
@@ -121,6 +127,13 @@ class NodeTable:
     def satisfies(self, index: int, constraint_mask: int) -> bool:
         return int(self._masks[index]) & constraint_mask == constraint_mask
 
+    def occupied(self) -> np.ndarray:
+        """The rows a node holds (every row but the vacant ones), ascending."""
+        rows = np.arange(self.size, dtype=np.int64)
+        if not self.vacant:
+            return rows
+        return np.setdiff1d(rows, np.fromiter(self.vacant, np.int64, len(self.vacant)))
+
     # ------------------------------------------------------------- mutators
     def add(
         self,
@@ -131,16 +144,23 @@ class NodeTable:
         address: str = "",
         alive: bool = True,
     ) -> int:
-        """Append a node (free = capacity) and return its row."""
+        """Add a node (free = capacity) in the lowest vacant row, else a new one; its row."""
+        if not node_id:
+            raise ValueError("a node needs an id")
         if node_id in self._index_of:
             raise ValueError(f"node {node_id!r} is already registered")
         if not 0 <= partition < self.num_partitions:
             raise ValueError(f"partition {partition} out of range 0..{self.num_partitions - 1}")
+        self.version += 1
+        self.static_version += 1
+        if self.vacant:
+            i = min(self.vacant)
+            self.vacant.discard(i)
+            self._fill(i, node_id, address, capacity, constraint_mask, partition, alive)
+            return i
         self._grow(self.size + 1)
         i = self.size
         self.size += 1
-        self.version += 1
-        self.static_version += 1
         self.node_ids.append(node_id)
         self.addresses.append(address)
         self._index_of[node_id] = i
@@ -156,6 +176,48 @@ class NodeTable:
         for p, bits in enumerate(self.members):
             bits.append(p == partition)
         return i
+
+    def _fill(
+        self,
+        i: int,
+        node_id: str,
+        address: str,
+        capacity: np.ndarray,
+        constraint_mask: int,
+        partition: int,
+        alive: bool,
+    ) -> None:
+        """Overwrite row ``i`` whole (an existing row: ``add`` into a vacant one, ``vacate``)."""
+        self.node_ids[i] = node_id
+        self.addresses[i] = address
+        if node_id:
+            self._index_of[node_id] = i
+        self._capacity[:, i] = capacity
+        self._free[:, i] = capacity
+        self._usage_mean[i] = 0.0
+        self._usage_var[i] = 0.0
+        self._masks[i] = constraint_mask
+        self._owner[i] = partition
+        self.alive[i] = alive
+        for c, bits in enumerate(self.constraint_bits):
+            bits[i] = (constraint_mask >> c) & 1
+        for p, bits in enumerate(self.members):
+            bits[i] = p == partition
+
+    def vacate(self, index: int) -> None:
+        """Empty row ``index``: its node is forgotten (its id is free to register again,
+        maybe into another row), and the row, dead and holding nothing, waits for the next
+        new node. The caller makes sure nothing is booked on it."""
+        if not 0 <= index < self.size:
+            raise IndexError(f"no node with index {index}")
+        node_id = self.node_ids[index]
+        if self._index_of.get(node_id) == index:
+            del self._index_of[node_id]
+        self.version += 1
+        self.static_version += 1
+        zero = np.zeros(NUM_RESOURCES, dtype=np.int64)
+        self._fill(index, "", "", zero, 0, int(self._owner[index]), False)
+        self.vacant.add(index)
 
     def set_alive(self, index: int, alive: bool) -> None:
         self.alive[index] = alive
@@ -180,6 +242,7 @@ class NodeTable:
             self._usage_var[self.size : new_size] = 0.0
             self._masks[self.size : new_size] = 0
             self._owner[self.size : new_size] = 0
+            self.vacant.update(range(self.size, new_size))  # until a column names a node
             self.size = new_size
         rows = zip(idx.tolist(), columns.node_ids, columns.addresses, strict=True)
         for i, node_id, address in rows:
@@ -188,7 +251,11 @@ class NodeTable:
                 del self._index_of[old]
             self.node_ids[i] = node_id
             self.addresses[i] = address
-            self._index_of[node_id] = i
+            if node_id:
+                self._index_of[node_id] = i
+                self.vacant.discard(i)
+            else:  # a row the LM vacated (a forgotten node)
+                self.vacant.add(i)
         self._capacity[:, idx] = columns.capacity
         self._masks[idx] = columns.constraint_masks
         self._owner[idx] = np.clip(columns.partitions, 0, self.num_partitions - 1)
@@ -250,7 +317,8 @@ class NodeTable:
         return out
 
     def partition_sizes(self) -> np.ndarray:
-        return np.bincount(self.owner, minlength=self.num_partitions)
+        """Nodes per owner partition (vacant rows are no nodes)."""
+        return np.bincount(self.owner[self.occupied()], minlength=self.num_partitions)
 
     def _rebuild_bits(self, alive: np.ndarray) -> None:
         self.alive = bits_from_bools(alive)

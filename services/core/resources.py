@@ -173,6 +173,48 @@ def validate_capacity(vector: np.ndarray) -> None:
     _validate_bounds(vector, "capacity")
 
 
+# The largest node an LM registers unless its config says otherwise (max_node_capacity):
+# above the largest single servers sold today (about 1,000 hardware threads, 16 TiB of
+# memory), far below MAX_VALUE, so a forged or mistyped registration (a worker claiming
+# 2**40 CPUs) cannot make GMs send a node every task of a federation.
+DEFAULT_MAX_NODE_CAPACITY = "cpu=1024,mem=16Ti,disk=1024Ti,net=1T"
+
+
+def parse_bound(text: str, base: np.ndarray | None = None) -> np.ndarray:
+    """A per-node bound from ``"cpu=256,mem=2Ti"``: the quantities named, the rest from
+    ``base`` (default ``DEFAULT_MAX_NODE_CAPACITY``). Each named one must be above 0 (a
+    bound of 0 would refuse every node) and at most ``MAX_VALUE``."""
+    bound = (
+        parse_quantities(DEFAULT_MAX_NODE_CAPACITY)[0] if base is None else np.array(base).copy()
+    )
+    if not text.strip():
+        return bound
+    vector, named = parse_quantities(text)
+    zero = [RESOURCE_NAMES[i] for i in named if vector[i] <= 0]
+    if zero:
+        raise ResourceError(f"a bound must be above 0: {', '.join(zero)} is 0")
+    too_big = [RESOURCE_NAMES[i] for i in named if vector[i] > MAX_VALUE]
+    if too_big:
+        raise ResourceError(f"bound quantity out of range: {', '.join(too_big)}")
+    for i in named:
+        bound[i] = vector[i]
+    return bound
+
+
+def above_bound(capacity: np.ndarray, bound: np.ndarray) -> str:
+    """Why ``capacity`` exceeds the per-node ``bound`` ("" when it does not): each field
+    over it, with its value and the bound, in wire names and as people write them."""
+    over = np.flatnonzero(capacity > bound)
+    return "; ".join(
+        f"{RESOURCE_NAMES[i]}={int(capacity[i])} is above the bound {int(bound[i])} "
+        f"({_SHORT[i]}={format_quantity(i, int(bound[i]))})"
+        for i in over
+    )
+
+
+_SHORT = ("cpu", "mem", "disk", "net")
+
+
 def _validate_shape(vector: np.ndarray, what: str) -> None:
     if vector.shape != (NUM_RESOURCES,):
         raise ResourceError(f"{what} must have {NUM_RESOURCES} quantities, got {vector.shape}")

@@ -78,6 +78,12 @@ from services.core.lm_lifecycle import (
     Requeue,
     Start,
 )
+from services.core.resources import (
+    ResourceError,
+    above_bound,
+    format_resources,
+    validate_capacity,
+)
 from services.core.snapshot import Allocation
 from services.core.states import RELEASED
 from services.core.status import PlacementStatus
@@ -460,8 +466,15 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
     async def RegisterWorker(self, request, context):
         if not request.node_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "node_id is required")
+        capacity = resources_from_proto(request.capacity)
+        refused = self._capacity_refused(request.node_id, capacity)
+        if refused:
+            log.warning(
+                "refused a worker's registration",
+                extra={"node_id": request.node_id, "peer": context.peer(), "why": refused},
+            )
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, refused)
         try:
-            capacity = resources_from_proto(request.capacity)
             mask = to_mask(request.constraints, self.config.num_constraints)
             node = self.state.table.index_of(request.node_id)
             if node is None:
@@ -506,6 +519,24 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             heartbeat_interval_s=self.config.worker_heartbeat_interval_s,
         )
 
+    def _capacity_refused(self, node_id: str, capacity: np.ndarray) -> str:
+        """Why a worker may not register with ``capacity`` ("" if it may): a nonsense
+        vector (negative, no cpu or memory) or one above this LM's max_node_capacity. Asked
+        of every registration, a known node's too: a forged one must not revive a node."""
+        bound = self.config.node_capacity_bound(self.lm_id)  # at most MAX_VALUE: first
+        why = above_bound(capacity, bound)
+        if why:
+            return (
+                f"worker {node_id!r} advertises more than one node may on {self.lm_id}: "
+                f"{why}; the bound is max_node_capacity in the federation config (per LM: "
+                f"lms[].max_node_capacity), now {format_resources(bound)}"
+            )
+        try:
+            validate_capacity(capacity)
+        except ResourceError as err:
+            return f"worker {node_id!r}: {err}"
+        return ""
+
     def _inventory(self, request) -> list[Held[common_pb2.Task]]:
         """What a registering worker names, read: running first, then the ended tasks
         whose final report it owes. A task that cannot be read is named (its id counts)
@@ -545,10 +576,14 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 beat = await context.read()
                 if beat is grpc.aio.EOF:
                     return
-                if not self.state.table.is_alive(session.node):
+                if (
+                    not self.state.table.is_alive(session.node)
+                    or self.sessions.get(session.node) is not session
+                ):
                     # Taken for dead meanwhile, its tasks re-queued: ending the stream
                     # makes it register again and say what it still runs, so what it
                     # runs of those tasks is killed (see _take_back), not run twice.
+                    # (Or forgotten since: its row may be another node's now.)
                     return
                 try:
                     await self._on_heartbeat(session, beat)
@@ -957,7 +992,8 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
     def _count_workers(self) -> None:
         alive = self.state.table.alive.count()
         metrics.WORKERS.labels(self.lm_id, "alive").set(alive)
-        metrics.WORKERS.labels(self.lm_id, "dead").set(self.state.table.size - alive)
+        nodes = self.state.table.size - len(self.state.table.vacant)  # forgotten: no node
+        metrics.WORKERS.labels(self.lm_id, "dead").set(nodes - alive)
         metrics.WORKERS.labels(self.lm_id, "draining").set(len(self.state.draining))
 
     # ----------------------------------------------------------------- loops
@@ -1102,18 +1138,46 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             await self._carry_out(actions)
 
     async def _watchdog_loop(self) -> None:
-        """A worker silent for longer than the timeout is dead; its tasks are re-queued."""
+        """A worker silent for longer than the timeout is dead; its tasks are re-queued.
+        A node dead for longer than ``forget_lost_after_s`` is forgotten (``forget``)."""
         timeout = self.config.worker_timeout_s
+        forget_after = self.config.forget_lost_after_s
         while True:
             await asyncio.sleep(min(timeout / 4, 1.0))
             for node in self.life.silent(time.monotonic()):
                 await self.mark_dead(node, f"no heartbeat for {timeout:g} s")
+            for node in self.life.forgettable(time.monotonic(), forget_after):
+                self.forget(node)
+
+    def forget(self, node: int) -> bool:
+        """Drop a node that stayed lost from the books (``Lifecycle.forget``): the next
+        heartbeat's delta shows its row vacant and full states leave it out, so GMs stop
+        listing it. Its worker, should it come back, registers as a new node."""
+        node_id = self.state.table.node_ids[node]
+        since = self.life.lost_at.get(node)
+        if not self.life.forget(node):
+            return False
+        session = self.sessions.pop(node, None)
+        if session is not None:  # a stream of it still open writes no more, reads no more
+            session.generation += 1
+            session.ready.set()
+        self._count_workers()
+        log.info(
+            "forgot a lost node",
+            extra={
+                "lm": self.lm_id,
+                "node_id": node_id,
+                "node": node,
+                "lost_s": None if since is None else round(time.monotonic() - since, 1),
+            },
+        )
+        return True
 
     async def mark_dead(self, node: int, reason: str, left: bool = False) -> None:
         """Take ``node`` out and re-queue its tasks; ``left``: its worker said it shuts
         down (an operator's stop, a scale-down), which is no fault: said at info level
         when it ran nothing, so that stopping a federation is quiet."""
-        loss = self.life.node_lost(node, reason)
+        loss = self.life.node_lost(node, reason, time.monotonic())
         lost = loss.lost
         self._count_workers()
         session = self.sessions.get(node)

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import TracebackType
 
 import grpc
+import numpy as np
 
 from services.common import server
 from services.common.config import FederationConfig, WorkerGroup
@@ -24,6 +25,7 @@ from services.worker.agent import WorkerAgent
 from services.worker.executors import DockerExecutor, Executor, default_executors
 from services.worker.janitor import Janitor
 from services.worker.leftovers import GroupLedger
+from services.worker.machine import Machine, cap_to_machine, machine
 from services.worker.outputs import TaskOutputs
 
 log = logging.getLogger("megha.worker")
@@ -35,6 +37,28 @@ def node_ids(group: WorkerGroup, index_offset: int = 0) -> list[str]:
     """The node ids of a group: ``<name_prefix or '<lm>-w'><i>`` from the offset on."""
     prefix = group.name_prefix or f"{group.lm}-w"
     return [f"{prefix}{i}" for i in range(index_offset, index_offset + group.count)]
+
+
+def advertised(group: WorkerGroup, host: Machine | None = None) -> np.ndarray:
+    """What each node of ``group`` advertises to its LM: its configured capacity, but for
+    nodes that run real tasks (process, docker) no more CPU or memory than the machine
+    (``host``, default this one) has, unless ``capacity_beyond_host`` says so."""
+    capacity = parse_resources(group.capacity)
+    if group.executor == "sim" or group.capacity_beyond_host:
+        return capacity
+    host = machine() if host is None else host
+    capped, cut = cap_to_machine(capacity, host)
+    if cut:
+        log.warning(
+            "capacity cut down to this machine's",
+            extra={
+                "lm_id": group.lm,
+                "configured": group.capacity,
+                "cut": "; ".join(cut),
+                "override": "capacity_beyond_host: true",
+            },
+        )
+    return capped
 
 
 class WorkerHost:
@@ -49,7 +73,7 @@ class WorkerHost:
         self.group = group
         self.target = config.lm(group.lm).target
         self.node_ids = node_ids(group, index_offset)
-        self.capacity = parse_resources(group.capacity)
+        self.capacity = advertised(group)
         self.agents: list[WorkerAgent] = []
         self._channel: grpc.aio.Channel | None = None
         self._executors: dict[str, Executor] = {}

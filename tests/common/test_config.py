@@ -183,3 +183,25 @@ def test_tls_is_off_by_default_and_an_environment_variable_can_set_it():
     assert (tls.ca, tls.cert, tls.key, tls.server_name) == ("/c.pem", "/s.pem", "/k.pem", "megha")
     with pytest.raises(ConfigError, match="tls"):
         parse_config(default_config(), env={"MEGHA_TLS": "{ca: /c.pem}"})
+
+
+def test_node_capacity_is_bounded_per_federation_and_per_lm():
+    config = parse_config(default_config(), env={})
+    assert config.forget_lost_after_s == 600
+    assert config.node_capacity_bound("lm-1").tolist() == [1_024_000, 16 << 20, 1 << 30, 1_000_000]
+    data = {**default_config(), "max_node_capacity": "cpu=64"}
+    data["lms"] = [{**data["lms"][0], "max_node_capacity": "mem=64Gi"}, *data["lms"][1:]]
+    config = parse_config(data, env={"MEGHA_FORGET_LOST_AFTER_S": "0"})
+    assert config.forget_lost_after_s == 0
+    assert config.node_capacity_bound("lm-1").tolist()[:2] == [64_000, 64 << 10]
+    assert config.node_capacity_bound("lm-2").tolist()[:2] == [64_000, 16 << 20]
+    # A configured node its LM would refuse is a config error, not a refusal at run time.
+    data["workers"] = [{"lm": "lm-1", "capacity": "cpu=4,mem=128Gi"}]
+    with pytest.raises(ConfigError, match="above the max_node_capacity of LM 'lm-1'"):
+        parse_config(data, env={})
+    data["workers"] = []
+    data["autoscale"] = {"pools": [{"name": "big", "lm": "lm-2", "max": 2, "capacity": "cpu=65"}]}
+    with pytest.raises(ConfigError, match=r"autoscale pool 'big'.*cpu_milli=65000"):
+        parse_config(data, env={})
+    with pytest.raises(ConfigError, match="above 0"):
+        parse_config({**default_config(), "max_node_capacity": "cpu=0"}, env={})

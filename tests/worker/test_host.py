@@ -8,7 +8,8 @@ import time
 
 from services.common.config import parse_config
 from services.core.resources import resources
-from services.worker.host import WorkerHost, node_ids
+from services.worker.host import WorkerHost, advertised, node_ids
+from services.worker.machine import Machine
 
 
 def config(port: int, **group: object):
@@ -38,7 +39,14 @@ def test_node_ids_follow_the_prefix_and_offset() -> None:
 
 async def test_host_runs_its_agents_over_one_channel_and_stops_cleanly() -> None:
     port = closed_port()
-    cfg = config(port, count=4, capacity="cpu=2,mem=4Gi", constraints=[3], executor="process")
+    cfg = config(
+        port,
+        count=4,
+        capacity="cpu=2,mem=4Gi",
+        constraints=[3],
+        executor="process",
+        capacity_beyond_host=True,  # as configured, on a machine of any size
+    )
     host = WorkerHost(cfg, cfg.workers[0], index_offset=4)
     assert host.target == f"127.0.0.1:{port}"
     async with host:
@@ -70,3 +78,17 @@ async def test_a_host_that_cannot_keep_output_runs_its_agents_anyway(tmp_path, c
         await asyncio.sleep(0.1)
         assert len(host.agents) == 2
     assert "tasks' output will not be kept" in caplog.text
+
+
+def test_a_host_of_real_tasks_advertises_no_more_than_its_machine(caplog) -> None:
+    small = Machine(cpu_milli=2000, memory_mb=4096)
+    cfg = config(2, capacity="cpu=64,mem=1Ti,disk=1Ti", executor="process")
+    assert advertised(cfg.workers[0], small).tolist() == [2000, 4096, 1 << 20, 0]
+    (said,) = [r for r in caplog.records if r.message == "capacity cut down to this machine's"]
+    assert said.cut == "cpu_milli 64000 -> 2000; memory_mb 1048576 -> 4096"
+    within = config(2, capacity="cpu=1,mem=1Gi", executor="docker")
+    assert advertised(within.workers[0], small).tolist() == [1000, 1024, 0, 0]
+    beyond = config(2, capacity="cpu=64,mem=8Gi", executor="process", capacity_beyond_host=True)
+    assert advertised(beyond.workers[0], small).tolist() == [64000, 8192, 0, 0]
+    sim = config(2, capacity="cpu=64,mem=8Gi")
+    assert advertised(sim.workers[0], small).tolist() == [64000, 8192, 0, 0]
