@@ -390,6 +390,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "certs":
             return _certs(args, config)
         identity = _identity(args, config)
+        if config.authz is not None and identity == "worker/any":
+            print("megha: with authz, a worker process serves one LM: pass --lm", file=sys.stderr)
+            return 2
         use_tls(config.tls, identity)
         use_authz(config.authz, identity, config.effective_queues()[0].name)
         if args.command in ROLES:
