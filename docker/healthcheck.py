@@ -91,7 +91,11 @@ def _channel(target: str, tls: dict | None):
     options: list[tuple[str, object]] = [("grpc.enable_http_proxy", 0)]
     if not tls:
         return grpc.insecure_channel(target, options=options)
-    ca, cert, key = (Path(tls[name]).read_bytes() for name in ("ca", "cert", "key"))
+    paths = dict(tls)
+    if tls.get("dir"):  # per-process identities: health is open to any of them
+        identity = os.environ.get("MEGHA_IDENTITY", "client/shared")
+        paths["cert"], paths["key"] = (f"{tls['dir']}/{identity}.{ext}" for ext in ("crt", "key"))
+    ca, cert, key = (Path(paths[name]).read_bytes() for name in ("ca", "cert", "key"))
     if tls.get("server_name"):
         options.append(("grpc.ssl_target_name_override", tls["server_name"]))
     return grpc.secure_channel(target, grpc.ssl_channel_credentials(ca, key, cert), options)
