@@ -132,7 +132,7 @@ async def run_mode(options: Options, mode: str, log_dir: Path) -> ModeResult:
     state = log_dir / "autoscale-state"
     config = free_ports_config(lambda base: mode_config(options, mode, base, prefix, state))
     async with running_federation(config, log_dir) as children:
-        bus = RabbitBus(config.rabbitmq_url, prefix=prefix)
+        bus = RabbitBus(config.broker_url("reader"), prefix=prefix)
         stamps = Stamps()
         await bus.connect()
         try:  # subscribed before the first burst is offered

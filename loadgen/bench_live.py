@@ -668,7 +668,7 @@ async def _measure(
     options: BenchOptions, config: FederationConfig, progress: Progress, children: Children
 ) -> BenchResult:
     events = EventLog()
-    bus = RabbitBus(config.rabbitmq_url, prefix=config.exchange_prefix)
+    bus = RabbitBus(config.broker_url("reader"), prefix=config.exchange_prefix)
     streaming = options.submit == "stream"
     if options.file_queues:
         # Jobs round-robin over the queues, each submitted to the GM that serves it.

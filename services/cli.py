@@ -305,6 +305,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     nodes.add_argument("--json", action="store_true", help="one JSON object a node")
 
+    users = commands.add_parser(
+        "broker-users",
+        help="create the config's RabbitMQ vhost and per-role users with their permissions "
+        "(rabbitmqctl; docs/security.md)",
+    )
+    _add_config(users)
+    users.add_argument("--remove-guest", action="store_true", help="delete the guest user too")
+    users.add_argument("--node", default=None, help="rabbitmqctl -n NODE (default: its own)")
+
     bench = commands.add_parser("bench", help="micro-benchmarks of the scheduling hot path")
     bench_kinds = bench.add_subparsers(dest="bench", required=True)
     bm = bench_kinds.add_parser("match", help="time one match on partitions of N nodes")
@@ -389,6 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(args.config)
         if args.command == "certs":
             return _certs(args, config)
+        if args.command == "broker-users":
+            return _broker_users(args, config)
         identity = _identity(args, config)
         if config.authz is not None and identity == "worker/any":
             print("megha: with authz, a worker process serves one LM: pass --lm", file=sys.stderr)
@@ -470,6 +481,18 @@ def _identity(args: argparse.Namespace, config) -> str | None:
     if args.command in ("autoscale", "console"):
         return "autoscaler/autoscaler" if args.command == "autoscale" else "console/console"
     return None
+
+
+def _broker_users(args: argparse.Namespace, config) -> int:
+    from services.app.broker_users import BrokerUsersError, broker_users
+
+    try:
+        for line in broker_users(config, args.remove_guest, args.node):
+            print(line)
+    except (BrokerUsersError, OSError) as err:
+        print(f"megha: {err}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _bench(args: argparse.Namespace) -> int:

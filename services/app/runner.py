@@ -190,7 +190,7 @@ async def _serve_role(
         async with workers:
             await until_signalled()
         return
-    bus = make_bus(config.rabbitmq_url, prefix=config.exchange_prefix)
+    bus = role_bus(config, role)
     async with bus:
         runner = running_gm if role == "gm" else running_lm
         assert ident is not None
@@ -198,17 +198,33 @@ async def _serve_role(
             await until_signalled()
 
 
+def role_bus(config: FederationConfig, role: str) -> Bus:
+    """The bus of a GM or an LM: RabbitMQ as the role's broker user, signing what it
+    queues when the federation has a queue signing key (both roles queue tasks: the LM
+    its lost and preempted ones again)."""
+    return make_bus(
+        config.broker_url(role),
+        prefix=config.exchange_prefix,
+        signing_key=config.queue_signing_key(),
+    )
+
+
 async def serve_embedded(config: FederationConfig, ready: asyncio.Event | None = None) -> None:
     """Every service of ``config`` in this process on an in-memory bus (no RabbitMQ)."""
     broker = InMemoryBroker()
+    key = config.queue_signing_key()
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(watching_stalls())
         for lm in config.lms:
-            bus = await stack.enter_async_context(make_bus("memory://", broker=broker))
+            bus = await stack.enter_async_context(
+                make_bus("memory://", broker=broker, signing_key=key)
+            )
             await stack.enter_async_context(running_lm(config, lm.id, bus))
         await stack.enter_async_context(running_workers(config, None, None))
         for gm in config.gms:
-            bus = await stack.enter_async_context(make_bus("memory://", broker=broker))
+            bus = await stack.enter_async_context(
+                make_bus("memory://", broker=broker, signing_key=key)
+            )
             await stack.enter_async_context(running_gm(config, gm.id, bus))
         if config.predictor is not None:
             await stack.enter_async_context(running_predictor(config))

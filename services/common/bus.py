@@ -37,6 +37,10 @@ and every publisher or subscriber declares them again, also after a reconnect).
 An ``amqps://`` URL connects over TLS, with the federation's CA and certificate when
 ``tls`` is set (``services.common.server.broker_ssl_context``).
 
+A bus made with a ``signing_key`` signs what it enqueues (``services.common.queue_signing``:
+a header on the message) and its ``authentic`` tells a consumer whether a delivery carries
+a valid signature for its queue; without one, nothing is signed and every delivery passes.
+
 ``InMemoryBus`` gives the same semantics inside one process for ``megha up --embedded``:
 several buses sharing one ``InMemoryBroker`` behave like clients of one RabbitMQ.
 """
@@ -49,8 +53,9 @@ import contextlib
 import itertools
 import logging
 import time
+import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, Self
@@ -71,6 +76,7 @@ from aio_pika.exceptions import (
     PublishError,
 )
 
+from services.common.queue_signing import SIGNATURE_HEADER, sign, verify
 from services.common.server import broker_ssl_context, warn_if_broker_plaintext
 
 log = logging.getLogger("megha.bus")
@@ -105,6 +111,10 @@ class Delivery(Protocol):
     body: bytes
     redelivered: bool
     """True if an earlier consumer got it and never acked it (e.g. a GM crashed)."""
+    headers: Mapping[str, Any]
+    """The message's AMQP headers (its signature among them, if signed)."""
+    message_id: str
+    """The publisher's id for the message ('' if it gave none), for logs."""
 
     async def ack(self) -> None:
         """Remove the message from the queue for good."""
@@ -124,10 +134,24 @@ class Subscription(Protocol):
 class Bus(abc.ABC):
     """Publish/subscribe and durable work queues; see the module docstring."""
 
-    def __init__(self, prefix: str = "megha") -> None:
+    def __init__(self, prefix: str = "megha", signing_key: bytes | None = None) -> None:
         if not prefix:
             raise ValueError("bus prefix must not be empty")
         self.prefix = prefix
+        self.signing_key = signing_key
+
+    def _signature(self, queue_name: str, body: bytes) -> dict[str, Any] | None:
+        """The headers that sign ``body`` on the broker queue ``queue_name``, if we sign."""
+        if self.signing_key is None:
+            return None
+        return {SIGNATURE_HEADER: sign(self.signing_key, queue_name, body)}
+
+    def authentic(self, queue: str, delivery: Delivery) -> bool:
+        """Whether ``delivery`` from work queue ``queue`` carries a valid signature (always
+        True on a bus without a signing key: today's unsigned federation)."""
+        if self.signing_key is None:
+            return True
+        return verify(self.signing_key, self.queue_name(queue), delivery.body, delivery.headers)
 
     def exchange_name(self, exchange: str) -> str:
         return f"{self.prefix}.{exchange}"
@@ -220,11 +244,18 @@ class Bus(abc.ABC):
         """Messages ready in a work queue (delivered-but-unacked ones are not counted)."""
 
 
-def make_bus(url: str, prefix: str = "megha", broker: InMemoryBroker | None = None) -> Bus:
-    """``memory://`` → an in-process bus on ``broker`` (or a shared default); else RabbitMQ."""
+def make_bus(
+    url: str,
+    prefix: str = "megha",
+    broker: InMemoryBroker | None = None,
+    signing_key: bytes | None = None,
+) -> Bus:
+    """``memory://`` → an in-process bus on ``broker`` (or a shared default); else RabbitMQ.
+    With ``signing_key`` it signs what it enqueues (see ``Bus.authentic``)."""
     if url.startswith(MEMORY_URL):
-        return InMemoryBus(broker if broker is not None else _DEFAULT_BROKER, prefix=prefix)
-    return RabbitBus(url, prefix=prefix)
+        shared = broker if broker is not None else _DEFAULT_BROKER
+        return InMemoryBus(shared, prefix=prefix, signing_key=signing_key)
+    return RabbitBus(url, prefix=prefix, signing_key=signing_key)
 
 
 def _check_prefetch(prefetch: int) -> None:
@@ -252,8 +283,10 @@ def safe_url(url: str) -> str:
 class RabbitBus(Bus):
     """The bus on RabbitMQ through aio-pika, with a robust (reconnecting) connection."""
 
-    def __init__(self, url: str = DEFAULT_URL, prefix: str = "megha") -> None:
-        super().__init__(prefix)
+    def __init__(
+        self, url: str = DEFAULT_URL, prefix: str = "megha", signing_key: bytes | None = None
+    ) -> None:
+        super().__init__(prefix, signing_key)
         self.url = url
         self._connection: AbstractRobustConnection | None = None
         self._confirmed: AbstractChannel | None = None  # publisher confirms: enqueue
@@ -415,7 +448,12 @@ class RabbitBus(Bus):
 
     async def _publish_persistent(self, name: str, body: bytes) -> None:
         assert self._confirmed is not None
-        message = aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT)
+        message = aio_pika.Message(
+            body,
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            headers=self._signature(name, body),
+            message_id=uuid.uuid4().hex,  # names it in a consumer's logs
+        )
         # With publisher confirms this returns once the broker has stored the message, and
         # raises DeliveryError if the broker nacks it.
         await self._confirmed.default_exchange.publish(message, name, mandatory=True)
@@ -582,13 +620,15 @@ class _RabbitStream(_RabbitSubscription):
 
 
 class _RabbitDelivery:
-    __slots__ = ("_message", "_settled", "body", "redelivered")
+    __slots__ = ("_message", "_settled", "body", "headers", "message_id", "redelivered")
 
     def __init__(self, message: AbstractIncomingMessage) -> None:
         self._message = message
         self._settled = False
         self.body: bytes = message.body
         self.redelivered: bool = bool(message.redelivered)
+        self.headers: Mapping[str, Any] = message.headers or {}
+        self.message_id: str = message.message_id or ""
 
     async def ack(self) -> None:
         if not self._settled:
@@ -660,6 +700,8 @@ def topic_matches(binding_key: str, routing_key: str) -> bool:
 class _Stored:
     body: bytes
     redelivered: bool = False
+    headers: Mapping[str, Any] | None = None
+    message_id: str = ""
 
 
 class _MemoryWorkQueue:
@@ -689,7 +731,9 @@ class _MemoryWorkQueue:
 
     def give_back(self, stored: Sequence[_Stored]) -> None:
         """Put messages back at the head, keeping their order, marked redelivered."""
-        self.ready.extendleft(_Stored(s.body, redelivered=True) for s in reversed(stored))
+        self.ready.extendleft(
+            _Stored(s.body, True, s.headers, s.message_id) for s in reversed(stored)
+        )
         self.dispatch()
 
 
@@ -714,8 +758,10 @@ _DEFAULT_BROKER = InMemoryBroker()
 class InMemoryBus(Bus):
     """The bus inside one process; several buses on one broker act like RabbitMQ clients."""
 
-    def __init__(self, broker: InMemoryBroker, prefix: str = "megha") -> None:
-        super().__init__(prefix)
+    def __init__(
+        self, broker: InMemoryBroker, prefix: str = "megha", signing_key: bytes | None = None
+    ) -> None:
+        super().__init__(prefix, signing_key)
         self.broker = broker
         self._connected = False
         self._subscriptions: set[_MemoryStream | _MemoryConsumer] = set()
@@ -789,16 +835,19 @@ class InMemoryBus(Bus):
         return stream
 
     async def enqueue(self, queue: str, body: bytes) -> None:
-        self._require()
-        work_queue = self.broker.work_queue(self.queue_name(queue))
-        work_queue.ready.append(_Stored(bytes(body)))
-        work_queue.dispatch()
+        await self.enqueue_many(queue, [body])
 
     async def enqueue_many(self, queue: str, bodies: Sequence[bytes]) -> None:
         self._require()
-        work_queue = self.broker.work_queue(self.queue_name(queue))
-        work_queue.ready.extend(_Stored(bytes(body)) for body in bodies)
+        name = self.queue_name(queue)
+        work_queue = self.broker.work_queue(name)
+        work_queue.ready.extend(self._stored(name, bytes(body)) for body in bodies)
         work_queue.dispatch()
+
+    def _stored(self, name: str, body: bytes) -> _Stored:
+        if self.signing_key is None:
+            return _Stored(body)
+        return _Stored(body, headers=self._signature(name, body), message_id=uuid.uuid4().hex)
 
     async def consume(
         self, queue: str, handler: Callable[[Delivery], Awaitable[None]], prefetch: int = 1000
@@ -887,7 +936,7 @@ class _MemoryStream:
 
 
 class _MemoryDelivery:
-    __slots__ = ("_consumer", "_stored", "body", "redelivered", "tag")
+    __slots__ = ("_consumer", "_stored", "body", "headers", "message_id", "redelivered", "tag")
 
     def __init__(self, consumer: _MemoryConsumer, stored: _Stored, tag: int) -> None:
         self.tag = tag
@@ -895,6 +944,8 @@ class _MemoryDelivery:
         self._stored = stored
         self.body = stored.body
         self.redelivered = stored.redelivered
+        self.headers: Mapping[str, Any] = stored.headers or {}
+        self.message_id = stored.message_id
 
     async def ack(self) -> None:
         self._consumer.settle(self, requeue=None)

@@ -12,6 +12,7 @@ import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, get_origin
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import numpy as np
 import yaml
@@ -275,6 +276,39 @@ class AuthzConfig(_Model):
     )
 
 
+BROKER_ROLES = ("gm", "lm", "reader")
+
+
+class BrokerUser(_Model):
+    """One RabbitMQ user: its name, and a file that holds its password (never the
+    password itself, so the federation file can be shared and logged)."""
+
+    name: str = Field(..., min_length=1, pattern=r"^[^\s:@/]+$", description="User name.")
+    password_file: str = Field(
+        ..., min_length=1, description="File whose content (less a final newline) is it."
+    )
+
+
+class BrokerConfig(_Model):
+    """Who the federation's processes are on RabbitMQ (docs/security.md, "The broker").
+
+    Each role connects as its own user instead of with ``rabbitmq_url``'s credentials;
+    ``megha broker-users`` creates them with the permissions of their role on the vhost
+    ``rabbitmq_url`` names. A role without a user here keeps the URL's credentials."""
+
+    gm: BrokerUser | None = Field(None, description="GMs: the only readers of user queues.")
+    lm: BrokerUser | None = Field(None, description="LMs: heartbeats, events, re-queues.")
+    reader: BrokerUser | None = Field(
+        None, description="Event watchers (the load generator): read events, nothing more."
+    )
+    queue_signing_key: str = Field(
+        "",
+        description="File of the key GMs and LMs sign work-queue messages with (HMAC-SHA256); "
+        "a GM drops a message without a valid signature. Empty: unsigned, and every message "
+        "a broker user can put in a user queue is scheduled (the insecure default).",
+    )
+
+
 def _named(items: list[Any], names: dict, what: str) -> list[Any]:
     """Worker groups or pools with constraint names turned into ids (``what`` formats
     with the item's fields, to say which one is wrong)."""
@@ -441,6 +475,9 @@ class FederationConfig(_Model):
         None, description="Authorization and audit; none (every caller may do everything)."
     )
     autoscale: AutoscaleConfig | None = Field(None, description="Pools ``megha autoscale`` sizes.")
+    broker: BrokerConfig | None = Field(
+        None, description="Per-role broker users and the queue signing key; none by default."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -609,6 +646,34 @@ class FederationConfig(_Model):
         """A fresh instance of the configured policy (GM and LM each hold their own)."""
         return make_policy(self.policy, rho=self.gpa_rho)
 
+    def broker_url(self, role: str) -> str:
+        """``rabbitmq_url`` with the credentials of ``role``'s broker user (``gm``, ``lm``,
+        ``reader``), read from its password file; the URL as it is when the role has none.
+        Every process that connects to RabbitMQ takes its URL from here."""
+        if role not in BROKER_ROLES:
+            raise ValueError(f"unknown broker role {role!r}; roles: {', '.join(BROKER_ROLES)}")
+        user = getattr(self.broker, role) if self.broker is not None else None
+        if user is None:
+            return self.rabbitmq_url
+        return with_credentials(self.rabbitmq_url, user.name, read_secret(user.password_file))
+
+    def queue_signing_key(self) -> bytes | None:
+        """The work-queue signing key, or None when the file names none."""
+        if self.broker is None or not self.broker.queue_signing_key:
+            return None
+        from services.common.queue_signing import SigningKeyError, read_signing_key
+
+        try:
+            return read_signing_key(self.broker.queue_signing_key)
+        except SigningKeyError as err:
+            raise ConfigError(str(err)) from None
+
+    @property
+    def broker_vhost(self) -> str:
+        """The RabbitMQ vhost ``rabbitmq_url`` names (its path; ``/`` when it has none)."""
+        path = urlsplit(self.rabbitmq_url).path
+        return unquote(path[1:]) if len(path) > 1 else "/"
+
     # ------------------------------------------------------------ lookups
     @property
     def gm_ids(self) -> list[str]:
@@ -647,6 +712,26 @@ def _checked_bound(value: str) -> str:
     except ResourceError as err:
         raise ValueError(f"{value!r}: {err}") from None
     return value
+
+
+def read_secret(path: str) -> str:
+    """A password file's content less its final newline; ConfigError if unreadable or empty."""
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ConfigError(f"cannot read password file {path}: {err.strerror}") from None
+    secret = text.removesuffix("\n").removesuffix("\r")
+    if not secret:
+        raise ConfigError(f"password file {path} is empty")
+    return secret
+
+
+def with_credentials(url: str, user: str, password: str) -> str:
+    """``url`` with its user and password (if any) replaced by these, percent-encoded."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _find(items: list[Any], item_id: str, kind: str) -> Any:

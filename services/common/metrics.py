@@ -68,6 +68,12 @@ EVENTS_RECOVERED = Counter(
     "Task ends a GM never heard of on the broker and learnt from the LM instead.",
     ["gm"],
 )
+UNAUTHENTICATED_MESSAGES = Counter(
+    "megha_gm_unauthenticated_messages",
+    "Messages a GM dropped from a user queue it serves because they carried no valid "
+    "signature (broker.queue_signing_key).",
+    ["gm", "queue"],
+)
 TASKS_CANCELLED = Counter(
     "megha_tasks_cancelled_total",
     "Queued tasks of cancelled jobs a GM dropped (LMs count the running ones they killed "

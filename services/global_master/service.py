@@ -21,7 +21,7 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict, defaultdict, deque
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 import grpc
@@ -326,9 +326,14 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 CANCEL_EXCHANGE, self._on_cancel_message, keep_as=cancel_queue(self.gm_id)
             )
         )
+        if self.bus.signing_key is None and self.config.tls is not None:
+            log.warning(
+                "tls is set but broker.queue_signing_key is not: this GM schedules any "
+                "message a broker user can put in its queues (docs/security.md, The broker)"
+            )
         for queue in self.my_queues:
             self._subscriptions.append(
-                await self.bus.consume(user_queue(queue), self._on_delivery, prefetch=1000)
+                await self.bus.consume(user_queue(queue), self._authenticated(queue), prefetch=1000)
             )
         self._loops.append(asyncio.create_task(self._schedule_loop(), name="gm-schedule"))
         self._loops.append(asyncio.create_task(self._gauge_loop(), name="gm-gauges"))
@@ -846,6 +851,26 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             )
 
     # ------------------------------------------------------------ broker input
+    def _authenticated(self, queue: str) -> Callable[[Delivery], Awaitable[None]]:
+        """``_on_delivery`` for the messages of user queue ``queue`` that a GM or an LM
+        signed; any other is dropped unread (rejected, not requeued: dead-lettered if the
+        operator gave the queue a dead-letter exchange) and counted."""
+
+        async def on_delivery(delivery: Delivery) -> None:
+            if self.bus.authentic(user_queue(queue), delivery):
+                await self._on_delivery(delivery)
+                return
+            metrics.UNAUTHENTICATED_MESSAGES.labels(self.gm_id, queue).inc()
+            log.warning(
+                "dropped a message without a valid signature from %s (message id %r)",
+                self.bus.queue_name(user_queue(queue)),
+                delivery.message_id,
+                extra={"queue": queue, "message_id": delivery.message_id},
+            )
+            await delivery.nack(requeue=False)
+
+        return on_delivery
+
     async def _on_delivery(self, delivery: Delivery) -> None:
         batch_msg = common_pb2.TaskBatch.FromString(delivery.body)
         key = _message_key(batch_msg)
