@@ -65,3 +65,17 @@ async def test_the_retries_are_bounded_and_other_errors_are_not_retried(gm) -> N
     gm.answers = [BUSY]  # without busy_tries, as before: the refusal at once
     with pytest.raises(grpc.aio.AioRpcError):
         await gm.submit([])
+
+
+async def test_megha_submit_waits_for_a_busy_gm_and_says_so(gm, capsys) -> None:
+    from services.app import operator
+    from services.common.client import TaskTemplate
+    from services.core.resources import resources
+
+    gm.answers = [BUSY, SimpleNamespace(job_id="j1", task_ids=["j1.0"])]
+    args = SimpleNamespace(dry_run=False, json=False, wait=False)
+    template = TaskTemplate(resources=resources(1000, 64))
+    assert await operator._queue_job(gm, args, None, [template], "", "", "1 sim") == 0
+    out, err = capsys.readouterr()
+    assert "job j1: 1 tasks queued" in out
+    assert "the GM is busy; trying again in 0.1 s" in err and gm.slept == [0.1]
