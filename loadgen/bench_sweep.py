@@ -3,6 +3,11 @@
     for each rate: bench-live (a fresh federation) ──▶ DIR/rate-<R>/{summary.json, tasks.csv, CDF}
     all rates ──▶ DIR/sweep.json (one row per rate) + DIR/sweep.png (latency and CPU vs rate)
 
+``--sweep``: the rates are chosen by a bounded search instead (``saturation.RateSearch``:
+doubling from ``--rate``, then bisection, at most ``--sweep-runs`` runs of ``--seconds``
+each) for the highest rate that meets ``--target-p99-ms`` with every offered task placed;
+DIR/saturation.json says which, and sweep.png draws the target.
+
 Where a federation stops keeping up on a machine is a curve, not a point: allocation time
 is flat while the processes have CPU to spare and climbs steeply once they do not. The
 sweep draws that curve, with the CPU the federation used at each rate, so a latency
@@ -28,8 +33,10 @@ from loadgen.bench_live import (
     run_bench,
     run_main,
 )
+from loadgen.saturation import BREACH, RateSearch, target_met, verdict
 
 SWEEP_FILE = "sweep.json"
+SATURATION_FILE = "saturation.json"
 PLOT_FILE = "sweep.png"
 
 
@@ -60,6 +67,9 @@ def sweep_row(result: BenchResult) -> dict[str, Any]:
         "other_cores": cpu.get("other_cores"),
         "cpu_ms_per_task": round(sum(cpu.get("ms_per_task", {}).values()), 3) if cpu else None,
         "host_cpus": (s.get("host") or {}).get("cpus"),
+        "refused_tasks": s.get("refused_tasks", 0),
+        "submit_errors": s["submit_errors"],
+        "verdict": verdict(s).kind,
     }
 
 
@@ -68,8 +78,11 @@ class Sweep:
     results: list[BenchResult]
     files: list[Path] = field(default_factory=list)  # sweep.json and sweep.png
 
+    search: dict[str, Any] | None = None  # --sweep: what saturation.json holds
+
     @property
     def ok(self) -> bool:
+        """No run breached exactly once (saturated runs are measurements)."""
         return all(r.ok for r in self.results)
 
 
@@ -86,12 +99,61 @@ async def run_sweep(
         result = await run_bench(dataclasses.replace(options, rate=rate, out=out), say=say)
         say(render(result))
         sweep.results.append(result)
-    if options.out is not None:
-        rows = [sweep_row(r) for r in sweep.results]
-        path = options.out / SWEEP_FILE
-        path.write_text(json.dumps(rows, indent=2) + "\n")
-        plot = plot_sweep(rows, options.out / PLOT_FILE)
-        sweep.files = [path, *([plot] if plot else [])]
+    _write(sweep, options.out)
+    return sweep
+
+
+def _write(sweep: Sweep, out: Path | None, target_ms: float | None = None) -> None:
+    if out is None:
+        return
+    rows = sorted(map(sweep_row, sweep.results), key=lambda r: r["offered_rate"])
+    path = out / SWEEP_FILE
+    path.write_text(json.dumps(rows, indent=2) + "\n")
+    sweep.files = [path]
+    if sweep.search is not None:
+        found = out / SATURATION_FILE
+        found.write_text(json.dumps(sweep.search, indent=2) + "\n")
+        sweep.files.append(found)
+    plot = plot_sweep(rows, out / PLOT_FILE, target_ms)
+    sweep.files += [plot] if plot else []
+
+
+async def search_rate(
+    options: BenchOptions,
+    target_p99_ms: float,
+    max_runs: int,
+    say: Callable[[str], None] = print,
+) -> Sweep:
+    """The highest offered rate whose run meets ``target_p99_ms`` with every offered task
+    placed exactly once: ``RateSearch`` from ``options.rate``, one fresh federation per
+    run. Stops early at an exactly-once breach (that is a bug to look at, not a rate)."""
+    options.check()
+    search = RateSearch(start=options.rate, max_runs=max_runs)
+    sweep = Sweep([])
+    runs = []
+    while (rate := search.next_rate()) is not None:
+        out = options.out / f"rate-{rate:g}" if options.out is not None else None
+        say(
+            f"bench-live sweep: {rate:g} tasks/s, run {len(search.tried) + 1} of at most {max_runs}"
+        )
+        result = await run_bench(dataclasses.replace(options, rate=rate, out=out), say=say)
+        say(render(result))
+        sweep.results.append(result)
+        met, why = target_met(result.summary, target_p99_ms / 1e3)
+        search.record(rate, met)
+        runs.append({"offered_rate": rate, "met": met, "why": why})
+        say(f"bench-live sweep: {rate:g} tasks/s {'meets' if met else 'misses'} the target: {why}")
+        if verdict(result.summary).kind == BREACH:
+            break
+    sweep.search = {
+        "target_p99_ms": target_p99_ms,
+        "highest_rate_meeting_target": search.best,
+        "lowest_rate_missing_target": search.lowest_missed,
+        "max_runs": max_runs,
+        "seconds_per_run": options.seconds,
+        "runs": runs,
+    }
+    _write(sweep, options.out, target_p99_ms)
     return sweep
 
 
@@ -111,13 +173,31 @@ def render_sweep(sweep: Sweep) -> str:
             f"{report.ms(alloc['p99']):>6}  {row['completed']:>6}/{row['tasks']:<6}  "
             f"{cores:<10} {per_task}"
         )
+    if sweep.search is not None:
+        found, missed = (
+            sweep.search["highest_rate_meeting_target"],
+            sweep.search["lowest_rate_missing_target"],
+        )
+        target = f"allocation p99 <= {sweep.search['target_p99_ms']:g} ms, every task placed"
+        lines.append(
+            (
+                f"highest rate meeting {target}: {found:g} tasks/s"
+                if found is not None
+                else f"no rate tried met {target}"
+            )
+            + (f" (missed at {missed:g})" if missed is not None else " (none tried missed it)")
+            + f", {len(sweep.search['runs'])} runs"
+        )
     for path in sweep.files:
         lines.append(f"wrote {path}")
     return "\n".join(lines)
 
 
-def plot_sweep(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
-    """Allocation-time percentiles (log ms) and CPU cores against the offered rate."""
+def plot_sweep(
+    rows: Sequence[dict[str, Any]], path: Path, target_ms: float | None = None
+) -> Path | None:
+    """Allocation-time percentiles (log ms) and CPU cores against the offered rate, with
+    the p99 target when a search had one."""
     try:
         import matplotlib
 
@@ -130,6 +210,8 @@ def plot_sweep(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
     for key, style in (("p50", "o-"), ("p90", "s--"), ("p99", "^-")):
         values = [1e3 * r["alloc_s"][key] if r["alloc_s"][key] is not None else None for r in rows]
         lat.plot(rates, values, style, label=key)
+    if target_ms is not None:
+        lat.axhline(target_ms, color="r", linestyle=":", label=f"p99 target {target_ms:g} ms")
     lat.set_yscale("log")
     lat.set_xlabel("offered tasks/s")
     lat.set_ylabel("allocation time (ms)")
@@ -157,8 +239,17 @@ def _gaps(rates: Sequence[float]) -> list[float]:
 
 
 def run(options: BenchOptions, rates: Sequence[float]) -> int:
-    """The CLI entry of a sweep: 0 = every task of every rate completed exactly once."""
+    """The CLI entry of a sweep: 0 = every acknowledged task of every rate completed
+    exactly once (saturated rates included), 1 = not."""
     return run_main(
         lambda: run_sweep(options, rates),
+        lambda sweep: (render_sweep(sweep), sweep.ok),
+    )
+
+
+def run_search(options: BenchOptions, target_p99_ms: float, max_runs: int) -> int:
+    """The CLI entry of ``--sweep``: as ``run``, with the rates the search picks."""
+    return run_main(
+        lambda: search_rate(options, target_p99_ms, max_runs),
         lambda sweep: (render_sweep(sweep), sweep.ok),
     )

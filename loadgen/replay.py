@@ -31,7 +31,12 @@ from loadgen.trace import ReadStats, TraceError, TraceJob
 from services._proto.megha.v1 import common_pb2
 from services.app.operator import WorkloadError
 from services.common.argtypes import positive_float, positive_int
-from services.common.client import GlobalMasterClient
+from services.common.client import (
+    BUSY_PAUSE_MAX_S,
+    BUSY_PAUSE_S,
+    BUSY_TRIES,
+    GlobalMasterClient,
+)
 from services.common.config import FederationConfig
 from services.common.convert import resources_to_proto
 from services.common.progress import Progress, bar
@@ -107,8 +112,6 @@ _ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # server.MAX_PENDING_CALLS): the job is tried again, through the next GM, after a pause
 # that doubles, a bounded number of times. It keeps its job id, so it never runs twice.
 _BUSY = (grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED)
-BUSY_TRIES = 8  # pauses of 0.1 s doubling to 5 s: about 16 s of retries in all
-BUSY_PAUSE_S, BUSY_PAUSE_MAX_S = 0.1, 5.0
 
 
 async def _first_answer(clients: Sequence[GlobalMasterClient]):

@@ -39,7 +39,13 @@ from services.app.supervisor import (
     write_federation,
 )
 from services.common.authz import use_authz
-from services.common.client import STATE_NAMES, FollowStalled, GlobalMasterClient, TaskTemplate
+from services.common.client import (
+    BUSY_TRIES,
+    STATE_NAMES,
+    FollowStalled,
+    GlobalMasterClient,
+    TaskTemplate,
+)
 from services.common.config import (
     FederationConfig,
     default_config,
@@ -369,7 +375,19 @@ async def _queue_job(
     ``--dry-run``, say where each would go instead (``_dry_run``)."""
     if getattr(args, "dry_run", False):
         return await _dry_run(client, args, config, templates, queue)
-    reply = await client.submit([t.build() for t in templates], queue=queue, job_id=job_id)
+
+    # A GM whose intake is full asks for a retry after a pause: wait as it says, a
+    # bounded number of times, saying so on stderr (stdout may be --json).
+    def busy(pause: float) -> None:
+        print(f"megha: the GM is busy; trying again in {pause:g} s", file=sys.stderr)
+
+    reply = await client.submit(
+        [t.build() for t in templates],
+        queue=queue,
+        job_id=job_id,
+        busy_tries=BUSY_TRIES,
+        on_busy=busy,
+    )
     if getattr(args, "json", False):
         _print_json({"job_id": reply.job_id, "task_ids": list(reply.task_ids)})
         return 0

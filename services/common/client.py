@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -25,6 +25,16 @@ FOLLOW_AGAIN = {
     grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 FOLLOW_PAUSE_S, FOLLOW_PAUSE_MAX_S = 0.2, 2.0
+# A GM whose intake is full refuses a job with RESOURCE_EXHAUSTED before queuing any of
+# it, and its message asks the client to retry after a pause of BUSY_PAUSE_S, doubling up
+# to BUSY_PAUSE_MAX_S (the GM quotes these). ``submit(busy_tries=...)`` does so: 8 tries
+# wait about 16 s in all, after which the refusal is the caller's to report.
+BUSY_PAUSE_S, BUSY_PAUSE_MAX_S, BUSY_TRIES = 0.1, 5.0, 8
+
+
+def busy_pauses(tries: int = BUSY_TRIES) -> list[float]:
+    """The pauses before each retry of a job a busy GM refused: 0.1, 0.2, 0.4 ... 5 s."""
+    return [min(BUSY_PAUSE_MAX_S, BUSY_PAUSE_S * 2**n) for n in range(tries)]
 
 
 class FollowStalled(RuntimeError):
@@ -96,7 +106,29 @@ class GlobalMasterClient:
         await self._channel.close()
 
     async def submit(
-        self, tasks: Sequence[common_pb2.Task], queue: str = "", job_id: str = ""
+        self,
+        tasks: Sequence[common_pb2.Task],
+        queue: str = "",
+        job_id: str = "",
+        busy_tries: int = 0,
+        on_busy: Callable[[float], None] | None = None,
+    ) -> global_master_pb2.SubmitJobResponse:
+        """Queue a job. A GM too busy to take it (RESOURCE_EXHAUSTED: nothing of it was
+        queued) is asked again up to ``busy_tries`` times after the pauses it asks for
+        (``busy_pauses``), each announced to ``on_busy``; then its refusal is raised."""
+        for pause in [*busy_pauses(busy_tries), None]:
+            try:
+                return await self._submit_once(tasks, queue, job_id)
+            except grpc.aio.AioRpcError as err:
+                if pause is None or err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    raise
+            if on_busy is not None:
+                on_busy(pause)
+            await asyncio.sleep(pause)
+        raise AssertionError("unreachable: the last try raises or returns")
+
+    async def _submit_once(
+        self, tasks: Sequence[common_pb2.Task], queue: str, job_id: str
     ) -> global_master_pb2.SubmitJobResponse:
         stamped = []
         now = time.time_ns()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -103,12 +104,54 @@ def describe(collections: list[tuple[int, float]]) -> str:
     )
 
 
-def settle() -> None:
-    """Once a process has started: what it made so far (modules, stubs, config, servers)
-    lives as long as it does, so move it out of the collector's way. Each full collection
-    then scans only what the work made since (``gc.freeze``)."""
+# The collector's thresholds for a long-lived service, (gen 0, gen 1, gen 2), where
+# CPython's are (700, 10, 10): a young collection after 50,000 net allocations instead
+# of 700, and an older generation once the younger one was collected 50 (100) times.
+# A service allocates a few objects per message and keeps most of what lives long
+# (books, views) as untracked bytes, so young collections found little garbage and the
+# full ones (each a stop of the whole process, 1.6 s at worst under overload) ran often.
+# Measured with bench-live in docs/overload.md; ``MEGHA_GC_THRESHOLDS=700,10,10`` puts
+# CPython's back.
+GC_THRESHOLDS = (50_000, 50, 100)
+GC_THRESHOLDS_ENV = "MEGHA_GC_THRESHOLDS"
+
+
+def gc_thresholds(env: dict[str, str] | None = None) -> tuple[int, int, int]:
+    """``GC_THRESHOLDS``, or the three integers ``MEGHA_GC_THRESHOLDS`` gives."""
+    text = (os.environ if env is None else env).get(GC_THRESHOLDS_ENV, "").strip()
+    if not text:
+        return GC_THRESHOLDS
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or min(values) < 1:
+        raise ValueError(
+            f"{GC_THRESHOLDS_ENV}={text!r}: give three positive integers, e.g. 50000,50,100"
+        )
+    return values  # type: ignore[return-value]
+
+
+def settle(thresholds: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
+    """Tune the garbage collector for a long-lived process, once it has started (every
+    role calls this through ``runner.until_signalled``; bench-live for itself).
+
+    What the process made so far (modules, stubs, config, servers) lives as long as it
+    does, so it is moved out of the collector's way: each full collection then scans
+    only what the work made since (``gc.freeze``). Then the thresholds are raised
+    (``GC_THRESHOLDS``, or ``MEGHA_GC_THRESHOLDS``), so collections run less often.
+    Returns the thresholds set."""
+    if thresholds is None:
+        try:
+            thresholds = gc_thresholds()
+        except ValueError as err:
+            log.warning("%s; using %s", err, GC_THRESHOLDS)
+            thresholds = GC_THRESHOLDS
     gc.collect()
     gc.freeze()
+    gc.set_threshold(*thresholds)
+    log.debug("gc: %d objects frozen, thresholds %s", gc.get_freeze_count(), thresholds)
+    return thresholds
 
 
 async def watch(

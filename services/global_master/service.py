@@ -36,6 +36,7 @@ from services._proto.megha.v1 import (
 )
 from services.common import authz, metrics
 from services.common.bus import Bus, Delivery
+from services.common.client import BUSY_PAUSE_MAX_S, BUSY_PAUSE_S
 from services.common.config import FederationConfig
 from services.common.convert import (
     InvalidTask,
@@ -430,8 +431,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             raise Refused(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"this GM has {self._submissions} submissions under way, its limit: {named} "
-                "was not queued; retry it in a moment, backing off (from 0.1 s, doubling, "
-                "up to 5 s)",
+                f"was not queued; retry it in a moment, backing off (from {BUSY_PAUSE_S:g} s, "
+                f"doubling, up to {BUSY_PAUSE_MAX_S:g} s)",
             )
         self._overloaded = False
         self._submissions += 1

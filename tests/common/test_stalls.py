@@ -68,3 +68,29 @@ def test_settling_takes_what_exists_out_of_full_collections():
         assert not any(id(x) in scanned for x in kept)
     finally:
         gc.unfreeze()
+
+
+def test_settling_raises_the_collectors_thresholds_for_a_long_lived_process(monkeypatch):
+    monkeypatch.delenv(stalls.GC_THRESHOLDS_ENV, raising=False)
+    before = gc.get_threshold()
+    try:
+        assert stalls.settle() == stalls.GC_THRESHOLDS == gc.get_threshold()
+        assert gc.get_threshold()[0] >= 10_000  # not CPython's 700
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
+
+
+def test_the_thresholds_can_be_set_from_the_environment(monkeypatch, caplog):
+    assert stalls.gc_thresholds({"MEGHA_GC_THRESHOLDS": "700,10,10"}) == (700, 10, 10)
+    assert stalls.gc_thresholds({}) == stalls.GC_THRESHOLDS
+    with pytest.raises(ValueError, match="three positive integers"):
+        stalls.gc_thresholds({"MEGHA_GC_THRESHOLDS": "700,10"})
+    monkeypatch.setenv(stalls.GC_THRESHOLDS_ENV, "lots")
+    before = gc.get_threshold()
+    try:
+        assert stalls.settle() == stalls.GC_THRESHOLDS  # a typo never stops a service
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
+    assert "three positive integers" in caplog.text

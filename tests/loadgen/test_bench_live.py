@@ -21,6 +21,7 @@ from loadgen.bench_live import (
     BenchOptions,
     Offer,
     bench_config,
+    render,
     stalls_from,
     summarise,
 )
@@ -237,3 +238,32 @@ def test_a_rate_sweep_runs_each_rate_and_draws_the_curve(tmp_path: Path) -> None
     assert "offered/s" in done.stdout and "p99 ms" in done.stdout
     if importlib.util.find_spec("matplotlib"):
         assert (out / "sweep.png").stat().st_size > 0
+
+
+def test_an_overloaded_run_reports_its_refusals_and_passes_if_no_task_was_lost() -> None:
+    options = BenchOptions(rate=4, seconds=3, gms=1, lms=1, workers_per_lm=2, warmup_s=1.0)
+    config = bench_config(options, base_port=30_000, prefix="bench-unit")
+    offer = Offer(jobs=5, tasks=5, started_ns=T0, ended_ns=T0 + 2 * S, busy_retries=3)
+    offer.errors.update({"DEADLINE_EXCEEDED": 2, "RESOURCE_EXHAUSTED": 1})
+    offer.accepted.add("a.0", "a", "gm-1")
+    offer.accepted.add("b.0", "b", "gm-1")
+    events = run_events(
+        event("a.0", SUCCEEDED, 1.2),
+        event("b.0", SUCCEEDED, 1.5),
+        event("c.0", SUCCEEDED, 1.7),  # its submission timed out, yet the GM queued it
+    )
+    result = summarise(options, config, offer, events, wall_s=3.0, counters=None)
+    s = result.summary
+    assert result.ok  # exit 0: saturated, measured
+    assert s["verdict"]["kind"] == "saturated"
+    assert (s["refused_tasks"], s["busy_retries"], s["unacknowledged_ran"]) == (3, 3, 1)
+    text = render(result)
+    assert "refused submissions    3 tasks not acknowledged" in text
+    assert "DEADLINE_EXCEEDED 2  RESOURCE_EXHAUSTED 1" in text
+    assert "verdict                saturated" in text
+
+    # The same run with one acknowledged task lost is a breach, refusals or not.
+    offer.accepted.add("d.0", "d", "gm-1")
+    lost = summarise(options, config, offer, events, wall_s=3.0, counters=None)
+    assert not lost.ok and lost.summary["verdict"]["kind"] == "breach"
+    assert "EXACTLY-ONCE BREACH" in render(lost)

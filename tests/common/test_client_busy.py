@@ -1,0 +1,81 @@
+"""A GM whose intake is full refuses RESOURCE_EXHAUSTED with a retry hint: the client
+waits as asked, a bounded number of times."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import grpc
+import pytest
+
+from services.common import client as client_module
+from services.common.client import BUSY_PAUSE_MAX_S, GlobalMasterClient, busy_pauses
+from services.common.request_stream import rpc_error
+
+
+def test_the_pauses_double_from_the_hint_and_are_capped() -> None:
+    assert busy_pauses(8) == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0]
+    assert max(busy_pauses(20)) == BUSY_PAUSE_MAX_S and busy_pauses(0) == []
+
+
+@pytest.fixture
+async def gm(monkeypatch):
+    """A client whose GM answers from ``answers`` (an error or a reply, in turn); the
+    pauses it slept are in ``slept``."""
+    target = GlobalMasterClient("127.0.0.1:1")
+    target.answers, target.slept = [], []
+
+    async def submit_once(tasks, queue, job_id):
+        answer = target.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def sleep(pause):
+        target.slept.append(pause)
+
+    monkeypatch.setattr(target, "_submit_once", submit_once)
+    # The client module's asyncio only (its sole use is sleeping), not the test's loop's.
+    monkeypatch.setattr(client_module, "asyncio", SimpleNamespace(sleep=sleep))
+    yield target
+    await target.close()
+
+
+BUSY = rpc_error(grpc.StatusCode.RESOURCE_EXHAUSTED, "retry it in a moment")
+
+
+async def test_a_busy_gm_is_asked_again_after_the_pauses_it_asks_for(gm) -> None:
+    gm.answers = [BUSY, BUSY, "queued"]
+    heard = []
+    assert await gm.submit([], busy_tries=8, on_busy=heard.append) == "queued"
+    assert gm.slept == heard == [0.1, 0.2]
+
+
+async def test_the_retries_are_bounded_and_other_errors_are_not_retried(gm) -> None:
+    gm.answers = [BUSY] * 4
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await gm.submit([], busy_tries=3)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert gm.slept == [0.1, 0.2, 0.4] and not gm.answers
+    # A timeout may have queued the job: retrying it is the caller's choice, not this one's.
+    gm.answers, gm.slept = [rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "late"), "x"], []
+    with pytest.raises(grpc.aio.AioRpcError):
+        await gm.submit([], busy_tries=3)
+    assert gm.slept == []
+    gm.answers = [BUSY]  # without busy_tries, as before: the refusal at once
+    with pytest.raises(grpc.aio.AioRpcError):
+        await gm.submit([])
+
+
+async def test_megha_submit_waits_for_a_busy_gm_and_says_so(gm, capsys) -> None:
+    from services.app import operator
+    from services.common.client import TaskTemplate
+    from services.core.resources import resources
+
+    gm.answers = [BUSY, SimpleNamespace(job_id="j1", task_ids=["j1.0"])]
+    args = SimpleNamespace(dry_run=False, json=False, wait=False)
+    template = TaskTemplate(resources=resources(1000, 64))
+    assert await operator._queue_job(gm, args, None, [template], "", "", "1 sim") == 0
+    out, err = capsys.readouterr()
+    assert "job j1: 1 tasks queued" in out
+    assert "the GM is busy; trying again in 0.1 s" in err and gm.slept == [0.1]
