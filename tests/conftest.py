@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.task_user import task_writable_dir
 
 
 @pytest.fixture
 def rng() -> np.random.Generator:
     """A seeded generator, so a failing random test fails the same way again."""
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def task_tmp() -> Iterator[Path]:
+    """Like ``tmp_path``, but process tasks may write in it too: under a root test run
+    they run as ``nobody``, to whom ``tmp_path`` (mode 0700) is closed."""
+    with task_writable_dir() as path:
+        yield path
 
 
 # Two suites are slow and run apart, by ``.ci/run``, which keeps ``pytest -q`` within its

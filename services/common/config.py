@@ -9,6 +9,7 @@ to point the same file at other hosts. Errors come out as one readable message
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, get_origin
@@ -41,6 +42,8 @@ from services.core.resources import (
 WORKER_STREAM_LIFE_S = 120.0
 
 ENV_PREFIX = "MEGHA_"
+# worker_run_as: empty, uid[:gid], or a user name (as useradd takes it).
+_RUN_AS = re.compile(r"|\d+(:\d+)?|[A-Za-z_][A-Za-z0-9_.-]*\$?")
 
 
 class ConfigError(ValueError):
@@ -417,6 +420,27 @@ class FederationConfig(_Model):
         "task's processes; a task over its memory request is killed and fails (a "
         "container is held to it by the engine). 0: process tasks are not held to it.",
     )
+    worker_run_as: str = Field(
+        "",
+        description="Whom tasks run as: a user name of the worker host or uid[:gid]. Empty: "
+        "a worker that runs as root runs process tasks as nobody (65534:65534), a worker "
+        "that runs as another user runs them as itself (it cannot switch); containers run "
+        "as 65534:65534 either way. A named user keeps its groups, a uid gets none. Root "
+        "(uid or gid 0) is refused unless worker_allow_root_tasks is true.",
+    )
+    worker_allow_root_tasks: bool = Field(
+        False,
+        description="Allow worker_run_as to name root (uid or gid 0): tasks then run with "
+        "every privilege of the worker host. Off by default: tasks never run as root.",
+    )
+    worker_task_max_processes: int = Field(
+        4096,
+        ge=0,
+        description="The most processes and threads a task may have: each container's pids "
+        "limit, and for process tasks run as another user than the worker's, that user's "
+        "RLIMIT_NPROC (which counts all its processes on the host, of every task "
+        "together). 0: no limit.",
+    )
     event_batch_s: float = Field(
         0.05,
         ge=0,
@@ -565,6 +589,27 @@ class FederationConfig(_Model):
         if sum(q.share for q in self.queues) > 1 + 1e-9:
             raise ValueError("queue shares add up to more than 1")
         self._ports_distinct()
+        return self
+
+    @field_validator("worker_run_as")
+    @classmethod
+    def _run_as_form(cls, value: str) -> str:
+        if not _RUN_AS.fullmatch(value):
+            raise ValueError(f"worker_run_as {value!r}: a user name or uid[:gid], e.g. 65534:65534")
+        return value
+
+    @model_validator(mode="after")
+    def _no_root_tasks(self) -> FederationConfig:
+        """A worker_run_as of root is refused unless allowed (a name that is uid 0 on a
+        host only that host can tell: the worker refuses it when it starts)."""
+        run_as = self.worker_run_as
+        ids = run_as.split(":") if run_as[:1].isdigit() else []
+        root = run_as == "root" or 0 in map(int, ids)
+        if root and not self.worker_allow_root_tasks:
+            raise ValueError(
+                f"worker_run_as {run_as!r} runs tasks as root; set worker_allow_root_tasks: "
+                "true to allow it"
+            )
         return self
 
     def _pools_consistent(self, lm_ids: list[str]) -> None:

@@ -8,6 +8,10 @@ that awaits ``run``.
 
 Exit codes follow the shell: 126 = cannot execute, 127 = not found, 128+N = killed by
 signal N (so a ``SIGKILL`` is 137 for a process and a container alike).
+
+No task runs as root unless the operator says so (``runas.py``): a process task as
+``RunAs.process`` (``nobody`` under a root worker), a container as ``RunAs.container``
+(65534:65534 by default), read-only, without capabilities or new privileges.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 from services._proto.megha.v1 import common_pb2
@@ -31,6 +36,7 @@ from services.worker.janitor import LIFE_LABEL
 from services.worker.leftovers import HOST_LABEL, GroupLedger, group_running
 from services.worker.memwatch import MemoryWatch
 from services.worker.outputs import TaskOutputs
+from services.worker.runas import RunAs, RunAsError, TaskDirs, TaskUser, default_task_dirs
 
 log = logging.getLogger("megha.worker")
 
@@ -117,6 +123,12 @@ class ProcessExecutor:
     (``setpriv --pdeathsig``) and the next start of the host kills the rest of the group
     (``leftovers.py``). With ``memory``, a task whose group holds more resident memory
     than its request is killed (SIGKILL, at once) and fails (``memwatch.py``).
+
+    It runs as ``run_as.process`` (``runas.py``; by default ``nobody`` when the worker is
+    root, else the worker's own user), with no core dumps and, when that is another user
+    than the worker's, at most ``run_as.max_processes`` processes of that user; such a task
+    runs in a directory of its own (``task_dirs``), which is also its HOME and TMPDIR and
+    is deleted when it ends.
     """
 
     name = "process"
@@ -127,14 +139,25 @@ class ProcessExecutor:
         ledger: GroupLedger | None = None,
         outputs: TaskOutputs | None = None,
         memory: MemoryWatch | None = None,
+        run_as: RunAs | None = None,
+        task_dirs: TaskDirs | None = None,
     ) -> None:
         self.kill_grace_s = kill_grace_s
         # Where the host notes each task's group, for its next life to kill after a crash.
         self.ledger = ledger
         self.outputs = outputs
         self.memory = memory
+        self.run_as = run_as if run_as is not None else RunAs.resolve()
+        self.user = self.run_as.process
+        self.task_dirs = None
+        if self.user.switch:
+            self.task_dirs = task_dirs or TaskDirs(default_task_dirs(), self.user)
+        # A task that cannot run says as whom it tried: the path may be closed to that user.
+        self._who = f" as {self.user.name}" if self.user.switch else ""
         # Found out here, at start-up, not by a blocking call in the first task's spawn.
-        self._prefix = _die_with_worker()
+        self._prefix = (*switch_prefix(self.user), *self.run_as.limits())
+        # No setpriv: the standard library's switch (and its fork: see switch_prefix).
+        self._popen_user = {} if _die_with_worker() else self.user.popen_kwargs()
 
     async def run(self, task: common_pb2.Task) -> ExecutionResult:
         spec = task.process
@@ -153,25 +176,20 @@ class ProcessExecutor:
                     "cannot keep a task's output",
                     extra={"task_id": task.task_id, "why": err.strerror or str(err)},
                 )
+        dirs, workdir = self.task_dirs, None
         try:
-            env = {**os.environ, **spec.env, **task_env(task)}
-            proc = await _spawn([*self._prefix, *args], env, stdout)
-        except FileNotFoundError:
+            if dirs is not None:
+                workdir = dirs.make(task.task_id, task.attempt)
+            identity = self.user.env(workdir) if workdir is not None else {}
+            env = {**os.environ, **identity, **spec.env, **task_env(task)}
+            proc = await _spawn([*self._prefix, *args], env, stdout, workdir, self._popen_user)
+        except BaseException as err:
             self._close_output(stdout, err_file)
-            return ExecutionResult.failed(EXIT_NOT_FOUND, f"cannot run {args[0]!r}: not found")
-        except PermissionError:
-            self._close_output(stdout, err_file)
-            return ExecutionResult.failed(
-                EXIT_CANNOT_EXECUTE, f"cannot run {args[0]!r}: permission denied"
-            )
-        except OSError as err:
-            self._close_output(stdout, err_file)
-            return ExecutionResult.failed(
-                EXIT_CANNOT_EXECUTE, f"cannot run {args[0]!r}: {err.strerror or err}"
-            )
-        except BaseException:
-            self._close_output(stdout, err_file)
-            raise
+            if dirs is not None and workdir is not None:
+                dirs.remove(workdir)
+            if not isinstance(err, OSError):
+                raise
+            return self._cannot_run(args[0], err)
 
         if self.ledger is not None:
             self.ledger.add(proc.pid)
@@ -191,6 +209,19 @@ class ProcessExecutor:
             self._close_output(stdout, err_file)
             if self.ledger is not None:
                 self.ledger.remove(proc.pid)
+            if dirs is not None and workdir is not None:  # its processes are gone
+                removing = asyncio.ensure_future(asyncio.to_thread(dirs.remove, workdir))
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.shield(removing)
+
+    def _cannot_run(self, program: str, err: OSError) -> ExecutionResult:
+        if isinstance(err, FileNotFoundError):
+            code, why = EXIT_NOT_FOUND, "not found"
+        elif isinstance(err, PermissionError):
+            code, why = EXIT_CANNOT_EXECUTE, "permission denied"
+        else:
+            code, why = EXIT_CANNOT_EXECUTE, err.strerror or str(err)
+        return ExecutionResult.failed(code, f"cannot run {program!r}{self._who}: {why}")
 
     def _close_output(self, *fds: int | None) -> None:
         for fd in fds:
@@ -246,9 +277,9 @@ class ProcessExecutor:
             return ExecutionResult.succeeded()
         code = _exit_code(returncode)
         stderr = tail.text()
-        if code in (EXIT_NOT_FOUND, EXIT_CANNOT_EXECUTE) and stderr.startswith("setpriv: failed"):
+        if code in (EXIT_NOT_FOUND, EXIT_CANNOT_EXECUTE) and stderr.startswith(_PREFIX_FAILED):
             why = "not found" if code == EXIT_NOT_FOUND else "permission denied"
-            return ExecutionResult.failed(code, f"cannot run {args[0]!r}: {why}")
+            return ExecutionResult.failed(code, f"cannot run {args[0]!r}{self._who}: {why}")
         cause = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {code}"
         return ExecutionResult.failed(code, f"{cause}: {stderr}" if stderr else cause)
 
@@ -260,6 +291,10 @@ class ProcessExecutor:
         _signal_group(proc.pid, signal.SIGKILL)
         await proc.wait()
         await _group_gone(proc.pid)
+
+
+# How setpriv and prlimit (the command prefix) say that they could not exec the task.
+_PREFIX_FAILED = ("setpriv: failed", "prlimit: failed")
 
 
 @functools.cache
@@ -274,6 +309,33 @@ def _die_with_worker() -> tuple[str, ...]:
         if subprocess.run([*prefix, "true"], capture_output=True, timeout=5).returncode == 0:
             return prefix
     return ()
+
+
+@functools.cache
+def switch_prefix(user: TaskUser) -> tuple[str, ...]:
+    """The prefix that makes a task die with its worker and, when ``user`` is another than
+    the worker's, start as ``user``: ``setpriv --reuid --regid --groups --pdeathsig KILL
+    --``; empty where setpriv is missing (subprocess then switches users itself).
+
+    Not subprocess's ``user=``/``group=``/``extra_groups=`` where setpriv is there: with
+    them, subprocess fork()s this multi-threaded gRPC process instead of vfork()ing it, and
+    gRPC's fork handlers ran in the child, which died of SIGSEGV before its exec in about
+    half the spawns of a live worker host. Raises ``RunAsError`` saying why when setpriv
+    cannot switch (e.g. a root without CAP_SETUID): at start-up, not in every task."""
+    setpriv = _die_with_worker()
+    if not (user.switch and setpriv):
+        return setpriv
+    prefix = (setpriv[0], *user.setpriv_args(), *setpriv[1:])
+    why = ""
+    try:
+        ran = subprocess.run([*prefix, "true"], capture_output=True, text=True, timeout=10)
+        if ran.returncode != 0:
+            why = ran.stderr.strip() or f"exit code {ran.returncode}"
+    except (OSError, subprocess.SubprocessError) as err:
+        why = str(err)
+    if why:
+        raise RunAsError(f"cannot start tasks as {user.name} (uid {user.uid}): {why}")
+    return prefix
 
 
 def _mib(size: int) -> int:
@@ -294,7 +356,11 @@ async def _exited(proc: asyncio.subprocess.Process, over: asyncio.Future[int] | 
 
 
 async def _spawn(
-    args: list[str], env: dict[str, str], stdout: int | None = None
+    args: list[str],
+    env: dict[str, str],
+    stdout: int | None = None,
+    cwd: Path | None = None,
+    user: Mapping[str, Any] | None = None,
 ) -> asyncio.subprocess.Process:
     spawning = asyncio.ensure_future(
         asyncio.create_subprocess_exec(
@@ -303,7 +369,9 @@ async def _spawn(
             stdout=asyncio.subprocess.DEVNULL if stdout is None else stdout,
             stderr=asyncio.subprocess.PIPE,
             env=env,
+            cwd=cwd,
             start_new_session=True,
+            **(user or {}),  # only where setpriv is missing (ProcessExecutor.__init__)
         )
     )
     try:
@@ -377,11 +445,14 @@ async def _finish_reader(reader: asyncio.Task[None]) -> None:
 class DockerExecutor:
     """Runs ``task.docker.image`` on the local Docker engine, limited to the task's resources.
 
-    CPU and memory limits come from the task's request (``nano_cpus``, ``mem_limit``); the
-    container carries the label ``megha.task_id`` so an operator can find it, and, with a
-    ``ledger``, ``megha.host`` so that the host's next start removes it if this host dies
-    first (``leftovers``), and with the ledger's janitor, ``megha.life``, so that the
-    janitor removes it as soon as the host dies (``janitor``). The container is removed
+    CPU and memory limits come from the task's request (``nano_cpus``, ``mem_limit``), and
+    the container is confined (``container_options``): it runs as ``run_as.container``
+    (65534:65534 by default), on a read-only root filesystem with a writable tmpfs ``/tmp``,
+    without capabilities or new privileges, with at most ``run_as.max_processes``
+    processes. The container carries the label ``megha.task_id`` so an operator can find
+    it, and, with a ``ledger``, ``megha.host`` so that the host's next start removes it if
+    this host dies first (``leftovers``), and with the ledger's janitor, ``megha.life``, so
+    that the janitor removes it as soon as the host dies (``janitor``). The container is removed
     however the task ends. With ``outputs``, its stdout and stderr are copied into the
     attempt's files as they come. An engine that cannot be reached fails the task with a
     clear message instead of raising.
@@ -401,10 +472,12 @@ class DockerExecutor:
         max_containers: int = 256,
         ledger: GroupLedger | None = None,
         outputs: TaskOutputs | None = None,
+        run_as: RunAs | None = None,
     ) -> None:
         self.kill_grace_s = kill_grace_s
         self.ledger = ledger
         self.outputs = outputs
+        self.run_as = run_as if run_as is not None else RunAs.resolve()
         self._client_factory = client_factory
         self._client: Any = None
         self._cleanups: set[asyncio.Future[None]] = set()
@@ -425,21 +498,12 @@ class DockerExecutor:
         except engine_errors as err:
             return ExecutionResult.failed(-1, f"docker engine unavailable: {err}")
 
-        kwargs: dict[str, Any] = {
-            "command": list(spec.args) or None,
-            "environment": {**spec.env, **task_env(task)},
-            "labels": {"megha.task_id": task.task_id},
-            "detach": True,
-        }
+        kwargs = container_options(task, self.run_as)
         if self.ledger is not None:
             kwargs["labels"][HOST_LABEL] = self.ledger.host
             if self.ledger.janitor is not None:
                 kwargs["labels"][LIFE_LABEL] = self.ledger.janitor.life
             self.ledger.note_containers()  # before the container exists
-        if task.resources.cpu_milli > 0:
-            kwargs["nano_cpus"] = task.resources.cpu_milli * 1_000_000
-        if task.resources.memory_mb > 0:
-            kwargs["mem_limit"] = f"{task.resources.memory_mb}m"
 
         loop = asyncio.get_running_loop()
         starting = asyncio.ensure_future(
@@ -521,6 +585,36 @@ class DockerExecutor:
             self._client = None
 
 
+def container_options(task: common_pb2.Task, run_as: RunAs) -> dict[str, Any]:
+    """The keyword arguments of ``containers.run`` for a docker task (``docker run``'s
+    flags): its command, environment, label and limits, and the confinement every task
+    gets whatever its image says (``--user``, ``--read-only``, ``--tmpfs /tmp``,
+    ``--cap-drop ALL``, ``--security-opt no-new-privileges``, ``--pids-limit``)."""
+    spec = task.docker
+    # The image's HOME is read-only now, or not the user's: /tmp is where it may write.
+    environment = {"HOME": "/tmp", **spec.env, **task_env(task)}
+    kwargs: dict[str, Any] = {
+        "command": list(spec.args) or None,
+        "environment": environment,
+        "labels": {"megha.task_id": task.task_id},
+        "detach": True,
+        "user": run_as.container,
+        "read_only": True,
+        # exec: the one place it may write is where a build or a JIT puts what it runs;
+        # its pages count against the memory limit, like the container's own.
+        "tmpfs": {"/tmp": "rw,exec,nosuid,nodev,mode=1777"},
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+    }
+    if run_as.max_processes > 0:
+        kwargs["pids_limit"] = run_as.max_processes
+    if task.resources.cpu_milli > 0:
+        kwargs["nano_cpus"] = task.resources.cpu_milli * 1_000_000
+    if task.resources.memory_mb > 0:
+        kwargs["mem_limit"] = f"{task.resources.memory_mb}m"
+    return kwargs
+
+
 def _wait_container(container: Any) -> int:
     import requests
 
@@ -573,14 +667,20 @@ def default_executors(
     ledger: GroupLedger | None = None,
     outputs: TaskOutputs | None = None,
     memory_check_s: float = 0.0,
+    run_as: RunAs | None = None,
+    task_dirs: TaskDirs | None = None,
 ) -> dict[str, Executor]:
     """One instance of each executor kind, to be shared by the agents of one process;
-    with ``memory_check_s``, process tasks are held to their memory request."""
+    with ``memory_check_s``, process tasks are held to their memory request; tasks run as
+    ``run_as`` (by default: not root, ``runas.py``)."""
     memory = MemoryWatch(memory_check_s) if memory_check_s > 0 else None
+    run_as = run_as if run_as is not None else RunAs.resolve()
     return {
         "sim": SimExecutor(),
-        "process": ProcessExecutor(ledger=ledger, outputs=outputs, memory=memory),
-        "docker": DockerExecutor(ledger=ledger, outputs=outputs),
+        "process": ProcessExecutor(
+            ledger=ledger, outputs=outputs, memory=memory, run_as=run_as, task_dirs=task_dirs
+        ),
+        "docker": DockerExecutor(ledger=ledger, outputs=outputs, run_as=run_as),
     }
 
 

@@ -19,14 +19,20 @@ import grpc
 import numpy as np
 
 from services.common import server
-from services.common.config import FederationConfig, WorkerGroup
+from services.common.config import ConfigError, FederationConfig, WorkerGroup
 from services.core.resources import parse_resources
 from services.worker.agent import WorkerAgent
-from services.worker.executors import DockerExecutor, Executor, default_executors
+from services.worker.executors import (
+    DockerExecutor,
+    Executor,
+    default_executors,
+    switch_prefix,
+)
 from services.worker.janitor import Janitor
 from services.worker.leftovers import GroupLedger
 from services.worker.machine import Machine, cap_to_machine, machine
 from services.worker.outputs import TaskOutputs
+from services.worker.runas import RunAs, RunAsError, TaskDirs
 
 log = logging.getLogger("megha.worker")
 
@@ -87,6 +93,19 @@ class WorkerHost:
         outputs = config.worker_output_dir or ledgers / "output"
         self._outputs_dir = Path(outputs) / name  # a directory per host
         self._outputs: TaskOutputs | None = None
+        # Whom its tasks run as: refused here, before any agent registers, if it is root
+        # without leave or a user this host cannot switch to.
+        try:
+            self._run_as = RunAs.resolve(
+                config.worker_run_as,
+                config.worker_allow_root_tasks,
+                config.worker_task_max_processes,
+            )
+            user = self._run_as.process
+            switch_prefix(user)  # can this host switch to it at all?
+            self._task_dirs = TaskDirs(ledgers / "tasks" / name, user) if user.switch else None
+        except (RunAsError, OSError) as err:
+            raise ConfigError(f"worker of {group.lm!r}: {err}") from None
         self._shutdown_task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> WorkerHost:
@@ -134,6 +153,8 @@ class WorkerHost:
         # Before any agent registers: what a crashed former life of this host left
         # running must be gone before the LM re-queues those tasks elsewhere.
         self._ledger.sweep()
+        if self._task_dirs is not None:  # its former life's tasks are gone: so are their dirs
+            self._task_dirs.sweep()
         try:
             self._outputs = TaskOutputs(
                 self._outputs_dir,
@@ -147,7 +168,11 @@ class WorkerHost:
                 extra={"dir": str(self._outputs_dir), "why": err.strerror or str(err)},
             )
         self._executors = default_executors(
-            self._ledger, self._outputs, self.config.worker_memory_check_s
+            self._ledger,
+            self._outputs,
+            self.config.worker_memory_check_s,
+            self._run_as,
+            self._task_dirs,
         )
         interval = self.config.worker_heartbeat_interval_s
         # Concurrent, but not all at once: a gRPC server cancels calls beyond its pending
@@ -175,9 +200,20 @@ class WorkerHost:
             asyncio.create_task(agent.run(), name=f"worker {agent.node_id}")
             for agent in self.agents
         ]
+        user = self._run_as.process
+        if user.uid == 0:
+            log.warning(
+                "tasks run as root (worker_allow_root_tasks)", extra={"lm_id": self.group.lm}
+            )
         log.info(
             "worker host started",
-            extra={"lm_id": self.group.lm, "target": self.target, "agents": len(self.agents)},
+            extra={
+                "lm_id": self.group.lm,
+                "target": self.target,
+                "agents": len(self.agents),
+                "tasks_run_as": f"{user.name} ({user.uid}:{user.gid})",
+                "containers_run_as": self._run_as.container,
+            },
         )
 
     async def _supervise(self) -> None:

@@ -27,8 +27,8 @@ async def _ended(fed: Federation, job_id: str, timeout_s: float = 30) -> None:
 
 
 @pytest.mark.slow  # ~20-45 s: run apart by .ci/run (MEGHA_SLOW_TESTS=1)
-async def test_megha_logs_reads_each_attempts_stdout_and_stderr(tmp_path):
-    marker = tmp_path / "ran-once"
+async def test_megha_logs_reads_each_attempts_stdout_and_stderr(tmp_path, task_tmp):
+    marker = task_tmp / "ran-once"
     first_then_second = (
         f"if [ -f {marker} ]; then echo second; exit 0; fi; "
         f"touch {marker}; echo first; echo why >&2; exit 1"

@@ -10,21 +10,22 @@ import time
 
 from services._proto.megha.v1 import common_pb2
 from tests.integration.harness import Federation, shell_task
+from tests.task_user import task_python
 
 FAILED = common_pb2.TASK_STATE_FAILED
 RETRYING = common_pb2.TASK_STATE_RETRYING
 SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
 
 
-async def test_failed_attempts_are_retried_up_to_the_bound_and_only_they(tmp_path):
-    marker = tmp_path / "tried-once"
+async def test_failed_attempts_are_retried_up_to_the_bound_and_only_they(tmp_path, task_tmp):
+    marker = task_tmp / "tried-once"
     tasks = [
         shell_task("echo broken >&2; exit 3", retries=2),  # fails every time
         shell_task(f"test -f {marker} && exit 0; touch {marker}; exit 1", retries=1),
         shell_task("exit 4", retries=0),  # no retry: fails at once, as before
         # Over its 128 MiB (the host looks every second, by default): its own failure.
         shell_task(
-            f"{sys.executable} -c 'import time; x = bytearray(300 << 20); time.sleep(30)'",
+            f"{task_python()} -c 'import time; x = bytearray(300 << 20); time.sleep(30)'",
             retries=1,
         ),
     ]
@@ -108,8 +109,10 @@ def test_a_bound_over_100_is_refused():
         raise AssertionError("accepted")
 
 
-async def test_a_watch_begun_after_a_retry_still_shows_why_the_attempt_before_failed(tmp_path):
-    marker = tmp_path / "failed-once"
+async def test_a_watch_begun_after_a_retry_still_shows_why_the_attempt_before_failed(
+    tmp_path, task_tmp
+):
+    marker = task_tmp / "failed-once"
     script = f"test -f {marker} && exec sleep 3; touch {marker}; echo broken >&2; exit 1"
     async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=1) as fed:
         reply = await fed.gm().submit([shell_task(script, retries=1)])

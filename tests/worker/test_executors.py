@@ -22,6 +22,7 @@ from services.worker.executors import (
 )
 from services.worker.leftovers import GroupLedger
 from tests.docker_engine import local_image, needs_docker
+from tests.task_user import task_python
 
 SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
 FAILED = common_pb2.TASK_STATE_FAILED
@@ -87,8 +88,8 @@ async def test_process_success() -> None:
     assert result.exit_code == 0
 
 
-async def test_process_gets_the_task_env_on_top_of_the_worker_env(tmp_path: Path) -> None:
-    out = tmp_path / "env"
+async def test_process_gets_the_task_env_on_top_of_the_worker_env(task_tmp: Path) -> None:
+    out = task_tmp / "env"
     task = process_task("sh", "-c", f'echo "$MEGHA_X:$PATH" > {out}', MEGHA_X="hello")
     result = await asyncio.wait_for(ProcessExecutor().run(task), 5)
     assert result.state == SUCCEEDED
@@ -97,8 +98,8 @@ async def test_process_gets_the_task_env_on_top_of_the_worker_env(tmp_path: Path
     assert path == os.environ["PATH"]
 
 
-async def test_process_sees_its_identity_in_its_environment(tmp_path: Path) -> None:
-    out = tmp_path / "env"
+async def test_process_sees_its_identity_in_its_environment(task_tmp: Path) -> None:
+    out = task_tmp / "env"
     names = ["JOB_ID", "TASK_ID", "TASK_INDEX", "ATTEMPT", "CPU_MILLI", "MEMORY_MB"]
     script = " ".join(f"$MEGHA_{name}" for name in names)
     task = process_task("sh", "-c", f'echo "{script}" > {out}', MEGHA_TASK_ID="spoofed")
@@ -122,8 +123,8 @@ async def test_process_failure_carries_exit_code_and_stderr_tail() -> None:
     assert 2000 <= len(result.message) <= 2100
 
 
-async def test_process_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
-    pid_file = tmp_path / "pid"
+async def test_process_timeout_kills_the_whole_process_group(task_tmp: Path) -> None:
+    pid_file = task_tmp / "pid"
     # The sleep runs in the background, so killing only the shell would leave it behind.
     task = process_task("sh", "-c", f"sleep 30 & echo $! > {pid_file}; wait", timeout_s=0.3)
     began = time.monotonic()
@@ -135,9 +136,9 @@ async def test_process_timeout_kills_the_whole_process_group(tmp_path: Path) -> 
 
 
 async def test_process_that_ignores_sigterm_is_killed_after_the_grace_period(
-    tmp_path: Path,
+    task_tmp: Path,
 ) -> None:
-    pid_file = tmp_path / "pid"
+    pid_file = task_tmp / "pid"
     script = f"trap '' TERM; echo $$ > {pid_file}; while :; do sleep 0.05; done"
     task = process_task("sh", "-c", script, timeout_s=0.2)
     began = time.monotonic()
@@ -148,8 +149,8 @@ async def test_process_that_ignores_sigterm_is_killed_after_the_grace_period(
     assert await gone(await read_pid(pid_file))
 
 
-async def test_leftovers_of_a_finished_process_are_killed(tmp_path: Path) -> None:
-    pid_file = tmp_path / "pid"
+async def test_leftovers_of_a_finished_process_are_killed(task_tmp: Path) -> None:
+    pid_file = task_tmp / "pid"
     task = process_task("sh", "-c", f"sleep 30 > /dev/null 2>&1 & echo $! > {pid_file}")
     result = await asyncio.wait_for(ProcessExecutor().run(task), 5)
     assert result.state == SUCCEEDED
@@ -172,8 +173,8 @@ async def test_process_task_without_args_fails_cleanly() -> None:
     assert "no args" in result.message
 
 
-async def test_cancelling_kills_the_process(tmp_path: Path) -> None:
-    pid_file = tmp_path / "pid"
+async def test_cancelling_kills_the_process(task_tmp: Path) -> None:
+    pid_file = task_tmp / "pid"
     task = process_task("sh", "-c", f"sleep 30 & echo $! > {pid_file}; wait")
     runner = asyncio.create_task(ProcessExecutor(kill_grace_s=1).run(task))
     pid = await read_pid(pid_file)
@@ -186,7 +187,7 @@ async def test_cancelling_kills_the_process(tmp_path: Path) -> None:
 
 
 async def test_python_process_exit_code_is_reported() -> None:
-    task = process_task(sys.executable, "-c", "import sys; sys.exit(7)")
+    task = process_task(task_python(), "-c", "import sys; sys.exit(7)")
     result = await asyncio.wait_for(ProcessExecutor().run(task), 10)
     assert (result.state, result.exit_code, result.message) == (FAILED, 7, "exit code 7")
 

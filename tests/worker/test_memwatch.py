@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import time
 
 import pytest
@@ -13,6 +12,7 @@ from services._proto.megha.v1 import common_pb2
 from services.worker.executors import ProcessExecutor
 from services.worker.leftovers import proc_stat
 from services.worker.memwatch import MemoryWatch, resident
+from tests.task_user import task_python
 
 MIB = 1 << 20
 # Takes 200 MiB (touched, so resident), says so on stdout's file, then waits.
@@ -21,7 +21,7 @@ HOG = "x = bytearray(200 << 20); print('ready', flush=True); import time; time.s
 
 def _task(memory_mb: int, script: str) -> common_pb2.Task:
     task = common_pb2.Task(
-        task_id="hog", process=common_pb2.ProcessExecutor(args=[sys.executable, "-c", script])
+        task_id="hog", process=common_pb2.ProcessExecutor(args=[task_python(), "-c", script])
     )
     task.resources.memory_mb = memory_mb
     return task
@@ -65,14 +65,13 @@ async def test_a_task_within_its_request_or_without_one_or_unwatched_runs_to_its
     assert watch._looking is None  # nothing watched: no loop left behind
 
 
-async def test_the_whole_group_counts_and_is_killed(tmp_path) -> None:
+async def test_the_whole_group_counts_and_is_killed(task_tmp) -> None:
     # The shell holds little; its two children 120 MiB each: only the sum is over 200.
     child = "x = bytearray(120 << 20); import time; time.sleep(30)"
-    pids = tmp_path / "pids"
-    script = (
-        f"{sys.executable} -c '{child}' & echo $! >> {pids}; "
-        f"{sys.executable} -c '{child}' & echo $! >> {pids}; wait"
-    )
+    pids = task_tmp / "pids"
+    python = task_python()
+    one = f"{python} -c '{child}' & echo $! >> {pids}"
+    script = f"{one}; {one}; wait"
     task = common_pb2.Task(
         task_id="pair", process=common_pb2.ProcessExecutor(args=["sh", "-c", script])
     )

@@ -225,11 +225,13 @@ async def test_a_process_tasks_stdout_and_stderr_go_to_its_attempts_files(tmp_pa
     assert len(os.listdir("/proc/self/fd")) == before
 
 
-async def test_a_process_tasks_output_is_held_to_the_cap_while_it_runs(tmp_path: Path):
+async def test_a_process_tasks_output_is_held_to_the_cap_while_it_runs(
+    tmp_path: Path, task_tmp: Path
+):
     outputs = TaskOutputs(tmp_path, max_bytes=MIB, check_s=0.05)
     script = (
         "head -c 4000000 /dev/zero | tr '\\0' o; head -c 3000000 /dev/zero | tr '\\0' e >&2;"
-        f" touch {tmp_path / 'written'}; sleep 2; echo END; echo BYE >&2"
+        f" touch {task_tmp / 'written'}; sleep 2; echo END; echo BYE >&2"
     )
     task = common_pb2.Task(
         task_id="chatty", process=common_pb2.ProcessExecutor(args=["sh", "-c", script])
@@ -238,7 +240,7 @@ async def test_a_process_tasks_output_is_held_to_the_cap_while_it_runs(tmp_path:
     running = asyncio.create_task(ProcessExecutor(outputs=outputs).run(task))
     try:
         deadline = time.monotonic() + 10
-        while not (tmp_path / "written").exists() or max(_on_disk(out), _on_disk(err)) > MIB + 8192:
+        while not (task_tmp / "written").exists() or max(_on_disk(out), _on_disk(err)) > MIB + 8192:
             assert time.monotonic() < deadline and not running.done()
             await asyncio.sleep(0.05)
         assert not running.done()  # held while the task still ran
