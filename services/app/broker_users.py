@@ -141,6 +141,9 @@ def ensure_secret_files(config: FederationConfig) -> list[str]:
     if broker.queue_signing_key and not Path(broker.queue_signing_key).exists():
         _write_new_secret(Path(broker.queue_signing_key), secrets.token_hex(32))
         made.append(f"queue signing key {broker.queue_signing_key}")
+    if broker.task_seal_key and not Path(broker.task_seal_key).exists():
+        _write_new_secret(Path(broker.task_seal_key), secrets.token_hex(32))
+        made.append(f"task seal key {broker.task_seal_key}")
     return made
 
 

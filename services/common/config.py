@@ -310,6 +310,13 @@ class BrokerConfig(_Model):
         "a GM drops a message without a valid signature. Empty: unsigned, and every message "
         "a broker user can put in a user queue is scheduled (the insecure default).",
     )
+    task_seal_key: str = Field(
+        "",
+        description="File of the key only GMs read: the GM that accepts a job seals each task "
+        "(HMAC over what it runs and for whom) and a GM schedules from a queue only tasks "
+        "whose seal holds, so an LM, which may re-queue tasks, cannot forge work. Empty: "
+        "no seals.",
+    )
 
 
 def _named(items: list[Any], names: dict, what: str) -> list[Any]:
@@ -712,6 +719,17 @@ class FederationConfig(_Model):
             return read_signing_key(self.broker.queue_signing_key)
         except SigningKeyError as err:
             raise ConfigError(str(err)) from None
+
+    def task_seal_key(self) -> bytes | None:
+        """The task seal key (GMs only), or None when the file names none."""
+        if self.broker is None or not self.broker.task_seal_key:
+            return None
+        from services.common.queue_signing import SigningKeyError, read_signing_key
+
+        try:
+            return read_signing_key(self.broker.task_seal_key)
+        except SigningKeyError as err:
+            raise ConfigError(str(err).replace("queue signing key", "task seal key")) from None
 
     @property
     def broker_vhost(self) -> str:

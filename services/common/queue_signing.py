@@ -1,4 +1,5 @@
-"""Signatures on work-queue messages, so a GM schedules only what a GM or an LM queued.
+"""Signatures on work-queue messages, so a GM schedules only what a GM or an LM queued,
+and seals on tasks, so that of it only what a GM accepted from a client.
 
     GM / LM ──enqueue: body + header x-megha-signature = HMAC(key, queue, body)──▶ queue
     queue ──delivery──▶ GM: same HMAC? schedule it : drop it (nack, no requeue), count it
@@ -12,6 +13,13 @@ message copied into another user's queue is refused there.
 
 One HMAC-SHA256 per message (a message is a whole batch of a job's tasks), over the
 exact bytes the broker carries: the protobuf is not parsed before it is verified.
+
+LMs hold the queue key (they re-queue lost and preempted tasks), so the message
+signature alone would let a compromised LM queue work of its own. With a task seal key
+(``broker.task_seal_key``, a file only GMs read), the GM that accepts a job seals each
+task (``seal``: one HMAC over what it runs and for whom) and a GM schedules from a queue
+only messages whose every task's seal holds. An LM can then re-queue a task it was given,
+unchanged in what it runs, and nothing else.
 """
 
 from __future__ import annotations
@@ -64,3 +72,38 @@ def verify(key: bytes, queue_name: str, body: bytes, headers: Mapping[str, Any] 
     if not isinstance(given, str):
         return False
     return hmac.compare_digest(given, sign(key, queue_name, body))
+
+
+# --------------------------------------------------------------------------- task seals
+_SEAL_CONTEXT = b"megha task seal v1\x00"
+
+
+def _sealed_bytes(task: Any) -> bytes:
+    """What a seal covers: the fields that say what a task runs and for whom (a retry
+    changes none of them), serialized deterministically."""
+    from services._proto.megha.v1 import common_pb2
+
+    view = common_pb2.Task(
+        task_id=task.task_id,
+        job_id=task.job_id,
+        queue=task.queue,
+        owner=task.owner,
+        priority=task.priority,
+        max_retries=task.max_retries,
+        constraints=task.constraints,
+    )
+    view.resources.CopyFrom(task.resources)
+    which = task.WhichOneof("executor")
+    if which is not None:
+        getattr(view, which).CopyFrom(getattr(task, which))
+    return view.SerializeToString(deterministic=True)
+
+
+def seal(key: bytes, task: Any) -> bytes:
+    """The seal of ``task`` (a ``common_pb2.Task``) with ``key``."""
+    return hmac.new(key, _SEAL_CONTEXT + _sealed_bytes(task), hashlib.sha256).digest()
+
+
+def sealed(key: bytes, task: Any) -> bool:
+    """Whether ``task`` carries its seal made with ``key``."""
+    return hmac.compare_digest(task.seal, seal(key, task))

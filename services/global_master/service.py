@@ -56,6 +56,7 @@ from services.common.names import (
     event_key,
     user_queue,
 )
+from services.common.queue_signing import seal, sealed
 from services.common.request_stream import Launcher
 from services.common.requeue import RESTART_GRACE_S, enqueue_next_attempt
 from services.common.server import channel
@@ -222,6 +223,7 @@ class RecentAllocations:
 class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
     def __init__(self, config: FederationConfig, gm_id: str, bus: Bus):
         self.config = config
+        self.seal_key = config.task_seal_key()  # seals of the tasks it accepts (GMs only)
         self.gm_id = gm_id
         self.bus = bus
         self.view = GlobalView(
@@ -550,6 +552,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # Before the durable enqueue, so the prediction travels with the task; bounded by
         # a short deadline and skipped while the sidecar is down.
         await self.predictions.annotate(batch.tasks)
+        if self.seal_key is not None:
+            for task in batch.tasks:
+                task.seal = seal(self.seal_key, task)
         if not self.bus.can_enqueue:
             # Known before anything is scheduled: refuse the job whole (a failure found
             # only while publishing is handled below, after tasks may have launched).
@@ -858,12 +863,16 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         operator gave the queue a dead-letter exchange) and counted."""
 
         async def on_delivery(delivery: Delivery) -> None:
+            why = "without a valid signature"
             if self.bus.authentic(user_queue(queue), delivery):
-                await self._on_delivery(delivery)
-                return
+                if self.seal_key is None or self._all_sealed(delivery.body):
+                    await self._on_delivery(delivery)
+                    return
+                why = "with a task whose seal does not hold"
             metrics.UNAUTHENTICATED_MESSAGES.labels(self.gm_id, queue).inc()
             log.warning(
-                "dropped a message without a valid signature from %s (message id %r)",
+                "dropped a message %s from %s (message id %r)",
+                why,
                 self.bus.queue_name(user_queue(queue)),
                 delivery.message_id,
                 extra={"queue": queue, "message_id": delivery.message_id},
@@ -871,6 +880,15 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             await delivery.nack(requeue=False)
 
         return on_delivery
+
+    def _all_sealed(self, body: bytes) -> bool:
+        """Whether every task of a queued message carries a GM's seal (``seal_key``)."""
+        assert self.seal_key is not None
+        try:
+            tasks = common_pb2.TaskBatch.FromString(body).tasks
+        except Exception:  # not a batch: ``_on_delivery`` says so as before
+            return True
+        return all(sealed(self.seal_key, task) for task in tasks)
 
     async def _on_delivery(self, delivery: Delivery) -> None:
         batch_msg = common_pb2.TaskBatch.FromString(delivery.body)

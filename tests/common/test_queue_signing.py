@@ -78,3 +78,28 @@ async def test_a_signing_bus_signs_what_it_enqueues_and_a_consumer_tells_forgeri
         assert not signer.authentic("user.q2", next(d for d in got if d.body == b"signed"))
         # Without a key, everything passes: today's unsigned federation.
         assert all(unsigned.authentic("user.q1", d) for d in got)
+
+
+def test_a_seal_covers_what_a_task_runs_not_its_attempt():
+    from services._proto.megha.v1 import common_pb2
+    from services.common.convert import next_attempt
+    from services.common.queue_signing import seal, sealed
+
+    key = b"k" * 32
+    task = common_pb2.Task(task_id="t", job_id="j", queue="q", owner="user/alice")
+    task.process.args.extend(["echo", "hi"])
+    task.resources.cpu_milli = 500
+    task.seal = seal(key, task)
+    assert sealed(key, task)
+    assert sealed(key, next_attempt(task, 1))  # a retry keeps it
+    assert not sealed(b"x" * 32, task)
+    for change in (
+        lambda t: t.process.args.append("; id"),
+        lambda t: setattr(t, "owner", "user/bob"),
+        lambda t: setattr(t, "queue", "other"),
+        lambda t: setattr(t.resources, "cpu_milli", 64_000),
+    ):
+        forged = common_pb2.Task()
+        forged.CopyFrom(task)
+        change(forged)
+        assert not sealed(key, forged)

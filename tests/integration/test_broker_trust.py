@@ -163,7 +163,7 @@ async def test_only_gms_may_read_user_queues_and_readers_may_not_write_to_them(
 
 
 async def test_a_gm_drops_unsigned_and_badly_signed_work_and_runs_signed_work(
-    tmp_path, broker_section
+    tmp_path, task_tmp, broker_section
 ):
     """The tester's attack: a TaskBatch published straight into a user queue (here by
     the GM's own broker user, so the broker lets it in) ran on a worker. Now the GM drops
@@ -183,7 +183,7 @@ async def test_a_gm_drops_unsigned_and_badly_signed_work_and_runs_signed_work(
     async with fed:
         config = fed.config
         queue_name = fed.bus.queue_name(user_queue(QUEUE))
-        forged = [tmp_path / "unsigned-ran", tmp_path / "wrong-key-ran"]
+        forged = [task_tmp / "unsigned-ran", task_tmp / "wrong-key-ran"]
         connection = await aio_pika.connect(config.broker_url("gm"))
         async with connection:
             channel = await connection.channel(publisher_confirms=True)
@@ -204,7 +204,7 @@ async def test_a_gm_drops_unsigned_and_badly_signed_work_and_runs_signed_work(
             await asyncio.sleep(0.1)
 
         # Signed with the federation's key (as a GM or an LM signs), a message runs.
-        signed = tmp_path / "signed-ran"
+        signed = task_tmp / "signed-ran"
         bus = RabbitBus(
             config.broker_url("gm"), prefix=fed.prefix, signing_key=config.queue_signing_key()
         )
@@ -230,3 +230,46 @@ async def test_a_gm_drops_unsigned_and_badly_signed_work_and_runs_signed_work(
 
 async def _ignore(message: aio_pika.abc.AbstractIncomingMessage) -> None:
     pass
+
+
+async def test_with_task_seals_an_lm_cannot_forge_work_but_its_retries_run(
+    tmp_path, task_tmp, broker_section
+):
+    """LMs hold the queue key (they re-queue lost tasks), so a message an LM signs gets
+    past the signature check. With ``task_seal_key`` (GMs only) each task must carry the
+    seal of the GM that accepted it: an LM's own new work is dropped, its retries run."""
+    url, section, _ = broker_section
+    section["task_seal_key"] = str(tmp_path / "seal.key")
+    fed = Federation(
+        tmp_path,
+        gms=1,
+        lms=1,
+        workers_per_lm=1,
+        queues=[{"name": QUEUE, "gm": "gm-1"}],
+        metrics=True,
+        rabbitmq_url=url,
+        broker=section,
+    )
+    _make_users(url, section, fed.prefix)
+    async with fed:
+        config = fed.config
+        forged = task_tmp / "lm-forged-ran"
+        lm_bus = RabbitBus(
+            config.broker_url("lm"), prefix=fed.prefix, signing_key=config.queue_signing_key()
+        )
+        async with lm_bus:  # what a compromised LM host could do: sign a task of its own
+            await lm_bus.enqueue(user_queue(QUEUE), _batch("lm-forged", forged))
+        deadline = time.monotonic() + 20
+        name = "megha_gm_unauthenticated_messages_total"
+        while await fed.metric("gm-1", name) < 1:
+            assert time.monotonic() < deadline, "the GM never dropped the unsealed task"
+            await asyncio.sleep(0.1)
+
+        # A task a client submitted is sealed by the GM; its retry, queued by the LM, runs.
+        reply = await fed.gm().submit([shell_task("exit 1", retries=1)], job_id="retried")
+        job = await job_in_state(fed.gm(), reply.job_id, common_pb2.TASK_STATE_FAILED)
+        assert job.tasks[0].attempt == 1
+        assert "with a task whose seal does not hold" in fed.log("gm-gm-1")
+        assert not forged.exists()
+        assert "lm-forged-0" not in {e.task_id for e in fed.events.events}
+        assert await fed.metric("gm-1", name) == 1

@@ -369,6 +369,7 @@ class Task(_message.Message):
     INDEX_FIELD_NUMBER: _builtins.int
     LEASE_FIELD_NUMBER: _builtins.int
     OWNER_FIELD_NUMBER: _builtins.int
+    SEAL_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Unique across the federation; placements are idempotent by this id. At
     most 256 characters.
@@ -418,6 +419,12 @@ class Task(_message.Message):
     """Who submitted the task's job ("user/alice"), set by the GM from the caller's
     identity (a client may not set it): who may cancel the job, in the audit log.
     """
+    seal: _builtins.bytes
+    """HMAC-SHA256, by the accepting GM with the key only GMs hold, over what the task runs
+    and for whom (id, job, queue, owner, executor, resources, constraints, priority,
+    retries); unchanged by retries. A GM schedules from a queue only tasks whose seal
+    holds, so a process that may re-queue tasks (an LM) cannot forge new work.
+    """
     @_builtins.property
     def resources(self) -> Global___Resources: ...
     @_builtins.property
@@ -460,10 +467,11 @@ class Task(_message.Message):
         index: _builtins.int = ...,
         lease: _builtins.int = ...,
         owner: _builtins.str = ...,
+        seal: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["docker", b"docker", "executor", b"executor", "process", b"process", "resources", b"resources", "sim", b"sim", "timestamps", b"timestamps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "constraints", b"constraints", "cpu_usage_mean_milli", b"cpu_usage_mean_milli", "cpu_usage_std_milli", b"cpu_usage_std_milli", "docker", b"docker", "executor", b"executor", "expected_duration_s", b"expected_duration_s", "failures", b"failures", "index", b"index", "job_id", b"job_id", "lease", b"lease", "lifetime_features", b"lifetime_features", "max_retries", b"max_retries", "owner", b"owner", "predicted_lifetime_s", b"predicted_lifetime_s", "priority", b"priority", "process", b"process", "queue", b"queue", "resources", b"resources", "sim", b"sim", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "constraints", b"constraints", "cpu_usage_mean_milli", b"cpu_usage_mean_milli", "cpu_usage_std_milli", b"cpu_usage_std_milli", "docker", b"docker", "executor", b"executor", "expected_duration_s", b"expected_duration_s", "failures", b"failures", "index", b"index", "job_id", b"job_id", "lease", b"lease", "lifetime_features", b"lifetime_features", "max_retries", b"max_retries", "owner", b"owner", "predicted_lifetime_s", b"predicted_lifetime_s", "priority", b"priority", "process", b"process", "queue", b"queue", "resources", b"resources", "seal", b"seal", "sim", b"sim", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_executor: _TypeAlias = _typing.Literal["sim", "process", "docker"]  # noqa: Y015
     _WhichOneofArgType_executor: _TypeAlias = _typing.Literal["executor", b"executor"]  # noqa: Y015
