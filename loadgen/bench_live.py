@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -132,8 +133,9 @@ class BenchOptions:
     submit: str = "stream"
     secure: bool = False
     """Per-process certificates (``megha certs``), mutual TLS and authorization on: the
-    load generator submits as user ``bench`` (submit and watch on every queue), and each
-    process writes an audit log beside its log."""
+    load generator submits as user ``bench`` (submit and watch on every queue), each
+    process writes an audit log beside its log, work messages are signed and tasks
+    sealed (docs/security.md)."""
     certs_dir: str = ""  # made by ``run_bench`` when ``secure``
     """How jobs reach the GMs: ``stream`` (one ``SubmitStream`` per GM, as a program
     submitting many jobs would) or ``unary`` (one ``SubmitJob`` call each, as the CLI)."""
@@ -230,6 +232,9 @@ def bench_config(options: BenchOptions, base_port: int, prefix: str) -> Federati
         bench_user = {"queues": {"*": ["submit", "watch", "cancel"]}}
         audit = str(certs.parent / "audit-{process}.log")
         data["authz"] = {"users": {"bench": bench_user}, "audit": audit}
+        # Signed work messages and sealed tasks (not broker users: they need rabbitmqctl).
+        keys = {"queue_signing_key": certs / "queue.key", "task_seal_key": certs / "seal.key"}
+        data["broker"] = {name: str(path) for name, path in keys.items()}
     if options.rabbitmq_url:
         data["rabbitmq_url"] = options.rabbitmq_url
     if options.queues == "file":
@@ -494,6 +499,8 @@ async def run_bench(
         options = dataclasses.replace(options, certs_dir=str(log_dir / "certs"))
         fed = parse_config(default_config(options.gms, options.lms))
         issue(Path(options.certs_dir), fed, users=["bench"])
+        for key in ("queue.key", "seal.key"):
+            (Path(options.certs_dir) / key).write_text(secrets.token_hex(32))
     config = free_config(options, prefix)
     if not broker_reachable(config.rabbitmq_url):
         raise BenchError(
