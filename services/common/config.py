@@ -711,25 +711,22 @@ class FederationConfig(_Model):
 
     def queue_signing_key(self) -> bytes | None:
         """The work-queue signing key, or None when the file names none."""
-        if self.broker is None or not self.broker.queue_signing_key:
-            return None
-        from services.common.queue_signing import SigningKeyError, read_signing_key
-
-        try:
-            return read_signing_key(self.broker.queue_signing_key)
-        except SigningKeyError as err:
-            raise ConfigError(str(err)) from None
+        return self._broker_key("queue_signing_key", "queue signing key")
 
     def task_seal_key(self) -> bytes | None:
         """The task seal key (GMs only), or None when the file names none."""
-        if self.broker is None or not self.broker.task_seal_key:
+        return self._broker_key("task_seal_key", "task seal key")
+
+    def _broker_key(self, field: str, what: str) -> bytes | None:
+        path = getattr(self.broker, field) if self.broker is not None else ""
+        if not path:
             return None
         from services.common.queue_signing import SigningKeyError, read_signing_key
 
         try:
-            return read_signing_key(self.broker.task_seal_key)
+            return read_signing_key(path, what)
         except SigningKeyError as err:
-            raise ConfigError(str(err).replace("queue signing key", "task seal key")) from None
+            raise ConfigError(str(err)) from None
 
     @property
     def broker_vhost(self) -> str:

@@ -42,16 +42,16 @@ class SigningKeyError(ValueError):
     """The signing key file is missing, unreadable or too short; the message says which."""
 
 
-def read_signing_key(path: str | Path) -> bytes:
+def read_signing_key(path: str | Path, what: str = "queue signing key") -> bytes:
     """The key in ``path``: its bytes without surrounding whitespace (``openssl rand -hex
     32 > FILE`` writes 64 hex characters and a newline; those characters are the key)."""
     try:
         key = Path(path).read_bytes().strip()
     except OSError as err:
-        raise SigningKeyError(f"cannot read queue signing key {path}: {err.strerror}") from None
+        raise SigningKeyError(f"cannot read {what} {path}: {err.strerror}") from None
     if len(key) < MIN_KEY_BYTES:
         raise SigningKeyError(
-            f"queue signing key {path} holds {len(key)} bytes, fewer than {MIN_KEY_BYTES} "
+            f"{what} {path} holds {len(key)} bytes, fewer than {MIN_KEY_BYTES} "
             "(make one with: openssl rand -hex 32 > FILE)"
         )
     return key

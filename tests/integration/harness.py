@@ -12,6 +12,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -340,3 +341,21 @@ async def job_in_state(client, job_id: str, state: int, timeout_s: float = 20):
                 f"job {job_id} not all {common_pb2.TaskState.Name(state)}: {states}"
             )
         await asyncio.sleep(0.05)
+
+
+HEALTHCHECK = Path(__file__).resolve().parents[2] / "docker" / "healthcheck.py"
+
+
+async def container_health_check(target: str, config_path: Path) -> None:
+    """The containers' health check (``docker/healthcheck.py``, which reads the
+    federation file without megha) against ``target``: it must say SERVING."""
+    env = {**os.environ, "MEGHA_HEALTH_TARGET": target, "MEGHA_CONFIG": str(config_path)}
+    probe = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, str(HEALTHCHECK)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert probe.returncode == 0 and "SERVING" in probe.stdout, probe.stderr

@@ -3,12 +3,9 @@ RabbitMQ) with per-process certificates from ``megha certs`` and authorization o
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import grpc
 import pytest
@@ -23,10 +20,9 @@ from services.app.certs import issue, new_token
 from services.common import authz, server
 from services.common.client import GlobalMasterClient
 from services.common.config import TlsConfig, default_config, parse_config
-from tests.integration.harness import Federation, sim_tasks
+from tests.integration.harness import Federation, container_health_check, sim_tasks
 
 DENIED = grpc.StatusCode.PERMISSION_DENIED
-HEALTHCHECK = Path(__file__).resolve().parents[2] / "docker" / "healthcheck.py"
 
 
 @pytest.fixture
@@ -140,16 +136,7 @@ async def test_roles_and_queues_are_enforced_and_every_refusal_is_audited(tmp_pa
 
         be(certs, "admin/operator")  # for the harness's clean-up
         # The containers' health check (no megha) shows the shared client certificate.
-        env = {**os.environ, "MEGHA_HEALTH_TARGET": gm_target, "MEGHA_CONFIG": str(fed.config_path)}
-        probe = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, str(HEALTHCHECK)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=env,
-        )
-        assert probe.returncode == 0 and "SERVING" in probe.stdout, probe.stderr
+        await container_health_check(gm_target, fed.config_path)
         gm_audit = audit_lines(fed, "gm.gm-1")
         denied = [(a["who"], a["call"]) for a in gm_audit if a["verdict"] == "denied"]
         assert denied == [

@@ -162,13 +162,8 @@ async def test_only_gms_may_read_user_queues_and_readers_may_not_write_to_them(
         await aio_pika.connect(f"amqp://{guest.netloc}/{config.broker_vhost}")
 
 
-async def test_a_gm_drops_unsigned_and_badly_signed_work_and_runs_signed_work(
-    tmp_path, task_tmp, broker_section
-):
-    """The tester's attack: a TaskBatch published straight into a user queue (here by
-    the GM's own broker user, so the broker lets it in) ran on a worker. Now the GM drops
-    it unread, says so, counts it; a message signed with the federation's key runs."""
-    url, section, _ = broker_section
+def _federation(tmp_path: Path, url: str, section: dict) -> Federation:
+    """One GM, one LM with one worker, connected as their broker users (made here)."""
     fed = Federation(
         tmp_path,
         gms=1,
@@ -180,6 +175,17 @@ async def test_a_gm_drops_unsigned_and_badly_signed_work_and_runs_signed_work(
         broker=section,
     )
     _make_users(url, section, fed.prefix)
+    return fed
+
+
+async def test_a_gm_drops_unsigned_and_badly_signed_work_and_runs_signed_work(
+    tmp_path, task_tmp, broker_section
+):
+    """The tester's attack: a TaskBatch published straight into a user queue (here by
+    the GM's own broker user, so the broker lets it in) ran on a worker. Now the GM drops
+    it unread, says so, counts it; a message signed with the federation's key runs."""
+    url, section, _ = broker_section
+    fed = _federation(tmp_path, url, section)
     async with fed:
         config = fed.config
         queue_name = fed.bus.queue_name(user_queue(QUEUE))
@@ -240,17 +246,7 @@ async def test_with_task_seals_an_lm_cannot_forge_work_but_its_retries_run(
     seal of the GM that accepted it: an LM's own new work is dropped, its retries run."""
     url, section, _ = broker_section
     section["task_seal_key"] = str(tmp_path / "seal.key")
-    fed = Federation(
-        tmp_path,
-        gms=1,
-        lms=1,
-        workers_per_lm=1,
-        queues=[{"name": QUEUE, "gm": "gm-1"}],
-        metrics=True,
-        rabbitmq_url=url,
-        broker=section,
-    )
-    _make_users(url, section, fed.prefix)
+    fed = _federation(tmp_path, url, section)
     async with fed:
         config = fed.config
         forged = task_tmp / "lm-forged-ran"

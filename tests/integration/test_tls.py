@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import uuid
@@ -18,11 +17,9 @@ from services.common import server
 from services.common.bus import RabbitBus
 from services.common.client import GlobalMasterClient
 from services.common.config import TlsConfig, default_config
-from tests.integration.harness import Federation, sim_tasks
+from tests.integration.harness import Federation, container_health_check, sim_tasks
 from tests.integration.tls_broker import tls_rabbitmq
 from tests.tls_files import make_tls_files
-
-HEALTHCHECK = Path(__file__).resolve().parents[2] / "docker" / "healthcheck.py"
 
 
 @pytest.fixture
@@ -51,16 +48,7 @@ async def test_a_federation_runs_over_mutual_tls_and_refuses_other_clients(tmp_p
         assert cli.returncode == 0, cli.stderr
         assert reply.job_id in cli.stdout
         # So does the containers' health check, which reads the file without megha.
-        env = {**os.environ, "MEGHA_HEALTH_TARGET": target, "MEGHA_CONFIG": str(fed.config_path)}
-        probe = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, str(HEALTHCHECK)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            env=env,
-        )
-        assert probe.returncode == 0 and "SERVING" in probe.stdout, probe.stderr
+        await container_health_check(target, fed.config_path)
 
         # A plaintext client is refused ...
         server.use_tls(None)
