@@ -289,15 +289,16 @@ async def delete_broker_objects(config: FederationConfig, timeout_s: float = 10.
     """Delete the durable queues (user queues, the GMs' and LMs' kept cancel queues) and
     the exchanges of the config's prefix."""
     async with asyncio.timeout(timeout_s):
-        bus = RabbitBus(config.rabbitmq_url, prefix=config.exchange_prefix)
+        bus = RabbitBus(
+            config.rabbitmq_url, prefix=config.exchange_prefix, queue_type=config.queue_type
+        )
         async with bus:
             for queue in config.effective_queues():
                 await bus.delete_queue(user_queue(queue.name))
             for process in (*config.gms, *config.lms):
                 await bus.delete_queue(cancel_queue(process.id))
-        connection = await aio_pika.connect(
-            config.rabbitmq_url, ssl_context=broker_ssl_context(config.rabbitmq_url)
-        )
+        node = config.rabbitmq_urls[0]  # exchanges are the cluster's: any node will do
+        connection = await aio_pika.connect(node, ssl_context=broker_ssl_context(node))
         async with connection:
             channel = await connection.channel()
             for exchange in (EVENT_EXCHANGE, HEARTBEAT_EXCHANGE, CANCEL_EXCHANGE):
@@ -736,7 +737,7 @@ async def _measure(
         await bus.subscribe_topic(EVENT_EXCHANGE, EVERY_TASK_EVENT, on_batch)
         reporter = asyncio.create_task(_keep_showing(progress, line))
         pids = {"loadgen": os.getpid()} | {n: p.pid for n, p in children.procs.items()}
-        meter = ProcessMeter(pids, config.rabbitmq_url)
+        meter = ProcessMeter(pids, config.rabbitmq_urls[0])
         meter.start()
         every_s = max(0.2, min(MEMORY_SAMPLE_S, options.seconds / 10))  # 10 or more samples
         sampler = asyncio.create_task(_keep_sampling(meter, every_s))

@@ -380,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _predictor_train(args)
 
     from services.common.authz import use_authz
-    from services.common.bus import BrokerUnreachable
+    from services.common.bus import BrokerUnreachable, QueueTypeMismatch
     from services.common.config import ConfigError, load_config
     from services.common.server import TlsError, use_tls
     from services.local_master.journal import JournalError
@@ -443,7 +443,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, TlsError) as err:
         print(f"megha: {err}", file=sys.stderr)
         return 2
-    except (JournalError, BrokerUnreachable) as err:  # the operator's to mend (or to wait for)
+    # the operator's to mend (or to wait for)
+    except (JournalError, BrokerUnreachable, QueueTypeMismatch) as err:
         print(f"megha: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -206,6 +206,7 @@ def role_bus(config: FederationConfig, role: str) -> Bus:
         config.broker_url(role),
         prefix=config.exchange_prefix,
         signing_key=config.queue_signing_key(),
+        queue_type=config.queue_type,
     )
 
 

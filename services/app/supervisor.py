@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 import yaml
 
 from services.common.client import GlobalMasterClient
-from services.common.config import FederationConfig
+from services.common.config import FederationConfig, split_urls
 
 
 def amqp_port(url: str) -> int:
@@ -34,8 +34,11 @@ def amqp_port(url: str) -> int:
 
 
 def broker_reachable(url: str, timeout_s: float = 1.0) -> bool:
+    """Whether a broker listens at ``url`` (at any node, when it lists several)."""
     if url.startswith("memory://"):
         return True
+    if "," in url:
+        return any(broker_reachable(node, timeout_s) for node in split_urls(url))
     parsed = urlparse(url)
     import socket
 

@@ -34,6 +34,24 @@ How handlers are called:
 wait for confirms), and a channel per subscription. Work queues are durable and their
 messages persistent; fan-out/topic exchanges are not durable (they carry only live state,
 and every publisher or subscriber declares them again, also after a reconnect).
+
+Work queues (user queues and kept fan-out queues such as the cancel queues: whatever holds
+acknowledged work) are quorum queues by default (``queue_type``): replicated on the nodes
+of a RabbitMQ cluster, a publisher confirm means a majority of them stored the message, and
+the queue lives on while a majority does. Quorum queues are never exclusive, auto-deleted
+or server-named, and (RabbitMQ 3.10) have no message priorities and no global prefetch;
+nothing here needs those for work queues. They take per-message and per-queue TTLs
+(``x-message-ttl``, since 3.10; ``x-expires``, whose lease a consumer renews, a
+re-declaration not), per-consumer prefetch, and mark a message
+given back by a consumer ``redelivered`` (with an ``x-delivery-count`` header) as classic
+queues do. Live-state subscriptions (heartbeats, events) keep their exclusive, auto-deleted
+classic queues: they are transient by design. A queue cannot change type: declaring one
+that exists with the other type raises ``QueueTypeMismatch``, which names the queue.
+
+The URL may list the nodes of one cluster, separated by commas. The bus connects to the
+first that answers; when its node goes away, each reconnection attempt tries the next URL
+in turn (``_FailoverConnection``), and the robust channels declare their exchanges, queues
+and consumers again there.
 An ``amqps://`` URL connects over TLS, with the federation's CA and certificate when
 ``tls`` is set (``services.common.server.broker_ssl_context``).
 
@@ -55,13 +73,14 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, Self
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
+from aio_pika import RobustConnection
 from aio_pika.abc import (
     AbstractChannel,
     AbstractExchange,
@@ -73,9 +92,12 @@ from aio_pika.exceptions import (
     AMQPConnectionError,
     AMQPError,
     ChannelInvalidStateError,
+    ChannelPreconditionFailed,
     PublishError,
 )
+from yarl import URL
 
+from services.common.config import split_urls
 from services.common.queue_signing import SIGNATURE_HEADER, sign, verify
 from services.common.server import broker_ssl_context, warn_if_broker_plaintext
 
@@ -83,6 +105,7 @@ log = logging.getLogger("megha.bus")
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/"
 MEMORY_URL = "memory://"
+QUEUE_TYPES = ("quorum", "classic")
 
 FanoutHandler = Callable[[bytes], Awaitable[None]]
 TopicHandler = Callable[[str, bytes], Awaitable[None]]
@@ -103,6 +126,10 @@ _CLOSE_TIMEOUT_S = 5.0
 ENQUEUE_TIMEOUT_S = 10.0
 # Errors that mean "this channel or connection is gone"; the broker requeues what we held.
 _GONE = (AMQPError, ChannelInvalidStateError, ConnectionError, asyncio.TimeoutError)
+# Pause between reconnection attempts with several broker URLs. Each attempt tries the next
+# node, so a short pause crosses a dead node quickly; with one URL aio-pika's default (5 s)
+# stays, as before.
+_FAILOVER_RECONNECT_S = 0.5
 
 
 class Delivery(Protocol):
@@ -249,13 +276,15 @@ def make_bus(
     prefix: str = "megha",
     broker: InMemoryBroker | None = None,
     signing_key: bytes | None = None,
+    queue_type: str = "quorum",
 ) -> Bus:
-    """``memory://`` → an in-process bus on ``broker`` (or a shared default); else RabbitMQ.
-    With ``signing_key`` it signs what it enqueues (see ``Bus.authentic``)."""
+    """``memory://`` → an in-process bus on ``broker`` (or a shared default); else RabbitMQ
+    (``url`` may list a cluster's nodes, comma-separated), its work queues of
+    ``queue_type``. With ``signing_key`` it signs what it enqueues (see ``Bus.authentic``)."""
     if url.startswith(MEMORY_URL):
         shared = broker if broker is not None else _DEFAULT_BROKER
         return InMemoryBus(shared, prefix=prefix, signing_key=signing_key)
-    return RabbitBus(url, prefix=prefix, signing_key=signing_key)
+    return RabbitBus(url, prefix=prefix, signing_key=signing_key, queue_type=queue_type)
 
 
 def _check_prefetch(prefetch: int) -> None:
@@ -271,8 +300,27 @@ class BrokerUnreachable(AMQPConnectionError):
     names the URL, its password hidden, and the reason. Later losses are reconnected."""
 
 
+class QueueTypeMismatch(RuntimeError):
+    """A work queue exists on the broker with another type than the bus declares it with
+    (RabbitMQ's PRECONDITION_FAILED, inequivalent arg 'x-queue-type'); the message names
+    the queue and the two ways out."""
+
+    def __init__(self, queue: str, wanted: str, broker_says: str) -> None:
+        found = "classic" if wanted == "quorum" else "quorum"
+        super().__init__(
+            f"RabbitMQ queue {queue!r} exists as a {found} queue, but this federation "
+            f"declares its work queues as {wanted} queues (queue_type: {wanted}). Delete it "
+            f"(rabbitmqctl delete_queue {queue}; the messages it holds go with it) or set "
+            f"queue_type: {found} in the federation file. The broker said: {broker_says}"
+        )
+        self.queue = queue
+
+
 def safe_url(url: str) -> str:
-    """``url`` with its password, if any, replaced by ``***``."""
+    """``url`` (or each URL of a comma-separated list) with its password, if any,
+    replaced by ``***``."""
+    if "," in url:
+        return ",".join(safe_url(part) for part in split_urls(url))
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -280,14 +328,64 @@ def safe_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+class _FailoverConnection(RobustConnection):
+    """aio-pika's robust connection over the nodes of one cluster: every connection attempt
+    after the first goes to the next URL in turn, so the first attempt after the node we
+    were on went away already tries another one (``connect_robust`` takes one URL).
+
+    aio-pika clears ``transport`` at the start of every attempt (and on close), and reads
+    ``url`` to connect: those two attributes are the hook (aio-pika 10.2), and
+    ``test_a_bus_fails_over_to_the_next_url_when_its_node_dies`` fails if that changes.
+    ``url`` is the current node's.
+    """
+
+    def __init__(self, url: URL | str, *args: Any, urls: Sequence[str] = (), **kwargs: Any) -> None:
+        self._urls = [URL(u) for u in urls] or [URL(url)]
+        self._at = 0
+        self._clears = -1  # Connection.__init__ clears the transport once: not an attempt
+        self._transport: Any = None
+        super().__init__(self._urls[0], *args, **kwargs)
+
+    @property  # type: ignore[override]
+    def url(self) -> URL:
+        return self._urls[self._at]
+
+    @url.setter
+    def url(self, value: URL | str) -> None:  # aio-pika's __init__ and update_secret
+        self._urls[self._at] = URL(value)
+
+    @property  # type: ignore[override]
+    def transport(self) -> Any:
+        return self._transport
+
+    @transport.setter
+    def transport(self, value: Any) -> None:
+        if value is None:
+            self._clears += 1
+            if self._clears > 1:
+                self._at = (self._at + 1) % len(self._urls)
+        self._transport = value
+
+
 class RabbitBus(Bus):
-    """The bus on RabbitMQ through aio-pika, with a robust (reconnecting) connection."""
+    """The bus on RabbitMQ through aio-pika, with a robust (reconnecting) connection to one
+    node of the URLs ``url`` lists (comma-separated), failing over to the others."""
 
     def __init__(
-        self, url: str = DEFAULT_URL, prefix: str = "megha", signing_key: bytes | None = None
+        self,
+        url: str = DEFAULT_URL,
+        prefix: str = "megha",
+        signing_key: bytes | None = None,
+        queue_type: str = "quorum",
     ) -> None:
         super().__init__(prefix, signing_key)
+        if queue_type not in QUEUE_TYPES:
+            raise ValueError(f"queue_type must be one of {QUEUE_TYPES}, got {queue_type!r}")
         self.url = url
+        self.urls = split_urls(url)
+        if not self.urls:
+            raise ValueError("no broker URL given")
+        self.queue_type = queue_type
         self._connection: AbstractRobustConnection | None = None
         self._confirmed: AbstractChannel | None = None  # publisher confirms: enqueue
         self._fast: AbstractChannel | None = None  # no confirms: fan-out and topic
@@ -299,14 +397,9 @@ class RabbitBus(Bus):
     async def connect(self) -> None:
         if self._connection is not None:
             return
-        warn_if_broker_plaintext(self.url)
-        try:
-            connection = await aio_pika.connect_robust(
-                self.url, ssl_context=broker_ssl_context(self.url)
-            )
-        except (AMQPConnectionError, OSError) as err:
-            where = safe_url(self.url)
-            raise BrokerUnreachable(f"cannot reach RabbitMQ at {where}: {err}") from err
+        for url in self.urls:
+            warn_if_broker_plaintext(url)
+        connection = await self._first_reachable()
         try:
             # on_return_raises: an enqueue to a queue deleted behind our back must fail, not
             # be confirmed and silently dropped.
@@ -318,6 +411,47 @@ class RabbitBus(Bus):
             await connection.close()
             raise
         self._connection = connection
+
+    async def _first_reachable(self) -> AbstractRobustConnection:
+        """A robust connection to the first node that answers, in the order listed; it
+        fails over from there in turn. BrokerUnreachable names every URL tried."""
+        failures = []
+        for start in range(len(self.urls)):
+            order = [*self.urls[start:], *self.urls[:start]]
+            extra: dict[str, Any] = {}
+            if len(order) > 1 and "reconnect_interval" not in URL(order[0]).query:
+                extra["reconnect_interval"] = _FAILOVER_RECONNECT_S
+            # What aio_pika.connect_robust does, with our connection class (connect_robust
+            # would also copy ``urls`` into the URL's query string). The URL's query
+            # (heartbeat=...) and TLS come from the first URL; a cluster's share them.
+            connection = _FailoverConnection(
+                order[0], ssl_context=broker_ssl_context(order[0]), urls=order, **extra
+            )
+            try:
+                await connection.connect()
+                return connection
+            except (AMQPConnectionError, OSError) as err:
+                with contextlib.suppress(*_GONE):
+                    await connection.close()
+                failures.append(f"{safe_url(order[0])}: {err}")
+        if len(failures) == 1:
+            raise BrokerUnreachable(f"cannot reach RabbitMQ at {failures[0]}")
+        raise BrokerUnreachable("cannot reach any RabbitMQ node: " + "; ".join(failures))
+
+    def _queue_arguments(self, **arguments: Any) -> dict[str, Any]:
+        """A work queue's declare arguments: its type, and ``arguments``. Every declare of
+        one queue must pass the same ones (else the broker refuses it: inequivalent arg)."""
+        return {"x-queue-type": self.queue_type, **arguments}
+
+    @contextlib.contextmanager
+    def _declaring(self, name: str) -> Iterator[None]:
+        """Tell a work queue of the other type apart from other declare failures."""
+        try:
+            yield
+        except ChannelPreconditionFailed as err:
+            if "x-queue-type" in str(err):
+                raise QueueTypeMismatch(name, self.queue_type, str(err)) from None
+            raise
 
     async def close(self) -> None:
         connection, self._connection = self._connection, None
@@ -408,9 +542,12 @@ class RabbitBus(Bus):
                 queue = await channel.declare_queue(
                     exclusive=True, auto_delete=True, arguments=arguments or None
                 )
-            else:  # outlives the subscriber; the broker drops it once long unused
+            else:  # outlives the subscriber, a work queue; the broker drops it once long unused
                 arguments["x-expires"] = round(KEPT_QUEUE_IDLE_S * 1000)
-                queue = await channel.declare_queue(kept, durable=True, arguments=arguments)
+                with self._declaring(kept):
+                    queue = await channel.declare_queue(
+                        kept, durable=True, arguments=self._queue_arguments(**arguments)
+                    )
             await queue.bind(exchange, routing_key=binding_key)
             subscription = _RabbitStream(self, channel, queue, call, exchange_name, ttl_s)
             await subscription.start()
@@ -427,7 +564,10 @@ class RabbitBus(Bus):
         async with self._declare_lock:
             if name not in self._work_queues:
                 assert self._confirmed is not None
-                await self._confirmed.declare_queue(name, durable=True)
+                with self._declaring(name):
+                    await self._confirmed.declare_queue(
+                        name, durable=True, arguments=self._queue_arguments()
+                    )
                 self._work_queues.add(name)
 
     async def enqueue(self, queue: str, body: bytes) -> None:
@@ -471,7 +611,10 @@ class RabbitBus(Bus):
         channel = await self._require().channel(publisher_confirms=False)
         try:
             await channel.set_qos(prefetch_count=prefetch)
-            amqp_queue = await channel.declare_queue(name, durable=True)
+            with self._declaring(name):
+                amqp_queue = await channel.declare_queue(
+                    name, durable=True, arguments=self._queue_arguments()
+                )
             subscription = _RabbitConsumer(self, channel, amqp_queue, handler, name)
             await subscription.start()
         except BaseException:
@@ -496,7 +639,11 @@ class RabbitBus(Bus):
         # for the robust channel to restore; declaring (not passive) makes "missing" mean 0
         # instead of a channel-closing 404.
         channel = await self._confirmed.get_underlay_channel()
-        declared = await channel.queue_declare(self.queue_name(queue), durable=True)
+        name = self.queue_name(queue)
+        with self._declaring(name):
+            declared = await channel.queue_declare(
+                name, durable=True, arguments=self._queue_arguments()
+            )
         return int(declared.message_count or 0)
 
 

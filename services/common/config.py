@@ -336,7 +336,19 @@ def _named(items: list[Any], names: dict, what: str) -> list[Any]:
 
 
 class FederationConfig(_Model):
-    rabbitmq_url: str = Field("amqp://guest:guest@127.0.0.1:5672/", description="Broker URL.")
+    rabbitmq_url: str = Field(
+        "amqp://guest:guest@127.0.0.1:5672/",
+        description="Broker URL, or the URLs of one RabbitMQ cluster's nodes separated by "
+        "commas: a process connects to the first it reaches and, when that node goes away, "
+        "to the next that answers (services.common.bus).",
+    )
+    queue_type: Literal["quorum", "classic"] = Field(
+        "quorum",
+        description="RabbitMQ queue type of the work queues (user queues, kept cancel "
+        "queues): quorum queues are replicated across a cluster's nodes and survive losing a "
+        "minority of them; classic keeps a broker's existing classic queues (a queue cannot "
+        "change type: delete it, or set this to its type).",
+    )
     heartbeat_interval_s: float = Field(1.0, gt=0, le=60, description="LM state broadcast.")
     full_state_every: int = Field(10, ge=1, description="Every Nth heartbeat is a full state.")
     worker_heartbeat_interval_s: float = Field(
@@ -532,6 +544,25 @@ class FederationConfig(_Model):
     def _max_node_capacity_parses(cls, value: str) -> str:
         return _checked_bound(value)
 
+    @field_validator("rabbitmq_url")
+    @classmethod
+    def _rabbitmq_urls(cls, value: str) -> str:
+        urls = split_urls(value)
+        if not urls:
+            raise ValueError("rabbitmq_url names no broker")
+        if len(urls) > 1:
+            if any(url.startswith("memory://") for url in urls):
+                raise ValueError(f"memory:// is one in-process broker, not a cluster node: {value}")
+            # One cluster: the same vhost (and users) on every node, and one TLS setting.
+            vhosts = {urlsplit(url).path.rstrip("/") or "/" for url in urls}
+            schemes = {urlsplit(url).scheme for url in urls}
+            if len(vhosts) > 1 or len(schemes) > 1:
+                raise ValueError(
+                    "rabbitmq_url lists the nodes of one cluster: one vhost and one scheme, "
+                    f"got vhosts {sorted(vhosts)} and schemes {sorted(schemes)}"
+                )
+        return value
+
     @field_validator("constraint_names")
     @classmethod
     def _constraint_names(cls, value: dict[str, int]) -> dict[str, int]:
@@ -700,14 +731,21 @@ class FederationConfig(_Model):
 
     def broker_url(self, role: str) -> str:
         """``rabbitmq_url`` with the credentials of ``role``'s broker user (``gm``, ``lm``,
-        ``reader``), read from its password file; the URL as it is when the role has none.
-        Every process that connects to RabbitMQ takes its URL from here."""
+        ``reader``), read from its password file, on each of its URLs; the URL as it is
+        when the role has none. Every process that connects to RabbitMQ takes its URL from
+        here."""
         if role not in BROKER_ROLES:
             raise ValueError(f"unknown broker role {role!r}; roles: {', '.join(BROKER_ROLES)}")
         user = getattr(self.broker, role) if self.broker is not None else None
         if user is None:
             return self.rabbitmq_url
-        return with_credentials(self.rabbitmq_url, user.name, read_secret(user.password_file))
+        password = read_secret(user.password_file)
+        return ",".join(with_credentials(url, user.name, password) for url in self.rabbitmq_urls)
+
+    @property
+    def rabbitmq_urls(self) -> list[str]:
+        """The broker nodes' URLs ``rabbitmq_url`` lists, in the order they are tried."""
+        return split_urls(self.rabbitmq_url)
 
     def queue_signing_key(self) -> bytes | None:
         """The work-queue signing key, or None when the file names none."""
@@ -731,7 +769,7 @@ class FederationConfig(_Model):
     @property
     def broker_vhost(self) -> str:
         """The RabbitMQ vhost ``rabbitmq_url`` names (its path; ``/`` when it has none)."""
-        path = urlsplit(self.rabbitmq_url).path
+        path = urlsplit(self.rabbitmq_urls[0]).path
         return unquote(path[1:]) if len(path) > 1 else "/"
 
     # ------------------------------------------------------------ lookups
@@ -784,6 +822,11 @@ def read_secret(path: str) -> str:
     if not secret:
         raise ConfigError(f"password file {path} is empty")
     return secret
+
+
+def split_urls(urls: str) -> list[str]:
+    """The URLs of a comma-separated list (one URL is a list of one), blanks dropped."""
+    return [url.strip() for url in urls.split(",") if url.strip()]
 
 
 def with_credentials(url: str, user: str, password: str) -> str:

@@ -57,3 +57,44 @@ def test_the_signing_key_comes_from_its_file(tmp_path):
     (tmp_path / "queue.key").write_text("short")
     with pytest.raises(ConfigError, match="fewer than 32"):
         parse_config({**BASE, "broker": broker}, env={}).queue_signing_key()
+
+
+CLUSTER = "amqp://a:apw@n1:5701/megha, amqp://a:apw@n2:5702/megha,amqp://a:apw@n3:5703/megha"
+
+
+def test_a_cluster_url_list_gives_each_role_its_user_on_every_node(tmp_path):
+    (tmp_path / "gm.pass").write_text("gmpw\n")
+    broker = {"gm": {"name": "megha-gm", "password_file": str(tmp_path / "gm.pass")}}
+    config = parse_config({**BASE, "rabbitmq_url": CLUSTER, "broker": broker}, env={})
+    assert config.rabbitmq_urls == [
+        "amqp://a:apw@n1:5701/megha",
+        "amqp://a:apw@n2:5702/megha",
+        "amqp://a:apw@n3:5703/megha",
+    ]
+    assert config.broker_url("gm") == (
+        "amqp://megha-gm:gmpw@n1:5701/megha,amqp://megha-gm:gmpw@n2:5702/megha,"
+        "amqp://megha-gm:gmpw@n3:5703/megha"
+    )
+    assert config.broker_url("lm") == CLUSTER  # no user: the list as written
+    assert config.broker_vhost == "megha"
+
+
+@pytest.mark.parametrize(
+    ("urls", "why"),
+    [
+        ("amqp://n1/a,amqp://n2/b", "one vhost"),
+        ("amqp://n1/,amqps://n2/", "one scheme"),
+        ("memory://,amqp://n2/", "not a cluster node"),
+        (" , ", "names no broker"),
+    ],
+)
+def test_a_url_list_is_one_cluster(urls, why):
+    with pytest.raises(ConfigError, match=why):
+        parse_config({**BASE, "rabbitmq_url": urls}, env={})
+
+
+def test_work_queues_are_quorum_queues_unless_the_operator_keeps_classic():
+    assert parse_config(BASE, env={}).queue_type == "quorum"
+    assert parse_config(BASE, env={"MEGHA_QUEUE_TYPE": "classic"}).queue_type == "classic"
+    with pytest.raises(ConfigError, match="queue_type"):
+        parse_config({**BASE, "queue_type": "stream"}, env={})

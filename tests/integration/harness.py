@@ -148,7 +148,9 @@ class Federation:
         self.config_path = tmp_path / "federation.yaml"
         self.config_path.write_text(yaml.safe_dump(self.config.model_dump(mode="json")))
         self.children = Children(tmp_path)
-        self.bus = RabbitBus(self.config.rabbitmq_url, prefix=self.prefix)
+        self.bus = RabbitBus(
+            self.config.rabbitmq_url, prefix=self.prefix, queue_type=self.config.queue_type
+        )
         self.events = Events()
         self.clients: dict[str, GlobalMasterClient] = {}
 

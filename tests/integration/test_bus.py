@@ -12,8 +12,10 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
+import aiormq
 import pytest
 
 from services.common.bus import (
@@ -23,6 +25,7 @@ from services.common.bus import (
     Delivery,
     InMemoryBroker,
     InMemoryBus,
+    QueueTypeMismatch,
     RabbitBus,
     make_bus,
     safe_url,
@@ -496,3 +499,165 @@ def test_a_gm_whose_broker_is_out_of_reach_says_so_in_one_line(tmp_path):
     last = gm.stderr.strip().splitlines()[-1]
     assert last.startswith(f"megha: cannot reach RabbitMQ at amqp://guest:***@127.0.0.1:{port}/")
     assert "Traceback" not in gm.stderr and "hunter2" not in gm.stderr
+
+
+# ------------------------------------------------------- queue types and broker failover
+
+
+async def _declare_raw(name: str, arguments: dict | None) -> None:
+    connection = await aio_pika.connect(RABBIT_URL)
+    async with connection:
+        channel = await connection.channel()
+        await channel.declare_queue(name, durable=True, arguments=arguments)
+
+
+async def _delete_raw(*names: str) -> None:
+    connection = await aio_pika.connect(RABBIT_URL)
+    async with connection:
+        channel = await connection.channel()
+        for name in names:
+            await channel.queue_delete(name)
+
+
+@pytest.mark.integration
+async def test_work_queues_are_quorum_queues_by_default_and_classic_on_request() -> None:
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    quorum, classic = (
+        RabbitBus(RABBIT_URL, prefix=prefix),
+        RabbitBus(RABBIT_URL, prefix=f"{prefix}-c", queue_type="classic"),
+    )
+    try:
+        async with quorum, classic:
+            await quorum.enqueue(QUEUE, b"q")
+            await classic.enqueue(QUEUE, b"c")
+            assert await quorum.queue_depth(QUEUE) == await classic.queue_depth(QUEUE) == 1
+        # The broker holds each with its type: the other type's declare is refused.
+        await _declare_raw(quorum.queue_name(QUEUE), {"x-queue-type": "quorum"})
+        with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed):
+            await _declare_raw(quorum.queue_name(QUEUE), None)
+        await _declare_raw(classic.queue_name(QUEUE), None)
+        with pytest.raises(aiormq.exceptions.ChannelPreconditionFailed):
+            await _declare_raw(classic.queue_name(QUEUE), {"x-queue-type": "quorum"})
+    finally:
+        await _delete_raw(quorum.queue_name(QUEUE), classic.queue_name(QUEUE))
+
+
+@pytest.mark.integration
+async def test_a_work_queue_of_the_other_type_is_named_with_the_way_out() -> None:
+    """An operator's broker full of classic queues, and a federation now on quorum."""
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    bus = RabbitBus(RABBIT_URL, prefix=prefix)
+    name = bus.queue_name(QUEUE)
+    await _declare_raw(name, None)  # as every release before quorum queues did
+    try:
+        async with bus:
+            for attempt in (bus.enqueue(QUEUE, b"x"), bus.consume(QUEUE, _never)):
+                with pytest.raises(QueueTypeMismatch) as mismatch:
+                    await attempt
+                message = str(mismatch.value)
+                assert f"RabbitMQ queue '{name}' exists as a classic queue" in message
+                assert f"rabbitmqctl delete_queue {name}" in message
+                assert "queue_type: classic" in message
+            await asyncio.sleep(1.5)  # the robust channel the failed declare closed reopens
+            classic = RabbitBus(RABBIT_URL, prefix=prefix, queue_type="classic")
+            async with classic:  # the operator's other way out
+                await classic.enqueue(QUEUE, b"kept classic")
+                assert await classic.queue_depth(QUEUE) == 1
+    finally:
+        await _delete_raw(name)
+
+
+async def _never(delivery: Delivery) -> None:
+    raise AssertionError("nothing should be delivered")
+
+
+class _Proxy:
+    """A TCP relay to the test broker: a second 'node' that can die with its connections."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> None:
+        target = urlsplit(RABBIT_URL)
+
+        async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self._writers.add(writer)
+            try:
+                while data := await reader.read(65536):
+                    writer.write(data)
+                    await writer.drain()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                writer.close()
+
+        async def serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+            broker_r, broker_w = await asyncio.open_connection(target.hostname, target.port or 5672)
+            await asyncio.gather(relay(client_r, broker_w), relay(broker_r, client_w))
+
+        self._server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    def url(self) -> str:
+        target = urlsplit(RABBIT_URL)
+        return urlunsplit(
+            target._replace(netloc=f"{target.netloc.rpartition('@')[0]}@127.0.0.1:{self.port}")
+        )
+
+    def kill(self) -> None:
+        """The node dies: nothing listens any more, every connection through it drops."""
+        assert self._server is not None
+        self._server.close()
+        for writer in self._writers:
+            writer.transport.abort()
+
+
+@pytest.mark.integration
+async def test_a_bus_fails_over_to_the_next_url_when_its_node_dies() -> None:
+    first, second = _Proxy(), _Proxy()
+    await first.start()
+    await second.start()
+    (dead,) = free_ports(1)
+    dead_url = f"amqp://guest:guest@127.0.0.1:{dead}/"
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    # A node that is down at start is skipped; the bus runs on the first that answers.
+    bus = RabbitBus(f"{dead_url}, {first.url()},{second.url()}", prefix=prefix)
+    got: list[bytes] = []
+
+    async def take(delivery: Delivery) -> None:
+        got.append(delivery.body)
+        await delivery.ack()
+
+    try:
+        async with bus:
+            await bus.consume(QUEUE, take)
+            await bus.enqueue(QUEUE, b"before")
+            await wait_until(lambda: got == [b"before"])
+            first.kill()
+            began = asyncio.get_running_loop().time()
+            for _ in range(100):  # what a GM does: try the enqueue again until confirmed
+                try:
+                    await bus.enqueue(QUEUE, b"after")
+                    break
+                except Exception:
+                    await asyncio.sleep(0.1)
+            took = asyncio.get_running_loop().time() - began
+            await wait_until(lambda: got == [b"before", b"after"], timeout=10)
+            assert took < 5, f"enqueue took {took:.1f} s to get through again"
+    finally:
+        second.kill()
+        await _delete_raw(f"{prefix}.queue.{QUEUE}")
+
+
+async def test_a_broker_list_out_of_reach_names_every_node():
+    ports = free_ports(2)
+    urls = ",".join(f"amqp://guest:hunter2@127.0.0.1:{port}/" for port in ports)
+    with pytest.raises(BrokerUnreachable) as unreachable:
+        await RabbitBus(urls).connect()
+    message = str(unreachable.value)
+    assert message.startswith("cannot reach any RabbitMQ node: ")
+    for port in ports:
+        assert f"amqp://guest:***@127.0.0.1:{port}/: " in message
+    assert "hunter2" not in message
