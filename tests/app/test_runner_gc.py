@@ -8,6 +8,7 @@ import pytest
 
 from services.app import runner
 from services.common import stalls
+from services.common.config import default_config, parse_config
 
 
 class Settled(Exception):
@@ -42,11 +43,8 @@ async def _healthy(_config) -> None:
     return None
 
 
-class _Config:
-    rabbitmq_url = "memory://"
-    exchange_prefix = ""
-    lms = gms = ()
-    predictor = None
+def _config():
+    return parse_config({**default_config(1, 1), "rabbitmq_url": "memory://"}, env={})
 
 
 @pytest.mark.parametrize(
@@ -61,11 +59,11 @@ class _Config:
 )
 async def test_each_role_tunes_the_collector_once_started(settled, role, ident, pool) -> None:
     with pytest.raises(Settled):
-        await runner.serve_role(_Config(), role, ident, None, pool)  # type: ignore[arg-type]
+        await runner.serve_role(_config(), role, ident, None, pool)
     assert settled == ["settle"]
 
 
 async def test_the_embedded_federation_tunes_the_collector(settled) -> None:
     with pytest.raises(Settled):
-        await runner.serve_embedded(_Config())  # type: ignore[arg-type]
+        await runner.serve_embedded(_config())
     assert settled == ["settle"]
