@@ -30,11 +30,14 @@ def task_tmp() -> Iterator[Path]:
 # budget: the chaos suite (tests/chaos, and live fault tests elsewhere marked ``chaos``),
 # run with MEGHA_CHAOS_TESTS=1, and other long live tests marked ``slow``, run with
 # MEGHA_SLOW_TESTS=1. So do the console's tests in a real browser (``browser``), run with
-# MEGHA_BROWSER_TESTS=1. Otherwise they are skipped, loudly.
+# MEGHA_BROWSER_TESTS=1, and the multi-host test (``multihost``: every role in its own
+# network namespace; needs root), run with MEGHA_MULTIHOST_TESTS=1. Otherwise they are
+# skipped, loudly.
 OPT_IN = {
     "chaos": ("MEGHA_CHAOS_TESTS", "chaos suite"),
     "slow": ("MEGHA_SLOW_TESTS", "slow live tests"),
     "browser": ("MEGHA_BROWSER_TESTS", "the console in a real Chromium"),
+    "multihost": ("MEGHA_MULTIHOST_TESTS", "every role in its own network namespace (root)"),
 }
 
 

@@ -55,6 +55,10 @@ class _Model(BaseModel):
 
 
 class Endpoint(_Model):
+    """Where a server is: ``host`` is what others dial (the advertised address), ``bind``
+    what it listens on. They differ behind NAT or in a container (``bind: 0.0.0.0``, ``host``
+    the name others resolve). The Prometheus port listens on every address."""
+
     host: str = Field("127.0.0.1", description="Address other services dial.")
     port: int = Field(..., ge=1, le=65535, description="gRPC port.")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port; 0 = none.")
@@ -129,6 +133,14 @@ class WorkerGroup(_Nodes):
     count: int = Field(8, ge=1, le=10_000, description="Agents (nodes) in the process.")
     name_prefix: str = Field("", description="Node id prefix; default '<lm>-w'.")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus port; 0 = none.")
+    host: str = Field(
+        "",
+        description="Address of the machine the group runs on, as others reach it: each node "
+        "advertises it to its LM (with ':<metrics_port>' when the group has one; megha nodes "
+        "--json shows it). The environment variable MEGHA_ADVERTISE_HOST of the worker "
+        "process takes its place (one federation file for every machine). Nothing dials a "
+        "worker host (its agents dial their LM), so empty is fine: the nodes advertise none.",
+    )
 
 
 class AutoscalePool(_Nodes):

@@ -40,6 +40,7 @@ class NodeRow:
     memory_mb: int
     tasks: int
     constraints: list[int]
+    address: str = ""  # what the node's worker host advertises (its group's host)
 
 
 def node_rows(
@@ -69,6 +70,7 @@ def node_rows(
                 memory_mb=node.capacity.memory_mb,
                 tasks=tasks[node.index],
                 constraints=from_mask(node.constraint_mask),
+                address=node.worker_address,
             )
         )
     return rows

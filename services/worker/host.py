@@ -12,6 +12,7 @@ import logging
 import os
 import tempfile
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -43,6 +44,22 @@ def node_ids(group: WorkerGroup, index_offset: int = 0) -> list[str]:
     """The node ids of a group: ``<name_prefix or '<lm>-w'><i>`` from the offset on."""
     prefix = group.name_prefix or f"{group.lm}-w"
     return [f"{prefix}{i}" for i in range(index_offset, index_offset + group.count)]
+
+
+ADVERTISE_HOST_ENV = "MEGHA_ADVERTISE_HOST"
+
+
+def advertised_address(group: WorkerGroup, env: Mapping[str, str] | None = None) -> str:
+    """The address each node of ``group`` advertises to its LM: this machine as others
+    reach it (``MEGHA_ADVERTISE_HOST``, else the group's ``host``), with the group's
+    metrics port, the one port a worker host serves; empty when neither names a host."""
+    env = os.environ if env is None else env
+    host = env.get(ADVERTISE_HOST_ENV, "").strip() or group.host
+    if not host or not group.metrics_port:
+        return host
+    if ":" in host and not host.startswith("["):  # an IPv6 address
+        host = f"[{host}]"
+    return f"{host}:{group.metrics_port}"
 
 
 def advertised(group: WorkerGroup, host: Machine | None = None) -> np.ndarray:
@@ -80,6 +97,7 @@ class WorkerHost:
         self.target = config.lm(group.lm).target
         self.node_ids = node_ids(group, index_offset)
         self.capacity = advertised(group)
+        self.address = advertised_address(group)
         self.agents: list[WorkerAgent] = []
         self._channel: grpc.aio.Channel | None = None
         self._executors: dict[str, Executor] = {}
@@ -192,6 +210,7 @@ class WorkerHost:
                 executors=self._executors,
                 registration_slots=slots,
                 outputs=self._outputs,
+                address=self.address,
             )
             for node_id in self.node_ids
         ]
@@ -210,6 +229,7 @@ class WorkerHost:
             extra={
                 "lm_id": self.group.lm,
                 "target": self.target,
+                "advertised": self.address,
                 "agents": len(self.agents),
                 "tasks_run_as": f"{user.name} ({user.uid}:{user.gid})",
                 "containers_run_as": self._run_as.container,

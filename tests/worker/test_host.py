@@ -8,7 +8,7 @@ import time
 
 from services.common.config import parse_config
 from services.core.resources import resources
-from services.worker.host import WorkerHost, advertised, node_ids
+from services.worker.host import WorkerHost, advertised, advertised_address, node_ids
 from services.worker.machine import Machine
 
 
@@ -35,6 +35,26 @@ def test_node_ids_follow_the_prefix_and_offset() -> None:
     assert node_ids(cfg.workers[0], 10) == ["lm-1-w10", "lm-1-w11", "lm-1-w12"]
     named = config(2, count=2, name_prefix="rack7-")
     assert node_ids(named.workers[0], 5) == ["rack7-5", "rack7-6"]
+
+
+def test_nodes_advertise_their_hosts_address_from_the_file_or_the_environment() -> None:
+    """What an LM (and ``megha nodes``) shows for the node: the group's ``host``, unless
+    the worker process's MEGHA_ADVERTISE_HOST names this machine; with the metrics port."""
+    assert advertised_address(config(2).workers[0], env={}) == ""
+    named = config(2, host="10.0.3.7").workers[0]
+    assert advertised_address(named, env={}) == "10.0.3.7"
+    assert advertised_address(named, env={"MEGHA_ADVERTISE_HOST": "w7.example"}) == "w7.example"
+    scraped = config(2, metrics_port=9100).workers[0]
+    assert advertised_address(scraped, env={"MEGHA_ADVERTISE_HOST": "fd00::7"}) == "[fd00::7]:9100"
+    assert advertised_address(scraped, env={"MEGHA_ADVERTISE_HOST": " "}) == ""
+
+
+async def test_every_agent_registers_with_the_advertised_address(monkeypatch) -> None:
+    monkeypatch.delenv("MEGHA_ADVERTISE_HOST", raising=False)
+    cfg = config(closed_port(), count=2, host="10.0.3.7", metrics_port=9100)
+    host = WorkerHost(cfg, cfg.workers[0])
+    async with host:
+        assert [a.address for a in host.agents] == ["10.0.3.7:9100"] * 2
 
 
 async def test_host_runs_its_agents_over_one_channel_and_stops_cleanly() -> None:
