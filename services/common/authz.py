@@ -28,7 +28,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -188,10 +188,15 @@ class Policy:
         users: Mapping[str, Any],
         default_queue: str = "default",
         own: Principal = ANONYMOUS,
+        roles: Mapping[str, Iterable[str]] | None = None,
     ) -> None:
         self.users = users  # name -> UserConfig
         self.default_queue = default_queue
         self.own = own  # the identity of the process whose servers decide
+        # ``RPC_ROLES``, with the federation file's ``authz.roles`` ("Service/Method") over it
+        self.rpc_roles = dict(RPC_ROLES)
+        for rpc, allowed in (roles or {}).items():
+            self.rpc_roles[f"/megha.v1.{rpc}"] = frozenset(allowed)
         self._tokens = {u.token_sha256: n for n, u in users.items() if u.token_sha256}
 
     def user_of_token(self, token: str) -> Principal | None:
@@ -220,7 +225,7 @@ class Policy:
             return ALLOW
         if not who.role:
             return Verdict(False, "no identity: show a megha certificate or a token")
-        roles = RPC_ROLES.get(method)
+        roles = self.rpc_roles.get(method)
         if roles is None:
             return Verdict(False, f"{method} is for admins only")
         if who.role not in roles:
@@ -401,7 +406,8 @@ def use_authz(
     process = identity_name(identity)
     role, _, name = process.partition(".")
     own = Principal(role, name)
-    _authz = (Policy(config.users, default_queue, own), Audit(config.audit, process))
+    policy = Policy(config.users, default_queue, own, config.roles)
+    _authz = (policy, Audit(config.audit, process))
 
 
 def authorizer(jobs: JobLookup | None = None) -> Authorizer | None:

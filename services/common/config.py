@@ -283,12 +283,31 @@ class AuthzConfig(_Model):
     Refused calls end PERMISSION_DENIED with the reason."""
 
     users: dict[str, UserConfig] = Field(default_factory=dict)
+    roles: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="Which roles may call an RPC, replacing the default for it (docs/"
+        "security.md has the table), e.g. {LocalMaster/DrainNode: [autoscaler]}: the console "
+        "may then not even query a drain. Admins may always call everything.",
+    )
     audit: str = Field(
         "-",
         description="Where each process writes its audit log, one JSON line per "
         "state-changing or refused call: a file path ({process} is replaced by the "
         "process's identity, e.g. gm.gm-1), '-' for stdout, '' for none.",
     )
+
+    @field_validator("roles")
+    @classmethod
+    def _known_rpcs_and_roles(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        from services.common.authz import ROLES, RPC_ROLES
+
+        known = {m.removeprefix("/megha.v1.") for m in RPC_ROLES}
+        for rpc, roles in value.items():
+            if rpc not in known:
+                raise ValueError(f"unknown RPC {rpc!r}; known: {', '.join(sorted(known))}")
+            if bad := sorted(set(roles) - ROLES):
+                raise ValueError(f"{rpc}: unknown roles {bad}; roles: {', '.join(sorted(ROLES))}")
+        return value
 
 
 BROKER_ROLES = ("gm", "lm", "reader")

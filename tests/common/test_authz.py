@@ -133,3 +133,23 @@ def test_megha_certs_issues_one_identity_per_process_and_user(tmp_path):
     ca = (tmp_path / "ca.crt").read_bytes()
     issue(tmp_path, config)  # again: the CA is kept
     assert (tmp_path / "ca.crt").read_bytes() == ca and len(written) == len(names)
+
+
+def test_the_federation_file_may_change_who_calls_an_rpc():
+    lm = Principal("lm", "lm-1")
+    p = Policy(USERS, own=lm, roles={"LocalMaster/DrainNode": ["autoscaler"]})
+    console = Principal("console", "console")
+    assert not p.decide(console, LM + "DrainNode", None, None, query=True).allowed
+    assert p.decide(Principal("autoscaler", "autoscaler"), LM + "DrainNode", None, None).allowed
+    assert p.decide_role(console, LM + "GetState").allowed  # the others keep their default
+
+
+def test_unknown_rpcs_and_roles_in_the_file_are_refused():
+    import pytest
+
+    from services.common.config import AuthzConfig
+
+    with pytest.raises(ValueError, match="unknown RPC 'LocalMaster/Drain'"):
+        AuthzConfig(roles={"LocalMaster/Drain": ["admin"]})
+    with pytest.raises(ValueError, match=r"unknown roles \['root'\]"):
+        AuthzConfig(roles={"LocalMaster/DrainNode": ["root"]})
