@@ -26,6 +26,7 @@ import contextvars
 import hashlib
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -153,8 +154,6 @@ def parse_identity(uri: str) -> Principal | None:
 
 def identity_name(identity: str | None) -> str:
     """The process name an identity's audit lines carry (``gm/gm-1`` -> ``gm.gm-1``)."""
-    import os
-
     identity = identity or os.environ.get("MEGHA_IDENTITY") or "admin/operator"
     return identity.replace("/", ".")
 
