@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import subprocess
 import sys
@@ -124,12 +125,16 @@ async def test_an_lm_refuses_to_launch_a_task_of_a_cancelled_job_even_after_a_re
         async with channel(fed.config.lm("lm-1").target) as ch:
             stub = local_master_pb2_grpc.LocalMasterStub(ch)
             deadline = time.monotonic() + 5
-            while True:  # the broadcast reaches the LM a moment after the answer
+            for tries in itertools.count():  # the broadcast reaches the LM after the answer
+                # A task the LM took before it heard is another's: each try is a new task
+                # (the same one again would be a DUPLICATE, whatever the LM heard since).
+                request.placements[0].task.task_id = f"never-submitted.try-{tries}"
                 reply = await stub.Launch(request, timeout=5)
                 status = reply.results[0].status
                 if status != local_master_pb2.PLACEMENT_STATUS_ACCEPTED:
                     break
                 assert time.monotonic() < deadline, "the LM never heard of the cancel"
+                await asyncio.sleep(0.05)
         assert status == local_master_pb2.PLACEMENT_STATUS_REJECTED_CANCELLED
         assert "was cancelled: test" in reply.results[0].reason
         assert not reply.HasField("state")
