@@ -158,23 +158,18 @@ class NodeTable:
             self.vacant.discard(i)
             self._fill(i, node_id, address, capacity, constraint_mask, partition, alive)
             return i
-        self._grow(self.size + 1)
         i = self.size
+        self._grow(i + 1)
         self.size += 1
-        self.node_ids.append(node_id)
-        self.addresses.append(address)
-        self._index_of[node_id] = i
-        self._capacity[:, i] = capacity
-        self._free[:, i] = capacity
-        self._usage_mean[i] = 0.0
-        self._usage_var[i] = 0.0
-        self._masks[i] = constraint_mask
-        self._owner[i] = partition
-        self.alive.append(alive)
-        for c, bits in enumerate(self.constraint_bits):
-            bits.append((constraint_mask >> c) & 1)
-        for p, bits in enumerate(self.members):
-            bits.append(p == partition)
+        # A new row at the end of every column, then filled as a vacant one is.
+        self.node_ids.append("")
+        self.addresses.append("")
+        self.alive.append(False)
+        for bits in self.constraint_bits:
+            bits.append(0)
+        for bits in self.members:
+            bits.append(False)
+        self._fill(i, node_id, address, capacity, constraint_mask, partition, alive)
         return i
 
     def _fill(
@@ -187,7 +182,7 @@ class NodeTable:
         partition: int,
         alive: bool,
     ) -> None:
-        """Overwrite row ``i`` whole (an existing row: ``add`` into a vacant one, ``vacate``)."""
+        """Overwrite row ``i`` whole (``add``, into a vacant row or a new one; ``vacate``)."""
         self.node_ids[i] = node_id
         self.addresses[i] = address
         if node_id:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,38 +44,41 @@ def _own_cgroup() -> Path | None:
     return None
 
 
-def _cgroup_cpu_milli(cgroup: Path | None) -> int | None:
-    """The CPU quota (cpu.max "quota period") of this cgroup and its parents, if any."""
+def _cgroup_limit(cgroup: Path | None, name: str, parse: Callable[[str], int | None]) -> int | None:
+    """The smallest limit in file ``name`` of this cgroup and its parents (``parse``: the
+    file's text as a limit, None for none), if any."""
     best = None
     while cgroup is not None and cgroup.is_relative_to(_CGROUP):
         try:
-            quota, period = (cgroup / "cpu.max").read_text().split()[:2]
-            if quota != "max":
-                milli = math.ceil(int(quota) * 1000 / int(period))
-                best = milli if best is None else min(best, milli)
+            limit = parse((cgroup / name).read_text())
+            if limit is not None:
+                best = limit if best is None else min(best, limit)
         except (OSError, ValueError):
             pass
         if cgroup == _CGROUP:
             break
         cgroup = cgroup.parent
     return best
+
+
+def _cpu_max_milli(text: str) -> int | None:
+    quota, period = text.split()[:2]
+    return None if quota == "max" else math.ceil(int(quota) * 1000 / int(period))
+
+
+def _memory_max_mb(text: str) -> int | None:
+    text = text.strip()
+    return None if text == "max" else int(text) >> 20
+
+
+def _cgroup_cpu_milli(cgroup: Path | None) -> int | None:
+    """The CPU quota (cpu.max "quota period") of this cgroup and its parents, if any."""
+    return _cgroup_limit(cgroup, "cpu.max", _cpu_max_milli)
 
 
 def _cgroup_memory_mb(cgroup: Path | None) -> int | None:
     """The memory limit (memory.max) of this cgroup and its parents, if any."""
-    best = None
-    while cgroup is not None and cgroup.is_relative_to(_CGROUP):
-        try:
-            text = (cgroup / "memory.max").read_text().strip()
-            if text != "max":
-                mb = int(text) >> 20
-                best = mb if best is None else min(best, mb)
-        except (OSError, ValueError):
-            pass
-        if cgroup == _CGROUP:
-            break
-        cgroup = cgroup.parent
-    return best
+    return _cgroup_limit(cgroup, "memory.max", _memory_max_mb)
 
 
 def machine() -> Machine:
