@@ -290,7 +290,10 @@ async def delete_broker_objects(config: FederationConfig, timeout_s: float = 10.
     the exchanges of the config's prefix."""
     async with asyncio.timeout(timeout_s):
         bus = RabbitBus(
-            config.rabbitmq_url, prefix=config.exchange_prefix, queue_type=config.queue_type
+            config.rabbitmq_url,
+            prefix=config.exchange_prefix,
+            queue_type=config.queue_type,
+            single_active=config.queue_failover,
         )
         async with bus:
             for queue in config.effective_queues():

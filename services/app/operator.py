@@ -57,8 +57,8 @@ from services.common.jobfile import JobFileError, JobFileTask, build_template, l
 from services.common.reports import (
     job_record,
     job_summary_record,
-    pending_by_serving_gm,
     plan_record,
+    served_by,
     status_record,
 )
 from services.common.server import channel, endpoints, use_tls, wait_all_healthy
@@ -701,9 +701,9 @@ async def _status(
     client: GlobalMasterClient, config: FederationConfig, target: str, json_out: bool = False
 ) -> int:
     view = await client.cluster()
-    pending = await pending_by_serving_gm(view, config, target)
+    served = await served_by(view, config, target)
     if json_out:
-        _print_json(status_record(view, pending, config, target))
+        _print_json(status_record(view, served, config, target))
         return 0
     print(f"{'LM':<10} {'version':>8} {'age s':>6}  partitions (gm: nodes, free)")
     # Per GM partition: nodes and free room over the LMs the GM hears from. A silent LM's
@@ -736,9 +736,13 @@ async def _status(
         if q.HasField("limit"):
             wanted = limit_from_wire(resources_from_proto(q.limit))
             limit = describe_held(resources_from_proto(q.held), wanted)
+        who, waiting = served[q.queue].gm_id, served[q.queue].pending
+        gm = who or "?"
+        if who != q.gm_id:  # queue failover: another serves it, or none says it does
+            gm += f" (prefers {q.gm_id})"
         print(
-            f"{q.queue:<12} {q.gm_id:<8} {q.share:>6.0%} {q.usage_share:>6.0%} "
-            f"{'?' if pending[q.queue] is None else pending[q.queue]:>8} "
+            f"{q.queue:<12} {gm:<8} {q.share:>6.0%} {q.usage_share:>6.0%} "
+            f"{'?' if waiting is None else waiting:>8} "
             f"{q.running_tasks:>8}  {limit}"
         )
     times = view.recent_allocation_times

@@ -207,6 +207,7 @@ def role_bus(config: FederationConfig, role: str) -> Bus:
         prefix=config.exchange_prefix,
         signing_key=config.queue_signing_key(),
         queue_type=config.queue_type,
+        single_active=config.queue_failover,
     )
 
 
@@ -218,13 +219,17 @@ async def serve_embedded(config: FederationConfig, ready: asyncio.Event | None =
         await stack.enter_async_context(watching_stalls())
         for lm in config.lms:
             bus = await stack.enter_async_context(
-                make_bus("memory://", broker=broker, signing_key=key)
+                make_bus(
+                    "memory://", broker=broker, signing_key=key, single_active=config.queue_failover
+                )
             )
             await stack.enter_async_context(running_lm(config, lm.id, bus))
         await stack.enter_async_context(running_workers(config, None, None))
         for gm in config.gms:
             bus = await stack.enter_async_context(
-                make_bus("memory://", broker=broker, signing_key=key)
+                make_bus(
+                    "memory://", broker=broker, signing_key=key, single_active=config.queue_failover
+                )
             )
             await stack.enter_async_context(running_gm(config, gm.id, bus))
         if config.predictor is not None:

@@ -277,14 +277,25 @@ def make_bus(
     broker: InMemoryBroker | None = None,
     signing_key: bytes | None = None,
     queue_type: str = "quorum",
+    single_active: bool = False,
 ) -> Bus:
     """``memory://`` → an in-process bus on ``broker`` (or a shared default); else RabbitMQ
     (``url`` may list a cluster's nodes, comma-separated), its work queues of
-    ``queue_type``. With ``signing_key`` it signs what it enqueues (see ``Bus.authentic``)."""
+    ``queue_type``. With ``signing_key`` it signs what it enqueues (see ``Bus.authentic``).
+    With ``single_active`` the broker delivers a work queue's messages to one of its
+    consumers at a time, the next when that one goes away (queue failover)."""
     if url.startswith(MEMORY_URL):
         shared = broker if broker is not None else _DEFAULT_BROKER
-        return InMemoryBus(shared, prefix=prefix, signing_key=signing_key)
-    return RabbitBus(url, prefix=prefix, signing_key=signing_key, queue_type=queue_type)
+        return InMemoryBus(
+            shared, prefix=prefix, signing_key=signing_key, single_active=single_active
+        )
+    return RabbitBus(
+        url,
+        prefix=prefix,
+        signing_key=signing_key,
+        queue_type=queue_type,
+        single_active=single_active,
+    )
 
 
 def _check_prefetch(prefetch: int) -> None:
@@ -302,18 +313,35 @@ class BrokerUnreachable(AMQPConnectionError):
 
 class QueueTypeMismatch(RuntimeError):
     """A work queue exists on the broker with another type than the bus declares it with
-    (RabbitMQ's PRECONDITION_FAILED, inequivalent arg 'x-queue-type'); the message names
-    the queue and the two ways out."""
+    (RabbitMQ's PRECONDITION_FAILED, inequivalent arg 'x-queue-type'), or with single
+    active consumer set otherwise (``x-single-active-consumer``: the federation's
+    ``queue_failover``); the message names the queue and the two ways out."""
 
     def __init__(self, queue: str, wanted: str, broker_says: str) -> None:
-        found = "classic" if wanted == "quorum" else "quorum"
+        if wanted in QUEUE_TYPES:
+            found = "classic" if wanted == "quorum" else "quorum"
+            what = (
+                f"exists as a {found} queue, but this federation declares its work queues "
+                f"as {wanted} queues (queue_type: {wanted})"
+            )
+            other = f"queue_type: {found}"
+        else:  # "single-active" or "" (queue failover on or off)
+            on = wanted == SINGLE_ACTIVE
+            what = (
+                f"exists {'without' if on else 'with'} single active consumer, but this "
+                f"federation declares its user queues {'with' if on else 'without'} it "
+                f"(queue_failover: {'true' if on else 'false'})"
+            )
+            other = f"queue_failover: {'false' if on else 'true'}"
         super().__init__(
-            f"RabbitMQ queue {queue!r} exists as a {found} queue, but this federation "
-            f"declares its work queues as {wanted} queues (queue_type: {wanted}). Delete it "
-            f"(rabbitmqctl delete_queue {queue}; the messages it holds go with it) or set "
-            f"queue_type: {found} in the federation file. The broker said: {broker_says}"
+            f"RabbitMQ queue {queue!r} {what}. Delete it (rabbitmqctl delete_queue {queue}; "
+            f"the messages it holds go with it) or set {other} in the federation file. The "
+            f"broker said: {broker_says}"
         )
         self.queue = queue
+
+
+SINGLE_ACTIVE = "single-active"
 
 
 def safe_url(url: str) -> str:
@@ -377,8 +405,10 @@ class RabbitBus(Bus):
         prefix: str = "megha",
         signing_key: bytes | None = None,
         queue_type: str = "quorum",
+        single_active: bool = False,
     ) -> None:
         super().__init__(prefix, signing_key)
+        self.single_active = single_active
         if queue_type not in QUEUE_TYPES:
             raise ValueError(f"queue_type must be one of {QUEUE_TYPES}, got {queue_type!r}")
         self.url = url
@@ -443,6 +473,14 @@ class RabbitBus(Bus):
         one queue must pass the same ones (else the broker refuses it: inequivalent arg)."""
         return {"x-queue-type": self.queue_type, **arguments}
 
+    def _user_queue_arguments(self) -> dict[str, Any]:
+        """A queue that ``enqueue`` and ``consume`` use: with ``single_active``, RabbitMQ
+        delivers to its first consumer only, and hands it to the next (in the order they
+        subscribed) when that one goes away: its unacked messages come back redelivered."""
+        if self.single_active:
+            return self._queue_arguments(**{"x-single-active-consumer": True})
+        return self._queue_arguments()
+
     @contextlib.contextmanager
     def _declaring(self, name: str) -> Iterator[None]:
         """Tell a work queue of the other type apart from other declare failures."""
@@ -451,6 +489,9 @@ class RabbitBus(Bus):
         except ChannelPreconditionFailed as err:
             if "x-queue-type" in str(err):
                 raise QueueTypeMismatch(name, self.queue_type, str(err)) from None
+            if "x-single-active-consumer" in str(err):
+                wanted = SINGLE_ACTIVE if self.single_active else ""
+                raise QueueTypeMismatch(name, wanted, str(err)) from None
             raise
 
     async def close(self) -> None:
@@ -566,7 +607,7 @@ class RabbitBus(Bus):
                 assert self._confirmed is not None
                 with self._declaring(name):
                     await self._confirmed.declare_queue(
-                        name, durable=True, arguments=self._queue_arguments()
+                        name, durable=True, arguments=self._user_queue_arguments()
                     )
                 self._work_queues.add(name)
 
@@ -613,7 +654,7 @@ class RabbitBus(Bus):
             await channel.set_qos(prefetch_count=prefetch)
             with self._declaring(name):
                 amqp_queue = await channel.declare_queue(
-                    name, durable=True, arguments=self._queue_arguments()
+                    name, durable=True, arguments=self._user_queue_arguments()
                 )
             subscription = _RabbitConsumer(self, channel, amqp_queue, handler, name)
             await subscription.start()
@@ -642,7 +683,7 @@ class RabbitBus(Bus):
         name = self.queue_name(queue)
         with self._declaring(name):
             declared = await channel.queue_declare(
-                name, durable=True, arguments=self._queue_arguments()
+                name, durable=True, arguments=self._user_queue_arguments()
             )
         return int(declared.message_count or 0)
 
@@ -852,12 +893,14 @@ class _Stored:
 
 
 class _MemoryWorkQueue:
-    """FIFO of ready messages plus its consumers, served round-robin within their prefetch."""
+    """FIFO of ready messages plus its consumers, served round-robin within their prefetch
+    (``single_active``: only the first consumer, like RabbitMQ's single active consumer)."""
 
     def __init__(self) -> None:
         self.ready: deque[_Stored] = deque()
         self.consumers: list[_MemoryConsumer] = []
         self._next = 0
+        self.single_active = False
 
     def dispatch(self) -> None:
         while self.ready and self.consumers:
@@ -867,6 +910,9 @@ class _MemoryWorkQueue:
             consumer.deliver(self.ready.popleft())
 
     def _next_with_room(self) -> _MemoryConsumer | None:
+        if self.single_active:
+            first = self.consumers[0]
+            return first if first.has_room() else None
         count = len(self.consumers)
         for step in range(count):
             index = (self._next + step) % count
@@ -906,10 +952,15 @@ class InMemoryBus(Bus):
     """The bus inside one process; several buses on one broker act like RabbitMQ clients."""
 
     def __init__(
-        self, broker: InMemoryBroker, prefix: str = "megha", signing_key: bytes | None = None
+        self,
+        broker: InMemoryBroker,
+        prefix: str = "megha",
+        signing_key: bytes | None = None,
+        single_active: bool = False,
     ) -> None:
         super().__init__(prefix, signing_key)
         self.broker = broker
+        self.single_active = single_active
         self._connected = False
         self._subscriptions: set[_MemoryStream | _MemoryConsumer] = set()
 
@@ -1003,6 +1054,7 @@ class InMemoryBus(Bus):
         _check_prefetch(prefetch)
         name = self.queue_name(queue)
         work_queue = self.broker.work_queue(name)
+        work_queue.single_active = work_queue.single_active or self.single_active
         consumer = _MemoryConsumer(self, work_queue, handler, prefetch, name)
         work_queue.consumers.append(consumer)
         self._subscriptions.add(consumer)

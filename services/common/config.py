@@ -203,7 +203,11 @@ class QueueConfig(_Model):
 
     name: str = Field(..., min_length=1, description="User queue name.")
     share: float = Field(1.0, gt=0, le=1, description="Dominant-resource share of the pool.")
-    gm: str = Field(..., description="The one GM that serves this queue.")
+    gm: str = Field(
+        ...,
+        description="The GM that serves this queue; with queue_failover, the one preferred "
+        "(another serves it while this one is down).",
+    )
     limit: str = Field(
         "",
         description="The most the queue may hold across the federation at any time, e.g. "
@@ -379,6 +383,15 @@ class FederationConfig(_Model):
         "queues): quorum queues are replicated across a cluster's nodes and survive losing a "
         "minority of them; classic keeps a broker's existing classic queues (a queue cannot "
         "change type: delete it, or set this to its type).",
+    )
+    queue_failover: bool = Field(
+        False,
+        description="Every GM consumes every user queue with RabbitMQ's single active "
+        "consumer: the broker delivers a queue to one GM at a time (its queues[].gm, which "
+        "subscribes first, unless that GM is down) and hands it to a standby GM when that "
+        "one goes away; its unacked messages are redelivered there, checked against what "
+        "the LMs launched. Costs the from-memory start of jobs submitted to their own GM "
+        "(docs/failover.md). A queue cannot change this setting: delete it first.",
     )
     heartbeat_interval_s: float = Field(1.0, gt=0, le=60, description="LM state broadcast.")
     full_state_every: int = Field(10, ge=1, description="Every Nth heartbeat is a full state.")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -63,6 +64,38 @@ async def pending_by_serving_gm(
 ) -> dict[str, int | None]:
     """Each queue's waiting tasks as the GM that serves it counts them (only that GM
     holds them; the GM asked shows 0 for the others' queues); None: it did not answer."""
+    return {
+        queue: served.pending for queue, served in (await served_by(view, config, asked)).items()
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """Who serves a queue now and the tasks it holds waiting (None: unknown, the GM did
+    not answer or, with queue failover, no GM that answered says it serves the queue)."""
+
+    gm_id: str | None
+    pending: int | None
+
+
+async def served_by(
+    view: global_master_pb2.GetClusterViewResponse, config: FederationConfig, asked: str
+) -> dict[str, Served]:
+    """Each queue's serving GM and its waiting tasks. Without queue failover a queue's GM
+    is the one it names; with it, the GM that says it serves it (``served_here``: the
+    broker's single active consumer), so every GM is asked."""
+    targets = {gm.target: gm.id for gm in config.gms}
+    asked_id = targets.get(asked, "")
+    if config.queue_failover:
+        others = sorted(set(targets) - {asked})
+        peers = await asyncio.gather(*map(peer_view, others))
+        views = [(asked_id, view), *((targets[t], v) for t, v in zip(others, peers, strict=True))]
+        found: dict[str, Served] = {q.queue: Served(None, None) for q in view.queues}
+        for gm_id, seen in views:
+            for q in seen.queues if seen is not None else ():
+                if q.served_here and q.queue in found:
+                    found[q.queue] = Served(gm_id, q.pending_tasks)
+        return found
     serving: dict[str, str] = {}  # queue -> the target of the GM that serves it
     for q in view.queues:
         try:
@@ -71,20 +104,20 @@ async def pending_by_serving_gm(
             serving[q.queue] = asked
     others = sorted(set(serving.values()) - {asked})
     views = dict(zip(others, await asyncio.gather(*map(peer_view, others)), strict=True))
-    pending: dict[str, int | None] = {}
+    result: dict[str, Served] = {}
     for q in view.queues:
         if serving[q.queue] == asked:
-            pending[q.queue] = q.pending_tasks
+            result[q.queue] = Served(q.gm_id, q.pending_tasks)
             continue
         other_view = views[serving[q.queue]]
         rows = [r for r in other_view.queues if r.queue == q.queue] if other_view else []
-        pending[q.queue] = rows[0].pending_tasks if rows else None
-    return pending
+        result[q.queue] = Served(q.gm_id, rows[0].pending_tasks if rows else None)
+    return result
 
 
 def status_record(
     view: global_master_pb2.GetClusterViewResponse,
-    pending: dict[str, int | None],
+    pending: dict[str, int | None] | dict[str, Served],
     config: FederationConfig,
     gm_target: str,
 ) -> Record:
@@ -110,12 +143,15 @@ def status_record(
     ]
     queues = []
     for q in view.queues:
+        known = pending.get(q.queue, q.pending_tasks)
+        served = known if isinstance(known, Served) else Served(q.gm_id, known)
         row: Record = {
             "queue": q.queue,
             "gm_id": q.gm_id,
+            "served_by": served.gm_id,
             "share": q.share,
             "usage_share": q.usage_share,
-            "pending_tasks": pending.get(q.queue, q.pending_tasks),
+            "pending_tasks": served.pending,
             "running_tasks": q.running_tasks,
             "preempted_tasks": q.preempted_tasks,
             "limit": resources_record(q.limit) if q.HasField("limit") else None,

@@ -50,6 +50,9 @@ class JobRecord:
     job_id: str
     queue: str
     owner: str = ""  # who submitted it (Task.owner), where this GM was told
+    # Tasks booked QUEUED here only because they were submitted here to a queue whose
+    # message this GM was not (yet) delivered (``JobBook.queued(relayed=True)``).
+    relayed: set[str] | None = None
     _statuses: dict[str, bytes] = field(default_factory=dict)
     _by_state: dict[int, int] = field(default_factory=dict)  # tasks in each state
     watchers: list[asyncio.Queue] = field(default_factory=list)
@@ -183,13 +186,22 @@ class JobBook:
                 if self._job_of.get(task_id) == gone.job_id:
                     del self._job_of[task_id]
 
-    def queued(self, task: common_pb2.Task) -> None:
+    def queued(self, task: common_pb2.Task, relayed: bool = False) -> None:
+        """``task`` is queued: held here (its message delivered here, or scheduled from
+        memory), or, ``relayed``, only sent to its queue from here, for whichever GM the
+        broker delivers it to (with queue failover, maybe this one later: ``taken``)."""
         job = self.record(task.job_id, task.queue)
         if task.owner and not job.owner:
             job.owner = task.owner
+        task_id = task.task_id
+        if relayed:
+            if job.relayed is None:
+                job.relayed = set()
+            job.relayed.add(task_id)
+        elif job.relayed is not None:
+            job.relayed.discard(task_id)
         # A task rejected before (its job's first message was refused) is queued again;
         # a preempted or lost one comes back as its next attempt.
-        task_id = task.task_id
         status = job.status(task_id)
         if not _holds(status, task):
             if status is None:
@@ -274,15 +286,26 @@ class JobBook:
             )
         )
 
-    def taken(self, job_id: str, tasks: Iterable[common_pb2.Task]) -> set[str]:
+    def taken(
+        self, job_id: str, tasks: Iterable[common_pb2.Task], relayed: bool = True
+    ) -> set[str]:
         """The ids of ``tasks`` this GM already knows as queued, placed, running or ended,
         at their attempt or a later one: queueing them again would run them twice. A
         task never heard of, or rejected (e.g. dropped when the broker refused its job),
-        is not taken: a retry queues it."""
+        is not taken: a retry queues it. Without ``relayed``, a task only relayed from
+        here and still QUEUED is not taken either: its message, delivered here, is the
+        one that queues it (queue failover: this GM took its queue over)."""
         job = self.jobs.get(job_id)
         if job is None:
             return set()
-        return {task.task_id for task in tasks if _holds(job.status(task.task_id), task)}
+        found = {task.task_id for task in tasks if _holds(job.status(task.task_id), task)}
+        if not relayed and job.relayed:
+            found -= {
+                task_id
+                for task_id in found & job.relayed
+                if job.status(task_id).state == common_pb2.TASK_STATE_QUEUED
+            }
+        return found
 
     def set_reason(self, job_id: str, task_id: str, reason: str) -> None:
         job = self.jobs.get(job_id)

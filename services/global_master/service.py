@@ -115,6 +115,15 @@ UNSTARTED_KEPT = 100_000  # accepted launches remembered until they start
 LM_ACCEPT_S = 30.0
 IN_DOUBT_S = 60.0
 FENCE_RETRY_S = 0.5  # between tries to fence tasks on an LM that does not answer
+# Queue failover (queue_failover): a GM subscribes to the queues it does not prefer this
+# long after its own, so that the preferred GM, started with it, is first in the broker's
+# line of single active consumers; and it sends each queue an empty message (a probe)
+# this often, which reaches the GM the broker delivers to, so that GM knows it serves the
+# queue even while no work comes (``GlobalMaster.serves``).
+STANDBY_AFTER_S = 2.0
+PROBE_EVERY_S = 2.0
+SERVING_WINDOW_S = 3 * PROBE_EVERY_S
+PROBE = b""  # never a job: a job has at least one task
 OUTPUT_TIMEOUT_S = 8.0  # GetTaskOutput through an LM (which waits 5 s for its worker)
 
 
@@ -234,7 +243,16 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             silent_after_s=silent_after(config.heartbeat_interval_s),
         )
         self.fair = FairShare([q.as_share() for q in config.effective_queues()])
-        self.my_queues = [q.name for q in config.queues_of(gm_id)]
+        self.failover = config.queue_failover
+        self.preferred = [q.name for q in config.queues_of(gm_id)]
+        # The queues this GM consumes: its own; with queue failover every queue, which the
+        # broker delivers to one of their consumers at a time (single active consumer).
+        everything = [q.name for q in config.effective_queues()]
+        self.my_queues = everything if self.failover else self.preferred
+        # Where a job submitted here is scheduled from memory, before its delivery comes
+        # back (``_queue_job``): only where no other GM can be delivered its message.
+        self._from_memory = frozenset() if self.failover else frozenset(self.preferred)
+        self._delivered_at: dict[str, float] = {}  # queue -> when its last message came
         # Every queue's limit: checked at submission here whatever GM serves the queue,
         # enforced when placing by the one that does.
         self.limits = QueueLimits.parse((q.name, q.limit) for q in config.effective_queues())
@@ -334,14 +352,45 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 "tls is set but broker.queue_signing_key is not: this GM schedules any "
                 "message a broker user can put in its queues (docs/security.md, The broker)"
             )
-        for queue in self.my_queues:
-            self._subscriptions.append(
-                await self.bus.consume(user_queue(queue), self._authenticated(queue), prefetch=1000)
-            )
+        for queue in self.preferred:
+            await self._consume(queue)
+        if self.failover:
+            self._loops.append(asyncio.create_task(self._standby(), name="gm-standby"))
         self._loops.append(asyncio.create_task(self._schedule_loop(), name="gm-schedule"))
         self._loops.append(asyncio.create_task(self._gauge_loop(), name="gm-gauges"))
         self._loops.append(asyncio.create_task(self._recover_loop(), name="gm-recover"))
         self._loops.append(asyncio.create_task(self._catch_up(), name="gm-catch-up"))
+
+    async def _consume(self, queue: str) -> None:
+        self._subscriptions.append(
+            await self.bus.consume(user_queue(queue), self._authenticated(queue), prefetch=1000)
+        )
+
+    async def _standby(self) -> None:
+        """Queue failover: line up for the other GMs' queues, then probe every queue
+        consumed, so that whichever GM the broker delivers it to knows it serves it."""
+        await asyncio.sleep(STANDBY_AFTER_S)
+        for queue in self.my_queues:
+            if queue not in self.preferred and not self._closed:
+                await self._consume(queue)
+        while not self._closed:
+            for queue in self.my_queues:
+                try:
+                    await self.bus.enqueue(user_queue(queue), PROBE)
+                except Exception as err:  # the broker away: the reconnection says so
+                    log.debug("probe not sent", extra={"queue": queue, "error": repr(err)})
+            await asyncio.sleep(PROBE_EVERY_S)
+
+    def serves(self, queue: str) -> bool:
+        """Whether this GM serves ``queue`` now: its own queue, or with queue failover one
+        whose messages (work or probes) the broker delivered here lately or whose tasks
+        wait here (a GM whose prefetch is full of a backlog gets nothing new for a while)."""
+        if not self.failover:
+            return queue in self._from_memory
+        at = self._delivered_at.get(queue)
+        if at is not None and time.monotonic() - at < SERVING_WINDOW_S:
+            return True
+        return queue in self.my_queues and self.queues.pending(queue) > 0
 
     async def shutdown(self) -> None:
         if self._closed:
@@ -567,10 +616,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         for task in batch.tasks:
             task.timestamps.queued_unix_nanos = queued
         body = batch.SerializeToString()
-        if queue not in self.my_queues:
+        if queue not in self._from_memory:
             await self.bus.enqueue(user_queue(queue), body)
             for task in batch.tasks:
-                self.jobs.queued(task)
+                self.jobs.queued(task, relayed=True)
             return global_master_pb2.SubmitJobResponse(job_id=job_id, task_ids=ids)
         # Our own queue: schedule from memory while the broker stores the message, instead
         # of after its delivery comes back to us. The client is still answered only once
@@ -792,6 +841,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 pending_tasks=self.queues.pending(q.name),
                 running_tasks=running[q.name],
                 preempted_tasks=self.preempted[q.name],
+                served_here=self.serves(q.name),
             )
             if held is not None:
                 status.held.CopyFrom(resources_to_proto(held))
@@ -829,7 +879,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             except InvalidTask as err:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"task {i}: {err}")
         reply = global_master_pb2.PlanJobResponse(
-            gm_id=self.gm_id, queue=queue, served_here=queue in self.my_queues
+            gm_id=self.gm_id, queue=queue, served_here=self.serves(queue)
         )
         for i, outlook in enumerate(dry_run(self.scheduler, queue, specs, time.monotonic())):
             reply.tasks.add(
@@ -865,6 +915,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         async def on_delivery(delivery: Delivery) -> None:
             why = "without a valid signature"
             if self.bus.authentic(user_queue(queue), delivery):
+                self._delivered_at[queue] = time.monotonic()
+                if delivery.body == PROBE:  # queue failover: tells this GM it serves it
+                    await delivery.ack()
+                    return
                 if self.seal_key is None or self._all_sealed(delivery.body):
                     await self._on_delivery(delivery)
                     return
@@ -933,10 +987,16 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             or failed is not None
             or self._queued_before_start(batch_msg)
         )
+        if delivery.redelivered:
+            log.info(
+                "a message redelivered (its GM went away before acking it): asking the LMs "
+                "what of it launched",
+                extra={"job_id": batch_msg.job_id, "tasks": len(batch_msg.tasks)},
+            )
         launched = await self._already_launched(batch_msg) if check else set()
         # A second message of a job whose tasks this GM already holds (a client retried
         # it through another GM, or its first message was stored after all): not again.
-        launched |= self.jobs.taken(batch_msg.job_id, batch_msg.tasks)
+        launched |= self.jobs.taken(batch_msg.job_id, batch_msg.tasks, relayed=False)
         reason = self.cancelled.reason(batch_msg.job_id)
         if reason is not None:  # cancelled: what did not run ends here
             ends = [
@@ -1002,7 +1062,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         says which it holds (at that attempt or a later one), and refuses from then on
         any older request of the others. Returns the ids some LM holds, with that LM. An
         LM is asked again until it answers, for up to ``wait_s`` (``_answer``)."""
-        self._lease += 1
+        # Above every lease a GM has sent (each is its start's wall clock plus its fences):
+        # with queue failover the GM whose message this is may have started after this one.
+        self._lease = max(self._lease + 1, time.time_ns())
         lease = self._lease
         replies = await asyncio.gather(
             *(self._answer(lm_id, attempts, lease, wait_s) for lm_id in lm_ids)
@@ -1139,7 +1201,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     del self._unstarted[event.task_id]
             if event.state in RELEASED:
                 ends.append((event.lm_id, event.task_id, event.attempt))
-            elif event.state == common_pb2.TASK_STATE_RUNNING and event.queue in self.my_queues:
+            elif event.state == common_pb2.TASK_STATE_RUNNING and self.serves(event.queue):
                 stamps = event.timestamps
                 if stamps.started_unix_nanos and stamps.submitted_unix_nanos:
                     seconds = (stamps.started_unix_nanos - stamps.submitted_unix_nanos) / 1e9
@@ -1264,6 +1326,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         while True:
             usage, total = self.view.queue_usage(accepted=True), self.view.total_capacity()
             for queue in self.my_queues:
+                if not self.serves(queue):
+                    continue
                 held = usage.get(queue, np.zeros(NUM_RESOURCES, dtype=np.int64))
                 metrics.QUEUE_USAGE_SHARE.labels(queue).set(dominant_share(held, total))
                 metrics.QUEUE_PENDING.labels(queue).set(self.queues.pending(queue))

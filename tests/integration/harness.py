@@ -149,7 +149,10 @@ class Federation:
         self.config_path.write_text(yaml.safe_dump(self.config.model_dump(mode="json")))
         self.children = Children(tmp_path)
         self.bus = RabbitBus(
-            self.config.rabbitmq_url, prefix=self.prefix, queue_type=self.config.queue_type
+            self.config.rabbitmq_url,
+            prefix=self.prefix,
+            queue_type=self.config.queue_type,
+            single_active=self.config.queue_failover,
         )
         self.events = Events()
         self.clients: dict[str, GlobalMasterClient] = {}

@@ -109,3 +109,38 @@ async def test_a_silent_lm_takes_no_tasks_and_its_room_is_not_counted_free(tmp_p
             assert time.monotonic() - began < 8
             ran = {e.lm_id for e in fed.events.events if e.task_id in set(job.task_ids)}
             assert ran == {"lm-1"}, ran
+
+
+async def test_with_queue_failover_status_names_the_gm_the_broker_chose(tmp_path):
+    """``queue_failover``: each GM first serves its own queue; killed, its queue is
+    served by the other, and ``megha status`` says so (``gm-1 (prefers gm-2)``)."""
+    async with Federation(
+        tmp_path, gms=2, lms=1, workers_per_lm=2, queues=QUEUES, queue_failover=True
+    ) as fed:
+
+        async def status() -> dict[str, list[str]]:
+            deadline = time.monotonic() + 15
+            while True:
+                lines, _ = await megha_status(fed)
+                rows = {name: line.split() for name, line in lines.items()}
+                if "?" not in rows["first"][1] + rows["second"][1] or time.monotonic() > deadline:
+                    return rows
+                await asyncio.sleep(0.5)
+
+        rows = await status()
+        assert rows["first"][1] == "gm-1" and rows["second"][1] == "gm-2", rows
+        # Both GMs take both queues' jobs; each message runs where the broker sends it.
+        jobs = [
+            await fed.gm(gm).submit(sim_tasks(3, 0.1), queue=q)
+            for gm in ("gm-1", "gm-2")
+            for q in ("first", "second")
+        ]
+        await fed.events.wait_succeeded({t for j in jobs for t in j.task_ids}, timeout_s=30)
+        assert max(fed.events.succeeded().values()) == 1
+        fed.children.kill("gm-gm-2")
+        deadline = time.monotonic() + 20
+        while (rows := await status())["second"][1:4] != ["gm-1", "(prefers", "gm-2)"]:
+            assert time.monotonic() < deadline, rows
+            await asyncio.sleep(0.5)
+        job = await fed.gm("gm-1").submit(sim_tasks(3, 0.1), queue="second")
+        await fed.events.wait_succeeded(set(job.task_ids), timeout_s=30)

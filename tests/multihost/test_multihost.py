@@ -9,10 +9,12 @@ in its own network namespace with its own address, nothing shared but the federa
 
 The same 300-job replay runs first with every role in one namespace on 127.0.0.1 (the
 loopback baseline, broker included), then across the hosts; the allocation-time p50s are
-printed and the multi-host one must be within 2x. A second replay cuts gm-2's link for a
-few seconds: without queue failover (issue #30 item 2) gm-2's queue waits for the link,
-and the test asserts what holds: every acknowledged task ends once it is back, none
-starts or succeeds twice (an independent recorder of the events exchange checks).
+printed and the multi-host one must be within 2x. A second replay, with queue failover
+on (``queue_failover``; AMQP heartbeats of ``BROKER_HEARTBEAT_S``), cuts gm-2's link for
+a few seconds: the broker drops gm-2's connection when its heartbeats stop, hands gm-2's
+queue to gm-1 (single active consumer), and gm-1 serves it while the link is down; every
+acknowledged task ends, none starts or succeeds twice (an independent recorder of the
+events exchange checks), once gm-2 is back too (its late launches are fenced).
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ SPACING_S = 0.08  # 300 jobs over 24 s
 TASK_S = 1.0  # about 13 tasks run at once on 64 CPUs: no task waits for a node
 WORKERS_PER_LM = 8
 GM_PORT, LM_PORT, WORKER_METRICS = 7000, 7100, 9100
-CUT_AT_S, CUT_FOR_S = 6.0, 6.0
+CUT_AT_S, CUT_FOR_S = 6.0, 8.0
+BROKER_HEARTBEAT_S = 2  # AMQP heartbeat: RabbitMQ drops a silent connection after ~2 of them
 REPLAY_TIMEOUT_S = 150
 
 
@@ -88,13 +91,18 @@ def write_trace(path: Path) -> Path:
     return path
 
 
-def federation(prefix: str, broker: str, hosts: dict[str, str], dirs: dict[str, Path]) -> dict:
+def federation(
+    prefix: str, broker: str, hosts: dict[str, str], dirs: dict[str, Path], failover: bool
+) -> dict:
     """The federation file: ``hosts`` gives each role's address (all 127.0.0.1 for the
-    loopback baseline, whose ports then differ), ``dirs`` each LM's own directory."""
+    loopback baseline, whose ports then differ), ``dirs`` each LM's own directory;
+    ``failover``: queue failover, and AMQP heartbeats short enough to notice a cut."""
     one_host = len(set(hosts.values())) == 1
     step = 1 if one_host else 0
+    query = f"?heartbeat={BROKER_HEARTBEAT_S}" if failover else ""
     return {
-        "rabbitmq_url": f"amqp://guest:guest@{broker}:{AMQP_PORT}/",
+        "rabbitmq_url": f"amqp://guest:guest@{broker}:{AMQP_PORT}/{query}",
+        "queue_failover": failover,
         "exchange_prefix": prefix,
         "heartbeat_interval_s": 0.5,
         "worker_heartbeat_interval_s": 1.0,
@@ -131,7 +139,14 @@ def federation(prefix: str, broker: str, hosts: dict[str, str], dirs: dict[str, 
 class Run:
     """One federation on ``placement`` (role -> host) and its replays from ``client``."""
 
-    def __init__(self, net: Network, label: str, placement: dict[str, Host], client: Host):
+    def __init__(
+        self,
+        net: Network,
+        label: str,
+        placement: dict[str, Host],
+        client: Host,
+        failover: bool = False,
+    ):
         self.net, self.label, self.client = net, label, client
         self.placement = placement
         self.dir = net.root / label
@@ -142,7 +157,7 @@ class Run:
             addresses = dict.fromkeys(placement, "127.0.0.1")
         broker = "127.0.0.1" if client is net.hosts["broker"] else net.hosts["broker"].address
         dirs = {role: host.dir for role, host in placement.items()}
-        data = federation(f"mh-{label}", broker, addresses, dirs)
+        data = federation(f"mh-{label}", broker, addresses, dirs, failover)
         self.config = write_federation(self.dir / "federation.yaml", data)
         self.gms = ",".join(f"{g['host']}:{g['port']}" for g in data["gms"])
         self.procs: list[tuple[Host, object]] = []
@@ -265,14 +280,15 @@ def queue_of(row: dict) -> str:
     return ("q1", "q2")[int(row["job_id"].rsplit("-", 1)[1]) % 2]
 
 
-def test_a_gm_cut_off_mid_replay_loses_nothing_and_runs_nothing_twice(net, tmp_path):
+def test_a_gm_cut_off_mid_replay_its_queue_moves_nothing_lost_or_twice(net, tmp_path):
     """gm-2's link goes down for CUT_FOR_S seconds mid-replay while the client submits
-    through gm-1 to both queues. Without queue failover (issue #30 item 2) gm-2's queue q2
-    is not served meanwhile: its jobs wait in the broker for the link. Once it is back,
-    every acknowledged task has ended, none started or succeeded twice."""
+    through gm-1 to both queues. With queue failover the broker, once gm-2's heartbeats
+    stop, hands q2 to gm-1, which serves it: q2's jobs wait about that long, not the cut.
+    Once the link is back, every acknowledged task has ended, none started or succeeded
+    twice."""
     trace = write_trace(tmp_path / "small.tr")
     gm2 = net.hosts["gm-2"]
-    run = Run(net, "cut", {r: net.hosts[r] for r in ROLES}, net.hosts["client"])
+    run = Run(net, "cut", {r: net.hosts[r] for r in ROLES}, net.hosts["client"], failover=True)
     run.start()
     cut: dict[str, float] = {}
 
@@ -297,15 +313,16 @@ def test_a_gm_cut_off_mid_replay_loses_nothing_and_runs_nothing_twice(net, tmp_p
         for queue in ("q1", "q2")
     }
     print(
-        f"\ngm-2 cut off for {cut['up'] - cut['down']:.1f} s: {summary['accepted']} of "
-        f"{summary['tasks']} tasks acknowledged, {summary['completed']} completed; longest "
-        f"allocation time q1 (gm-1) {waited['q1']:.2f} s, q2 (gm-2) {waited['q2']:.2f} s; "
+        f"\ngm-2 cut off for {cut['up'] - cut['down']:.1f} s (AMQP heartbeat "
+        f"{BROKER_HEARTBEAT_S} s): {summary['accepted']} of {summary['tasks']} tasks "
+        f"acknowledged, {summary['completed']} completed; longest allocation time q1 "
+        f"(gm-1) {waited['q1']:.2f} s, q2 (gm-2's, failed over to gm-1) {waited['q2']:.2f} s; "
         f"{summary['preemptions']} preempted; recorder: {verdict.summary()}"
     )
     assert len(acknowledged) == summary["accepted"] == JOBS  # gm-1 took every job
-    assert summary["completed"] == summary["accepted"]  # 0 lost once the link is back
+    assert summary["completed"] == summary["accepted"]  # 0 lost
     assert summary["duplicates"] == 0
     assert verdict.count("started twice") == verdict.count("succeeded twice") == 0
     assert verdict.count("stuck") == 0
-    # No failover yet (issue #30 item 2): q2's jobs waited for gm-2's link.
-    assert waited["q2"] > CUT_FOR_S / 2
+    # Served by gm-1 while gm-2 was cut off: no q2 job waited for the link to come back.
+    assert waited["q2"] < CUT_FOR_S - 1, waited

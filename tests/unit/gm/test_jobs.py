@@ -328,3 +328,24 @@ def test_the_book_knows_which_job_holds_each_task_id_while_it_remembers_the_job(
     assert book.holder("x", "B") == "A"
     book.queued(common_pb2.Task(task_id="w", job_id="D", queue="q"))  # A is forgotten
     assert book.get("A") is None and book.holder("x", "B") is None
+
+
+def test_a_task_only_relayed_here_is_not_taken_when_its_message_comes_here():
+    """Queue failover: a GM that sent a job to a queue another GM served, then took that
+    queue over, must schedule the job's message when it is redelivered to it, yet still
+    answer a client's retry of the job as a duplicate."""
+    book = JobBook()
+    task = common_pb2.Task(task_id="j.0", job_id="j", queue="q", attempt=0)
+    book.queued(task, relayed=True)
+    assert book.taken("j", [task]) == {"j.0"}  # a retry through this GM: the same job
+    assert book.taken("j", [task], relayed=False) == set()  # its delivery: schedule it
+    book.queued(task)  # delivered here: held here now
+    assert book.taken("j", [task], relayed=False) == {"j.0"}
+    other = common_pb2.Task(task_id="k.0", job_id="k", queue="q", attempt=0)
+    book.queued(other, relayed=True)
+    book.apply(
+        common_pb2.TaskEvent(
+            task_id="k.0", job_id="k", queue="q", state=common_pb2.TASK_STATE_RUNNING
+        )
+    )
+    assert book.taken("k", [other], relayed=False) == {"k.0"}  # it runs: never again

@@ -808,9 +808,12 @@ class QueueStatus(_message.Message):
     LIMIT_FIELD_NUMBER: _builtins.int
     HELD_FIELD_NUMBER: _builtins.int
     PREEMPTED_TASKS_FIELD_NUMBER: _builtins.int
+    SERVED_HERE_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     gm_id: _builtins.str
-    """The GM that serves the queue (each queue has exactly one)."""
+    """The GM that serves the queue (each queue has exactly one); with queue
+    failover, the one preferred (see served_here).
+    """
     share: _builtins.float
     """Configured fair share, in [0, 1]."""
     usage_share: _builtins.float
@@ -824,6 +827,12 @@ class QueueStatus(_message.Message):
     preempted_tasks: _builtins.int
     """Tasks of the queue an LM preempted (paper Alg. 2), as this GM heard of them
     since it started.
+    """
+    served_here: _builtins.bool
+    """Whether the GM answering serves the queue now. Without queue failover, the
+    queue's gm_id does; with it (federation queue_failover), gm_id is the GM
+    preferred and the broker's single active consumer is the GM that got the
+    queue's messages lately (its own probes or work) or holds its tasks waiting.
     """
     @_builtins.property
     def limit(self) -> Global___Resources:
@@ -847,10 +856,11 @@ class QueueStatus(_message.Message):
         limit: Global___Resources | None = ...,
         held: Global___Resources | None = ...,
         preempted_tasks: _builtins.int = ...,
+        served_here: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["held", b"held", "limit", b"limit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "held", b"held", "limit", b"limit", "pending_tasks", b"pending_tasks", "preempted_tasks", b"preempted_tasks", "queue", b"queue", "running_tasks", b"running_tasks", "share", b"share", "usage_share", b"usage_share"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "held", b"held", "limit", b"limit", "pending_tasks", b"pending_tasks", "preempted_tasks", b"preempted_tasks", "queue", b"queue", "running_tasks", b"running_tasks", "served_here", b"served_here", "share", b"share", "usage_share", b"usage_share"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
