@@ -137,6 +137,10 @@ class BenchOptions:
     process writes an audit log beside its log, work messages are signed and tasks
     sealed (docs/security.md)."""
     certs_dir: str = ""  # made by ``run_bench`` when ``secure``
+    queue_failover: bool = False
+    """Queue failover on (``queue_failover``): every GM consumes every queue, one at a
+    time by the broker's choice; jobs are scheduled from their delivery, never from
+    memory (what failover costs: docs/failover.md)."""
     """How jobs reach the GMs: ``stream`` (one ``SubmitStream`` per GM, as a program
     submitting many jobs would) or ``unary`` (one ``SubmitJob`` call each, as the CLI)."""
 
@@ -237,6 +241,7 @@ def bench_config(options: BenchOptions, base_port: int, prefix: str) -> Federati
         data["broker"] = {name: str(path) for name, path in keys.items()}
     if options.rabbitmq_url:
         data["rabbitmq_url"] = options.rabbitmq_url
+    data["queue_failover"] = options.queue_failover
     if options.queues == "file":
         data["queues"] = [q.model_dump() for q in options.file_queues]
     elif options.queues == "per-gm":

@@ -137,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="per-process certificates, mutual TLS and authorization on (what they cost): "
         "the load generator submits as a user, each process writes an audit log",
     )
+    bench.add_argument(
+        "--queue-failover",
+        action="store_true",
+        help="queue failover on: every GM consumes every queue (RabbitMQ single active "
+        "consumer), jobs scheduled from their delivery (what it costs)",
+    )
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(f"loadgen.{name}").add_subcommand(commands)
     return parser
@@ -193,6 +199,7 @@ def _bench_live(args: argparse.Namespace) -> int:
         service_log_level=args.service_log_level,
         submit=args.submit,
         secure=args.secure,
+        queue_failover=args.queue_failover,
     )
     if args.sweep and len(rates) > 1:
         print("megha-loadgen: --sweep starts from one --rate, not a list", file=sys.stderr)
