@@ -370,9 +370,17 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         """Queue failover: line up for the other GMs' queues, then probe every queue
         consumed, so that whichever GM the broker delivers it to knows it serves it."""
         await asyncio.sleep(STANDBY_AFTER_S)
-        for queue in self.my_queues:
-            if queue not in self.preferred and not self._closed:
-                await self._consume(queue)
+        waiting = [queue for queue in self.my_queues if queue not in self.preferred]
+        while waiting and not self._closed:
+            try:
+                await self._consume(waiting[0])
+                waiting.pop(0)
+            except Exception as err:  # the broker away: try again, or no standby here
+                log.warning(
+                    "could not line up for a queue; trying again",
+                    extra={"queue": waiting[0], "error": repr(err)},
+                )
+                await asyncio.sleep(PROBE_EVERY_S)
         while not self._closed:
             for queue in self.my_queues:
                 try:
