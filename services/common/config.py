@@ -27,6 +27,7 @@ from services.core.constraints import (
     ConstraintError,
     constraint_ids,
 )
+from services.core.contention import OWNER_GRACE_S
 from services.core.fairness import QueueShare
 from services.core.limits import parse_limit
 from services.core.match import PlacementPolicy, make_policy
@@ -392,6 +393,14 @@ class FederationConfig(_Model):
         "one goes away; its unacked messages are redelivered there, checked against what "
         "the LMs launched. Costs the from-memory start of jobs submitted to their own GM "
         "(docs/failover.md). A queue cannot change this setting: delete it first.",
+    )
+    owner_grace_s: float = Field(
+        OWNER_GRACE_S,
+        ge=0,
+        le=3600,
+        description="Contention (issue 29, services/core/contention.py OwnerFirst): room "
+        "freed on another GM's partition is left to that GM until a snapshot of the LM "
+        "shows it, at most this long; 0 turns the rule off (every GM races for it).",
     )
     heartbeat_interval_s: float = Field(1.0, gt=0, le=60, description="LM state broadcast.")
     full_state_every: int = Field(10, ge=1, description="Every Nth heartbeat is a full state.")

@@ -241,6 +241,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             config.num_constraints,
             config.constraint_labels,
             silent_after_s=silent_after(config.heartbeat_interval_s),
+            owner_grace_s=config.owner_grace_s,
         )
         self.fair = FairShare([q.as_share() for q in config.effective_queues()])
         self.failover = config.queue_failover
