@@ -245,7 +245,7 @@ class Colocate:
             slot = int(np.argmax(best))
             take = int(best[slot])
             if take == 0:
-                why = _why_stuck(requests[left[0]], fit, demand, free)
+                why = _why_stuck(requests[left[0]], fit, demand, free, is_open)
                 break
             slots[left[:take]] = slot
             is_open[slot] = False
@@ -281,19 +281,27 @@ def _holds(packing: Packing, free: np.ndarray, vdc: Vdc | None, requests: np.nda
 
 
 def _why_stuck(
-    member: np.ndarray, fit: np.ndarray, demand: np.ndarray | None, free: np.ndarray
+    member: np.ndarray,
+    fit: np.ndarray,
+    demand: np.ndarray | None,
+    free: np.ndarray,
+    is_open: np.ndarray,
 ) -> str:
     """Why no open slot takes the next member (the largest left), for a person."""
     if demand is None or not (fit > 0).any():
-        if free.shape[1] == 0:
-            return "no node is open to it"
-        roomiest = free[:, int(np.argmax(free[CPU]))]
+        if not is_open.any():
+            return f"every one of the {len(is_open)} usable nodes already took members"
+        room = free[:, is_open]
+        roomiest = room[:, int(np.argmax(room[CPU]))]
         return (
-            f"no open node has room for the next member ({format_resources(member)}); the "
+            f"no node left has room for the next member ({format_resources(member)}); the "
             f"one with the most cpu free has {format_resources(np.maximum(roomiest, 0))}"
         )
+    most = int(fit.max())
+    least = int(np.argmin(demand[:most]))
     up = int(free[NET][fit > 0].max())
     return (
-        f"the nodes with room lack uplink: one member alone there would send "
-        f"{int(demand[0])} Mbit/s of VDC traffic, the most free uplink among them is {up} Mbit/s"
+        f"the nodes with room lack uplink: the least VDC traffic one would carry is "
+        f"{int(demand[least])} Mbit/s (hosting {least + 1} members), the most free uplink "
+        f"among them is {up} Mbit/s"
     )
