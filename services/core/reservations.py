@@ -86,8 +86,9 @@ class _Record:
     placeholders: tuple[str, ...]
     deadline: float
     ttl_s: float
+    reserved: GangVerdict
     state: Held = Held.HELD
-    verdict: GangVerdict | None = None
+    committed: GangVerdict | None = None
     until: float = 0.0  # GONE / COMMITTED: remembered until then
     reason: str = ""
 
@@ -144,8 +145,7 @@ class Reservations:
             if record.state is Held.HELD and now >= record.deadline:
                 self._drop(gang_id, record, now, f"gang {gang_id}'s reservation expired")
                 return self._refused(gang_id, PlacementStatus.REJECTED_EXPIRED, record.reason)
-            assert record.verdict is not None
-            return record.verdict  # a retry: the same answer
+            return record.reserved  # a retry: the same answer
         problem = self._invalid(gang_id, pieces, layout)
         if problem is not None:
             return problem
@@ -176,7 +176,7 @@ class Reservations:
             placeholders=tuple(a.task_id for a in booked),
             deadline=now + ttl_s,
             ttl_s=ttl_s,
-            verdict=verdict,
+            reserved=verdict,
         )
         return verdict
 
@@ -193,8 +193,8 @@ class Reservations:
                 f"no reservation of gang {gang_id} here (never made, or long gone)",
             )
         if record.state is Held.COMMITTED:
-            assert record.verdict is not None
-            return record.verdict
+            assert record.committed is not None
+            return record.committed
         if record.state is Held.GONE:
             return self._refused(gang_id, PlacementStatus.REJECTED_EXPIRED, record.reason)
         if now >= record.deadline:
@@ -228,8 +228,8 @@ class Reservations:
             started.append(decision.allocation)
         record.state = Held.COMMITTED
         record.until = now + record.ttl_s
-        record.verdict = GangVerdict(gang_id, PlacementStatus.ACCEPTED, "", tuple(started))
-        return record.verdict
+        record.committed = GangVerdict(gang_id, PlacementStatus.ACCEPTED, "", tuple(started))
+        return record.committed
 
     # ------------------------------------------------------- release / expire
     def release(self, gang_id: str, now: float = 0.0) -> bool:
@@ -280,7 +280,6 @@ class Reservations:
         record.state = Held.GONE
         record.until = now + record.ttl_s
         record.reason = reason
-        record.verdict = None
 
     def _place(self, gm_id: str, task: TaskSpec, piece: GangPiece) -> Decision:
         if piece.repartition:
