@@ -185,19 +185,22 @@ def plan_gang(
     policy = policy or Colocate()
     requests = np.stack([m.resources for m in gang.members]).astype(np.int64)
     usable = _slots(view, gang.constraint_mask, now, alive_only=True)
-    # "Never" is judged on every node that could ever take the gang, dead ones too, as
-    # ``assess`` does for a task: a dead node may come back.
-    every = _slots(view, gang.constraint_mask, None, alive_only=False)
-    if not len(every.rows):
-        return Verdict(
-            Schedulability.INFEASIBLE,
-            "no node has every constraint the gang's members need"
-            if gang.constraint_mask
-            else "no worker node has registered",
-        )
+
+    def every() -> np.ndarray:
+        # "Never" is judged on every node that could ever take the gang, dead ones too,
+        # as ``assess`` does for a task: a dead node may come back.
+        return _slots(view, gang.constraint_mask, None, alive_only=False).capacity
+
     if not len(usable.rows):
+        if every().shape[1] == 0:
+            return Verdict(
+                Schedulability.INFEASIBLE,
+                "no node has every constraint the gang's members need"
+                if gang.constraint_mask
+                else "no worker node has registered",
+            )
         return Verdict(Schedulability.UNSCHEDULABLE, "no alive node of a heard LM can take it")
-    outcome = policy.place(requests, usable.free, every.capacity, gang.vdc, gang.needed)
+    outcome = policy.place(requests, usable.free, every, gang.vdc, gang.needed)
     if isinstance(outcome, Verdict):
         return outcome
     return _plan(gang, view, usable, outcome)

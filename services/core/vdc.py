@@ -35,6 +35,7 @@ passes ``UNJUDGED`` for the rest).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -187,12 +188,14 @@ class Colocate:
         self,
         requests: np.ndarray,
         free: np.ndarray,
-        capacity: np.ndarray,
+        capacity: np.ndarray | Callable[[], np.ndarray],
         vdc: Vdc | None = None,
         min_members: int | None = None,
     ) -> Packing | Verdict:
-        """``requests`` (P, NUM_RESOURCES), ``free`` / ``capacity`` (NUM_RESOURCES, K) of
-        the slots; at least ``min_members`` (default all) members or nothing."""
+        """``requests`` (P, NUM_RESOURCES), ``free`` (NUM_RESOURCES, K) of the slots,
+        ``capacity`` (NUM_RESOURCES, K') of every slot that could ever take the gang (or a
+        function returning it, called only when the gang does not fit now); at least
+        ``min_members`` (default all) members or nothing."""
         requests = np.asarray(requests, dtype=np.int64)
         count = len(requests)
         need = count if min_members is None else min_members
@@ -201,6 +204,8 @@ class Colocate:
         packing, why = self._pack(requests, np.asarray(free, dtype=np.int64), vdc)
         if packing.placed >= need:
             return packing
+        if callable(capacity):
+            capacity = capacity()
         never, never_why = self._pack(requests, np.asarray(capacity, dtype=np.int64), vdc)
         if never.placed < need:
             return Verdict(
