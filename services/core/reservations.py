@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -109,13 +109,14 @@ def _key(gm_id: str, pieces: Sequence[GangPiece]) -> tuple:
     return (gm_id, *pieces_key)
 
 
-@dataclass(slots=True)
 class Reservations:
     """The gangs an LM holds room for, over its books (``cluster``)."""
 
-    cluster: ClusterState
-    _records: dict[str, _Record] = field(default_factory=dict)
-    _sequence: int = 0
+    def __init__(self, cluster: ClusterState):
+        self.cluster = cluster
+        # Gang id -> its reservation, held, committed or gone (until ``expire`` forgets it).
+        self._records: dict[str, _Record] = {}
+        self._sequence = 0  # numbers placeholders: a new id per reservation
 
     # ----------------------------------------------------------------- reserve
     def reserve(

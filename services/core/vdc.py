@@ -162,7 +162,10 @@ class Colocate:
 
     Assumptions: members' requests are strict (free >= request, no GPA oversubscription);
     every slot offered is one every member may use (the caller has applied constraints,
-    liveness and partitions); a node takes members in one step (it is not revisited).
+    liveness and partitions); a node takes members in one step (it is not revisited);
+    members go in size order, so when the largest left fits on no open node packing
+    stops there (for a ``min_members`` gang of unlike members a finer packer could place
+    more of the small ones; a job's members are alike as a rule).
 
     Algorithm, per step, until every member has a slot or none can take one:
       1. Order the members left by size, largest first (cpu, then memory).
@@ -261,7 +264,8 @@ class Colocate:
         packing = Packing(slots, booked, placed)
         # The whole plan through the LM's tests: a bug here must refuse, not over-commit.
         if placed and not _holds(packing, free, vdc, requests):
-            return Packing(np.full(count, NOT_PLACED), requests.copy(), 0), "internal check"
+            empty = Packing(np.full(count, NOT_PLACED), requests.copy(), 0)
+            return empty, "the plan failed its own final check (a bug): nothing placed"
         return packing, why
 
 
