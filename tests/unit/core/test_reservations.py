@@ -213,3 +213,30 @@ def check(state, res, plans, start):
     np.testing.assert_array_equal(state.table.free, expected)
     if not state.allocations:
         assert_books(state, start)
+
+
+def test_a_gang_refused_by_one_lm_leaves_nothing_held_on_the_other():
+    lms = {}
+    for name in ("lm-0", "lm-1"):
+        state = ClusterState(name, GMS)
+        state.add_node(f"{name}-w0", NODE, partition=0)
+        lms[name] = state
+    view = GlobalView("gm-a")
+    for state in lms.values():
+        view.apply(state.snapshot(), 0.0)
+    members = tuple(task(f"t{i}", cpu=1000, job_id="j") for i in range(8))
+    plan = plan_gang(Gang("j/1", members), view)
+    assert isinstance(plan, GangPlan) and set(plan.by_lm()) == {"lm-0", "lm-1"}
+    before = {name: books(state) for name, state in lms.items()}
+    lms["lm-1"].launch("gm-a", task("late", cpu=500), 0)  # the view is stale now
+    reservations = {name: Reservations(state) for name, state in lms.items()}
+    verdicts = {
+        name: reservations[name].reserve("j/1", pieces, 0.0, 5.0, gm_id="gm-a")
+        for name, pieces in plan.by_lm().items()
+    }
+    assert verdicts["lm-0"].ok and verdicts["lm-1"].status is S.REJECTED_RESOURCES
+    # The GM releases the gang everywhere (any refusal releases every piece).
+    assert reservations["lm-0"].release("j/1", now=0.0)
+    assert_books(lms["lm-0"], before["lm-0"])
+    assert not lms["lm-0"].allocations
+    assert sorted(lms["lm-1"].allocations) == ["late"]
