@@ -91,6 +91,9 @@ class SimConfig:
     vdc: tuple[float, float] | None = None
     """With ``gangs``: every job is a Gridiron VDC of (bandwidth per core, vlink cap),
     Mbit/s, whose vlinks must fit the workers' uplinks (``services.core.vdc``)."""
+    peak_vdc: int = 0
+    """With ``vdc``: a job of more tasks is split into VDCs of at most this many, in task
+    order (as ``--gridiron`` splits it), each its own gang; 0: one VDC per job."""
     gang_ttl_s: float = 5.0
     """How long an LM holds a gang's reservation for its commit (``Reservations``)."""
 
@@ -138,6 +141,8 @@ class SimConfig:
             raise SimConfigError("gangs with fair share are not modelled (preempting a gang)")
         if self.vdc is not None and not self.gangs:
             raise SimConfigError("a VDC is a gang: set gangs as well")
+        if self.peak_vdc < 0:
+            raise SimConfigError(f"peak_vdc must not be negative, got {self.peak_vdc}")
         if self.vdc is not None:
             try:
                 Vdc(*self.vdc)

@@ -164,6 +164,9 @@ class GangWait:
     gang: Gang
     first: int
     tries: int = 0
+    # The view (each LM's table and version) it last found no room in: planning it
+    # again before one of them changes would find none again.
+    missed: tuple = ()
 
 
 @dataclass(eq=False, slots=True)
@@ -301,9 +304,9 @@ class MeghaSim:
                 worker += 1
         self.vdc = Vdc(*config.vdc) if config.vdc is not None else None
         self._empty: GlobalView | None = None
-        self._job_index: dict[str, int] = {}
+        # Gang members' task ids -> task index, from planning to commit.
+        self._gang_task: dict[str, int] = {}
         if config.gangs:
-            self._job_index = {job_id: j for j, job_id in enumerate(workload.job_ids)}
             for lm in self.lms:
                 lm.reservations = Reservations(lm.state)
             # The federation with nothing running: a gang this cannot hold never runs
@@ -386,22 +389,29 @@ class MeghaSim:
         return specs
 
     def _arrive_gang(self, job: int, lo: int, hi: int, queue_of: list[int]) -> None:
-        """A job as one gang, served by the GM of its first task's queue."""
+        """A job as one gang (one per VDC of at most ``peak_vdc`` tasks, with a VDC),
+        served by the GM of its first task's queue."""
         gm = self.gms[self.queue_gm[queue_of[0]]]
         self.log.gm[lo:hi] = gm.index
-        gang = Gang(
-            self.workload.job_ids[job], tuple(self._specs(job, lo, hi, queue_of)), 0, self.vdc
-        )
+        specs = self._specs(job, lo, hi, queue_of)
+        job_id = self.workload.job_ids[job]
+        size = self.config.peak_vdc if self.vdc is not None and self.config.peak_vdc else hi - lo
         assert self._empty is not None
-        never = plan_gang(gang, self._empty)
-        if isinstance(never, Verdict) and never.schedulability is Schedulability.INFEASIBLE:
-            self.counters.gangs_infeasible += 1
-            self.log.infeasible[lo:hi] = True
-            for _ in range(lo, hi):
-                self._finish_count()
-            return
-        gm.gangs.append(GangWait(gang, lo))
-        self._wake(gm)
+        for start in range(0, hi - lo, size):
+            members = tuple(specs[start : start + size])
+            gang_id = job_id if size == hi - lo else f"{job_id}:vdc{start // size}"
+            gang = Gang(gang_id, members, 0, self.vdc)
+            first = lo + start
+            never = plan_gang(gang, self._empty)
+            if isinstance(never, Verdict) and never.schedulability is Schedulability.INFEASIBLE:
+                self.counters.gangs_infeasible += 1
+                self.log.infeasible[first : first + len(members)] = True
+                for _ in members:
+                    self._finish_count()
+                continue
+            gm.gangs.append(GangWait(gang, first))
+        if gm.gangs:
+            self._wake(gm)
 
     def _gang_round(self, gm: SimGM, now: int) -> int:
         """Plan the waiting gangs, oldest first, until one does not fit: a younger gang
@@ -412,9 +422,14 @@ class MeghaSim:
         lm_index = {lm.state.lm_id: lm for lm in self.lms}
         while gm.gangs:
             wait = gm.gangs[0]
+            stamp = tuple((v.table, v.table.version) for v in view.lms.values())
+            if wait.missed == stamp:
+                break
             t += self.match_ns * len(wait.gang.members)
-            outcome = plan_gang(wait.gang, view, t / 1e9)
+            # Judged "never" at arrival (the simulated nodes never change).
+            outcome = plan_gang(wait.gang, view, t / 1e9, judge_never=False)
             if not isinstance(outcome, GangPlan):
+                wait.missed = stamp
                 break
             gm.gangs.popleft()
             wait.tries += 1
@@ -422,9 +437,12 @@ class MeghaSim:
             book(view, outcome, t / 1e9)
             stamps = self.log.stamps
             for piece in outcome.pieces:
-                stamps["dequeued"][wait.first + piece.member] = now
-                stamps["decided"][wait.first + piece.member] = t
+                task = wait.first + piece.member
+                stamps["dequeued"][task] = now
+                stamps["decided"][task] = t
+                self._gang_task[piece.task.task_id] = task
             gm.reserving[gang_id] = GangTry(wait, outcome)
+            self.counters.repartitions += sum(p.repartition for p in outcome.pieces)
             for lm_id, pieces in outcome.by_lm().items():
                 lm = lm_index[lm_id]
                 known = view.lms[lm_id].version
@@ -498,14 +516,10 @@ class MeghaSim:
                 f"gang {gang_id} failed to commit on {lm.state.lm_id}: {verdict.reason}"
             )
         for allocation in verdict.allocations:
-            task = self._task_of(allocation.task_id)
+            task = self._gang_task.pop(allocation.task_id)
             self._start(lm, task, allocation.node, now, t)
             gm.view.accepted(lm.state.lm_id, allocation.task_id)
         self.counters.gangs_started += 1
-
-    def _task_of(self, task_id: str) -> int:
-        job_id, _, member = task_id.rpartition(".")
-        return int(self.workload.first[self._job_index[job_id]]) + int(member)
 
     def _infeasible(self, gm: SimGM, shape: int, spec: TaskSpec) -> bool:
         """The live GM refuses a task that can never run at submission (remembered per

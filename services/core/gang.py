@@ -179,9 +179,14 @@ def plan_gang(
     view: GlobalView,
     now: float | None = None,
     policy: Colocate | None = None,
+    judge_never: bool = True,
 ) -> GangPlan | Verdict:
     """Every member of ``gang`` on a node of ``view`` (at least ``gang.needed`` of them),
-    or a ``Verdict`` saying why not: UNSCHEDULABLE (wait) or INFEASIBLE (never)."""
+    or a ``Verdict`` saying why not: UNSCHEDULABLE (wait) or INFEASIBLE (never).
+
+    Without ``judge_never`` a gang that does not fit now is UNSCHEDULABLE without asking
+    whether it ever could (a second packing over every node): for a caller that judged
+    it at submission and retries it on every view change."""
     policy = policy or Colocate()
     requests = np.stack([m.resources for m in gang.members]).astype(np.int64)
     usable = _slots(view, gang.constraint_mask, now, alive_only=True)
@@ -192,7 +197,7 @@ def plan_gang(
         return _slots(view, gang.constraint_mask, None, alive_only=False).capacity
 
     if not len(usable.rows):
-        if every().shape[1] == 0:
+        if judge_never and every().shape[1] == 0:
             return Verdict(
                 Schedulability.INFEASIBLE,
                 "no node has every constraint the gang's members need"
@@ -200,7 +205,8 @@ def plan_gang(
                 else "no worker node has registered",
             )
         return Verdict(Schedulability.UNSCHEDULABLE, "no alive node of a heard LM can take it")
-    outcome = policy.place(requests, usable.free, every, gang.vdc, gang.needed)
+    capacity = every if judge_never else None
+    outcome = policy.place(requests, usable.free, capacity, gang.vdc, gang.needed)
     if isinstance(outcome, Verdict):
         return outcome
     return _plan(gang, view, usable, outcome)

@@ -191,13 +191,14 @@ class Colocate:
         self,
         requests: np.ndarray,
         free: np.ndarray,
-        capacity: np.ndarray | Callable[[], np.ndarray],
+        capacity: np.ndarray | Callable[[], np.ndarray] | None,
         vdc: Vdc | None = None,
         min_members: int | None = None,
     ) -> Packing | Verdict:
         """``requests`` (P, NUM_RESOURCES), ``free`` (NUM_RESOURCES, K) of the slots,
         ``capacity`` (NUM_RESOURCES, K') of every slot that could ever take the gang (or a
-        function returning it, called only when the gang does not fit now); at least
+        function returning it, called only when the gang does not fit now; None: do not
+        judge "never", a gang that does not fit now is UNSCHEDULABLE); at least
         ``min_members`` (default all) members or nothing."""
         requests = np.asarray(requests, dtype=np.int64)
         count = len(requests)
@@ -209,8 +210,10 @@ class Colocate:
             return packing
         if callable(capacity):
             capacity = capacity()
-        never, never_why = self._pack(requests, np.asarray(capacity, dtype=np.int64), vdc)
-        if never.placed < need:
+        never, never_why = (
+            (packing, "") if capacity is None else self._pack(requests, np.asarray(capacity), vdc)
+        )
+        if capacity is not None and never.placed < need:
             return Verdict(
                 Schedulability.INFEASIBLE,
                 f"the gang cannot start even on empty nodes: {never.placed} of {count} members "

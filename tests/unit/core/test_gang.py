@@ -66,6 +66,11 @@ def test_no_partial_plan_only_a_reason():
     assert "16 of 17 members placed, 17 needed" in never.reason
 
 
+def test_a_caller_that_judged_never_at_submission_may_skip_it():
+    verdict = plan_gang(gang(17), view_of(federation()), judge_never=False)
+    assert verdict.schedulability is Schedulability.UNSCHEDULABLE
+
+
 def test_min_tasks_starts_with_enough_of_them():
     plan = plan_gang(gang(20, min_tasks=16), view_of(federation()))
     assert isinstance(plan, GangPlan) and len(plan.pieces) == 16
