@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.core.resources import CPU, NET, NUM_RESOURCES, format_resources
+from services.core.resources import CPU, NET, NUM_RESOURCES, RESOURCE_NAMES, format_resources
 from services.core.status import Schedulability, Verdict
 
 # The free uplink to pass for a slot the caller does not judge (another LM's node).
@@ -205,27 +205,30 @@ class Colocate:
         need = count if min_members is None else min_members
         if not 1 <= need <= count:
             raise ValueError(f"min_members must be in 1..{count}, got {need}")
-        packing, why = self._pack(requests, np.asarray(free, dtype=np.int64), vdc)
+        packing, why = self._pack(requests, np.asarray(free, dtype=np.int64), vdc, need)
         if packing.placed >= need:
             return packing
         if callable(capacity):
             capacity = capacity()
         never, never_why = (
-            (packing, "") if capacity is None else self._pack(requests, np.asarray(capacity), vdc)
+            (packing, "")
+            if capacity is None
+            else self._pack(requests, np.asarray(capacity, dtype=np.int64), vdc, need)
         )
         if capacity is not None and never.placed < need:
             return Verdict(
                 Schedulability.INFEASIBLE,
-                f"the gang cannot start even on empty nodes: {never.placed} of {count} members "
-                f"placed, {need} needed; {never_why}",
+                f"the gang cannot start even on empty nodes ({need} of its {count} members "
+                f"together): {never_why}",
             )
         return Verdict(
             Schedulability.UNSCHEDULABLE,
-            f"waiting for room for the whole gang: {packing.placed} of {count} members fit "
-            f"now, {need} needed; {why}",
+            f"waiting for room for the whole gang ({need} of its {count} members together): {why}",
         )
 
-    def _pack(self, requests: np.ndarray, free: np.ndarray, vdc: Vdc | None) -> tuple[Packing, str]:
+    def _pack(
+        self, requests: np.ndarray, free: np.ndarray, vdc: Vdc | None, need: int
+    ) -> tuple[Packing, str]:
         count, num_slots = len(requests), free.shape[1]
         slots = np.full(count, NOT_PLACED, dtype=np.int64)
         booked = requests.copy()
@@ -233,6 +236,19 @@ class Colocate:
             booked[:, NET] = 0  # replaced by the uplink share, added below
             links = vdc.vlinks_kbps(requests[:, CPU])
             row_total = links.sum(axis=1)
+        # A cheap bound first: a gang waiting on a busy federation is planned again on
+        # every view change, and most of those times all the free room together is short.
+        # (Any ``need`` members ask at least the ``need`` smallest quantities, per resource.)
+        total_free = np.maximum(free, 0).sum(axis=1)
+        total_need = np.sort(booked, axis=0)[:need].sum(axis=0)
+        if (total_need > total_free).any():
+            short = np.flatnonzero(total_need > total_free)
+            names = ", ".join(RESOURCE_NAMES[d] for d in short)
+            empty = Packing(slots, booked, 0)
+            return empty, (
+                f"all the room together is short of {names}: the members need at least "
+                f"{format_resources(total_need)}, the nodes have {format_resources(total_free)}"
+            )
         # Largest first: big members find room while nodes are empty.
         order = np.lexsort((-requests[:, 1], -requests[:, CPU]))
         left = order
@@ -256,7 +272,9 @@ class Colocate:
             slot = int(np.argmax(best))
             take = int(best[slot])
             if take == 0:
-                why = _why_stuck(requests[left[0]], fit, demand, free, is_open)
+                why = f"{count - len(left)} placed, then " + _why_stuck(
+                    requests[left[0]], fit, demand, free, is_open
+                )
                 break
             slots[left[:take]] = slot
             is_open[slot] = False

@@ -125,16 +125,30 @@ def test_waiting_is_told_apart_from_never():
     taken[0] = 500  # cpu mostly taken now
     later = Colocate().place(members(8), taken, nodes(2))
     assert later.schedulability is Schedulability.UNSCHEDULABLE
-    assert later.reason.startswith("waiting for room for the whole gang: 0 of 8 members fit now")
+    assert later.reason == (
+        "waiting for room for the whole gang (8 of its 8 members together): all the room "
+        "together is short of cpu_milli: the members need at least cpu=8 mem=8192Mi disk=0Mi "
+        "net=0M, the nodes have cpu=1 mem=16384Mi disk=2000Mi net=2000M"
+    )
     never = Colocate().place(members(9), nodes(2), nodes(2))
     assert never.schedulability is Schedulability.INFEASIBLE
-    assert "8 of 9 members placed, 9 needed" in never.reason
+    assert never.reason.startswith(
+        "the gang cannot start even on empty nodes (9 of its 9 members together): all the "
+        "room together is short of cpu_milli"
+    )
+    # Enough room in total, but in pieces: 2.5 cores free on each node, 1.5 per member.
+    fragmented = nodes(2)
+    fragmented[0] = 2500
+    split = Colocate().place(members(3, cpu=1500), fragmented, nodes(2))
+    assert split.schedulability is Schedulability.UNSCHEDULABLE
+    assert split.reason.endswith(
+        "2 placed, then every one of the 2 usable nodes already took members"
+    )
     # Uplink alone can make it never: 8 members of 300 Mbit/s vlinks, nodes of 4 cores.
     uplink = Colocate().place(members(8), nodes(2), nodes(2), Vdc(300, 1000))
     assert uplink.schedulability is Schedulability.INFEASIBLE
-    assert "lack uplink" in uplink.reason and "the most free uplink among them is 1000" in (
-        uplink.reason
-    )
+    assert "0 placed, then the nodes with room lack uplink" in uplink.reason
+    assert "the most free uplink among them is 1000" in uplink.reason
 
 
 def test_min_members_is_enough():
