@@ -130,7 +130,9 @@ def fits_uplinks(
     LM validates with it (``free_uplink`` = ``UNJUDGED`` for slots not its own)."""
     free_uplink = np.asarray(free_uplink, dtype=np.int64)
     demand = uplink_demand(vdc, cpu_milli, slots, len(free_uplink))
-    over = demand > free_uplink
+    # A GM's view may show a node booked past its uplink for a moment (two GMs took the
+    # same room): that is no reason to refuse a VDC that sends nothing over it.
+    over = demand > np.maximum(free_uplink, 0)
     if not over.any():
         return UplinkFit(True, demand)
     # Formatting only on the way out: a refusal is the rare path.
@@ -234,8 +236,6 @@ class Colocate:
         booked = requests.copy()
         if vdc is not None:
             booked[:, NET] = 0  # replaced by the uplink share, added below
-            links = vdc.vlinks_kbps(requests[:, CPU])
-            row_total = links.sum(axis=1)
         # A cheap bound first: a gang waiting on a busy federation is planned again on
         # every view change, and most of those times all the free room together is short.
         # (Any ``need`` members ask at least the ``need`` smallest quantities, per resource.)
@@ -249,6 +249,31 @@ class Colocate:
                 f"all the room together is short of {names}: the members need at least "
                 f"{format_resources(total_need)}, the nodes have {format_resources(total_free)}"
             )
+        # Only nodes that hold the smallest quantities any member asks can take one: on a
+        # busy federation most cannot, and every step below costs O(members x nodes).
+        # (Free uplink is not a filter: a node hosting the whole VDC sends nothing.)
+        smallest = booked.min(axis=0)
+        useful = np.flatnonzero((free >= smallest[:, None]).all(axis=0))
+        if not len(useful):
+            return Packing(slots, booked, 0), (
+                f"no node has room for a member: none has {format_resources(smallest)} free"
+            )
+        if len(useful) < num_slots:
+            packing, why = self._pack_on(requests, booked, free[:, useful], vdc)
+            placed = packing.slots >= 0
+            packing.slots[placed] = useful[packing.slots[placed]]
+            return packing, why
+        return self._pack_on(requests, booked, free, vdc)
+
+    def _pack_on(
+        self, requests: np.ndarray, booked: np.ndarray, free: np.ndarray, vdc: Vdc | None
+    ) -> tuple[Packing, str]:
+        count, num_slots = len(requests), free.shape[1]
+        slots = np.full(count, NOT_PLACED, dtype=np.int64)
+        booked = booked.copy()
+        if vdc is not None:
+            links = vdc.vlinks_kbps(requests[:, CPU])
+            row_total = links.sum(axis=1)
         # Largest first: big members find room while nodes are empty.
         order = np.lexsort((-requests[:, 1], -requests[:, CPU]))
         left = order

@@ -94,6 +94,8 @@ def test_fits_uplinks_names_the_node_and_the_numbers():
         "node w1 would carry 400 Mbit/s of VDC traffic (2 of 4 members there) over an "
         "uplink with 399 Mbit/s free"
     )
+    # A node shown booked past its uplink is no reason to refuse a VDC that avoids it.
+    assert fits_uplinks(vdc, np.full(4, 1000), slots, np.array([400, 400, -1400]))
     # An LM judges only its own nodes.
     assert fits_uplinks(vdc, np.full(4, 1000), slots, np.array([400, UNJUDGED]))
 
@@ -160,8 +162,10 @@ def test_min_members_is_enough():
 
 
 request = st.tuples(st.integers(1, 4000), st.integers(0, 8192), st.integers(0, 10), st.just(0))
+# Free room may be negative: a GM's view shows a node booked past its capacity for a
+# moment when two GMs took the same room.
 node_free = st.tuples(
-    st.integers(0, 8000), st.integers(0, 16384), st.integers(0, 20), st.integers(0, 3000)
+    st.integers(-1000, 8000), st.integers(0, 16384), st.integers(0, 20), st.integers(-500, 3000)
 )
 
 
@@ -185,7 +189,8 @@ def test_a_packing_is_whole_and_never_over_commits_a_node_or_an_uplink(reqs, fre
     used = np.zeros_like(free)
     for member in np.flatnonzero(placed):
         used[:, outcome.slots[member]] += outcome.booked[member]
-    assert (used <= free).all()
+    hosting = np.unique(outcome.slots[placed])
+    assert (used[:, hosting] <= free[:, hosting]).all()
     if vdc is not None:
         demand = uplink_demand(vdc, requests[:, 0], outcome.slots, free.shape[1])
         assert (demand == used[NET]).all()  # the booked net is exactly the VDC's traffic
