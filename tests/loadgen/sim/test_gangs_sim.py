@@ -3,10 +3,14 @@ Reservations in virtual time."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
+from loadgen import report
 from loadgen.augment import gridiron_bandwidth
+from loadgen.cli import main
 from loadgen.sim.config import SimConfig, SimConfigError
 from loadgen.sim.run import WALL_KEYS, simulate
 from loadgen.trace import TraceJob, TraceTask
@@ -96,3 +100,20 @@ def test_vdc_aware_placement_admits_what_per_task_net_mbps_cannot():
 def test_bad_gang_settings_say_why(overrides, message):
     with pytest.raises(SimConfigError, match=message):
         SimConfig(**overrides).check()
+
+
+def test_simulate_gangs_from_the_command_line(tmp_path):
+    # One job of 12 one-core tasks under --gridiron (bpc 100: 1,100 Mbit/s per task over
+    # 1,000 Mbit/s uplinks): task by task it never fits; as a VDC gang it runs.
+    trace = tmp_path / "one.tr"
+    trace.write_text("0.0 12 1.0 " + " ".join(["1.0"] * 12) + "\n")
+    base = ["simulate", str(trace), "--workers", "4", "--gms", "1", "--lms", "2"]
+    base += ["--cores-per-worker", "16", "--worker-uplink-mbps", "1000", "--bpc", "100"]
+    summaries = {}
+    for name, extra in (("per_task", []), ("vdc", ["--gangs"])):
+        out = tmp_path / name
+        assert main([*base, *extra, "--out", str(out), "--quiet"]) == 0
+        summaries[name] = json.loads((out / report.SUMMARY_FILE).read_text())
+    assert summaries["per_task"]["infeasible"] == 12 and summaries["per_task"]["completed"] == 0
+    assert summaries["vdc"]["completed"] == 12
+    assert summaries["vdc"]["gangs"] == {"started": 1, "refused_attempts": 0, "infeasible": 0}
