@@ -13,11 +13,22 @@ import argparse
 import sys
 from pathlib import Path
 
+from loadgen.augment import vlink_cap_mbps
 from loadgen.queues import load_queues
-from loadgen.readers.options import add_trace_arguments, jobs_from_args, machines_from_args
+from loadgen.readers.options import (
+    DEFAULT_BPC_MBPS,
+    add_trace_arguments,
+    jobs_from_args,
+    machines_from_args,
+)
 from loadgen.sim.config import FINISH_NOTIFY, SCHEDULERS, SimConfig, SimConfigError
 from loadgen.trace import TraceError
-from services.common.argtypes import non_negative_float, positive_float, positive_int
+from services.common.argtypes import (
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from services.core.match import POLICIES
 
 
@@ -90,6 +101,19 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         "(cpu=8,mem=16Gi); tasks go round-robin over them unless the trace names users; "
         "implies --fair-share; summary.json gets each queue's measured share and peak",
     )
+    parser.add_argument(
+        "--gangs",
+        action="store_true",
+        help="every job starts all together or waits (gang scheduling, issue 33); with "
+        "--gridiron or --bpc each of its VDCs is a gang whose vlinks must fit the uplinks",
+    )
+    parser.add_argument(
+        "--worker-uplink-mbps",
+        type=non_negative_int,
+        default=defaults.uplink_mbps,
+        help="each worker's uplink (its net_mbps), Mbit/s (default 0: tasks asking for "
+        "network never fit)",
+    )
     parser.add_argument("--out", type=Path, help="write summary.json, tasks.csv and a CDF here")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     add_trace_arguments(parser)
@@ -97,6 +121,10 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
+    vdc = None
+    if args.gangs and (args.gridiron or args.bpc is not None):
+        bpc = DEFAULT_BPC_MBPS if args.bpc is None else args.bpc
+        vdc = (bpc, float(vlink_cap_mbps(args.peak_vdc, args.uplink_mbps)))
     return SimConfig(
         scheduler=args.scheduler,
         workers=args.workers,
@@ -113,6 +141,10 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         fair_share=args.fair_share or args.queues is not None,
         queues=load_queues(args.queues) if args.queues is not None else (),
         seed=args.seed,
+        uplink_mbps=args.worker_uplink_mbps,
+        gangs=args.gangs,
+        vdc=vdc,
+        peak_vdc=args.peak_vdc if vdc is not None else 0,
     )
 
 

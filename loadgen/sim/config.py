@@ -15,6 +15,7 @@ from loadgen.queues import QueueFileError, check_gms
 from services.common.config import QueueConfig
 from services.core.contention import OWNER_GRACE_S
 from services.core.scheduler import MAX_REJECTIONS, ROUND_PER_QUEUE
+from services.core.vdc import Vdc, VdcError
 
 SCHEDULERS = ("megha", "sparrow", "central")
 FINISH_NOTIFY = ("all", "owner", "none")
@@ -80,6 +81,21 @@ class SimConfig:
     half the span, so the same trace loads the cluster twice as hard)."""
     seed: int = 0
     """Seeds the generator behind every random choice (heartbeat phases, Sparrow probes)."""
+    uplink_mbps: int = 0
+    """Each worker's uplink, its ``net_mbps`` capacity (0: none, so a task asking for
+    network never fits; ``--gridiron`` tasks do)."""
+    gangs: bool = False
+    """Every job is a gang (issue 33): planned whole by ``services.core.gang.plan_gang``,
+    reserved on its LMs and committed only when every LM holds its part; it never runs
+    in part. Megha and central only, without fair share (no preempting part of a gang)."""
+    vdc: tuple[float, float] | None = None
+    """With ``gangs``: every job is a Gridiron VDC of (bandwidth per core, vlink cap),
+    Mbit/s, whose vlinks must fit the workers' uplinks (``services.core.vdc``)."""
+    peak_vdc: int = 0
+    """With ``vdc``: a job of more tasks is split into VDCs of at most this many, in task
+    order (as ``--gridiron`` splits it), each its own gang; 0: one VDC per job."""
+    gang_ttl_s: float = 5.0
+    """How long an LM holds a gang's reservation for its commit (``Reservations``)."""
 
     def effective(self) -> SimConfig:
         """``central`` is Megha with one GM and one LM: the counts the run really uses."""
@@ -117,6 +133,25 @@ class SimConfig:
                 check_gms(run.queues, run.gms)
             except QueueFileError as err:
                 raise SimConfigError(str(err)) from None
+        if self.uplink_mbps < 0:
+            raise SimConfigError(f"uplink_mbps must not be negative, got {self.uplink_mbps}")
+        if self.gangs and self.scheduler == "sparrow":
+            raise SimConfigError("the sparrow model has no gangs")
+        if self.gangs and self.fair_share:
+            raise SimConfigError("gangs with fair share are not modelled (preempting a gang)")
+        if self.vdc is not None and not self.gangs:
+            raise SimConfigError("a VDC is a gang: set gangs as well")
+        if self.peak_vdc < 0:
+            raise SimConfigError(f"peak_vdc must not be negative, got {self.peak_vdc}")
+        if self.vdc is not None:
+            try:
+                Vdc(*self.vdc)
+            except VdcError as err:
+                raise SimConfigError(f"vdc: {err}") from None
+        if not self.gang_ttl_s > 4 * self.network_delay_s:
+            raise SimConfigError(
+                f"gang_ttl_s must exceed a reserve/commit round trip, got {self.gang_ttl_s}"
+            )
         if self.scheduler == "megha" and self.lms > self.workers:
             raise SimConfigError(
                 f"{self.lms} LMs need at least as many workers, got {self.workers}"

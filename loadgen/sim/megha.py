@@ -14,6 +14,14 @@ as the live services, with messages, heartbeats and processing as timed events.
     no node anywhere ──▶ fairness (Alg. 2, when on) else the task waits (parked) until the
         view changes, exactly as the live GM (services/global_master/service.py)
 
+Gangs (``SimConfig.gangs``, issue 33): a job arrives as one ``Gang`` in its GM's gang
+queue (FIFO, ahead of single tasks); the GM plans it whole (``plan_gang``, busy
+``gm_match_s`` per member), books it and sends each LM its pieces; each LM holds them
+(``Reservations.reserve``) and answers; when all accepted the GM sends the commits and
+the LMs start the tasks, else it releases the gang everywhere and plans it again after
+the next view change. The live GM and LM do not drive gangs yet: this is the core's
+protocol in virtual time.
+
 The only liberty taken with the live GM is bookkeeping: queue items are runs of a job's
 tasks of one shape instead of single tasks, so a backlog of N identical tasks costs one
 park, not N. Decisions, their order, and the per-round shape cache are the live GM's.
@@ -21,6 +29,7 @@ park, not N. Decisions, their order, and the per-round shape cache are the live 
 
 from __future__ import annotations
 
+import collections
 import itertools
 from dataclasses import dataclass, field
 
@@ -41,16 +50,19 @@ from services.common.config import QueueConfig
 from services.core.cluster_state import ClusterState
 from services.core.constraints import DEFAULT_NUM_CONSTRAINTS
 from services.core.fairness import FairShare, usage_by_queue
+from services.core.gang import Gang, GangPiece, GangPlan, book, plan_gang, unbook
 from services.core.global_view import ApplyResult, GlobalView, PreemptionPlan
 from services.core.limits import QueueLimits
 from services.core.lm_lifecycle import Lifecycle
 from services.core.match import make_policy
+from services.core.reservations import GangVerdict, Reservations
 from services.core.resources import resources
 from services.core.scheduler import Decided, Scheduler
 from services.core.snapshot import Snapshot
-from services.core.status import PlacementStatus
+from services.core.status import PlacementStatus, Schedulability, Verdict
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
+from services.core.vdc import Vdc
 
 ACCEPTED = PlacementStatus.ACCEPTED
 
@@ -120,6 +132,7 @@ class SimLM:
     life: Lifecycle  # the LM's decisions over its books (the simulator keeps no tasks)
     busy_until: int = 0
     published: int | None = None  # version of the last heartbeat; None: send a full one
+    reservations: Reservations | None = None  # gangs' reserve / commit (SimConfig.gangs)
 
     @property
     def state(self) -> ClusterState:
@@ -135,10 +148,34 @@ class SimGM:
     round_pending: bool = False
     recheck_at: int | None = None  # a round asked to try parked work again then
     infeasible_shapes: dict[tuple[str, int], bool] = field(default_factory=dict)
+    # Gangs waiting for room, oldest first, and those whose reservations are under way.
+    gangs: collections.deque[GangWait] = field(default_factory=collections.deque)
+    reserving: dict[str, GangTry] = field(default_factory=dict)
 
     @property
     def view(self) -> GlobalView:
         return self.scheduler.view
+
+
+@dataclass(eq=False, slots=True)
+class GangWait:
+    """A job waiting to start as a gang: its tasks are ``first + member``."""
+
+    gang: Gang
+    first: int
+    tries: int = 0
+    # The view (each LM's table and version) it last found no room in: planning it
+    # again before one of them changes would find none again.
+    missed: tuple = ()
+
+
+@dataclass(eq=False, slots=True)
+class GangTry:
+    """One attempt to place a gang: its plan and the LMs' answers so far."""
+
+    wait: GangWait
+    plan: GangPlan
+    answers: dict[str, GangVerdict] = field(default_factory=dict)
 
 
 @dataclass
@@ -154,6 +191,9 @@ class Counters:
     heartbeats: int = 0
     full_snapshots: int = 0
     finish_notices: int = 0
+    gangs_started: int = 0
+    gang_refusals: int = 0  # attempts an LM refused (all their pieces released)
+    gangs_infeasible: int = 0
 
 
 class MeghaSim:
@@ -249,7 +289,9 @@ class MeghaSim:
             for index in range(config.lms)
         ]
         capacity = resources(
-            cpu_milli=config.cores_per_worker * 1000, memory_mb=config.memory_per_worker_mb
+            cpu_milli=config.cores_per_worker * 1000,
+            memory_mb=config.memory_per_worker_mb,
+            net_mbps=config.uplink_mbps,
         )
         base, extra = divmod(config.workers, config.lms)
         worker = 0
@@ -260,6 +302,18 @@ class MeghaSim:
                 mask = 0 if machine_masks is None else int(machine_masks[worker])
                 lm.state.add_node(f"w{worker}", capacity, constraint_mask=mask)
                 worker += 1
+        self.vdc = Vdc(*config.vdc) if config.vdc is not None else None
+        self._empty: GlobalView | None = None
+        # Gang members' task ids -> task index, from planning to commit.
+        self._gang_task: dict[str, int] = {}
+        if config.gangs:
+            for lm in self.lms:
+                lm.reservations = Reservations(lm.state)
+            # The federation with nothing running: a gang this cannot hold never runs
+            # (the simulated nodes never change).
+            self._empty = GlobalView("gm0", num_constraints=num_constraints)
+            for lm in self.lms:
+                self._empty.apply(lm.state.snapshot(), 0.0)
 
     # ------------------------------------------------------------------ start
     def start(self) -> None:
@@ -284,6 +338,9 @@ class MeghaSim:
         log.stamps["queued"][lo:hi] = now
         log.gm[lo:hi] = self.queue_gm[queue_of]
         job_id = wl.job_ids[job]
+        if self.config.gangs:
+            self._arrive_gang(job, lo, hi, queue_of)
+            return
         runs: dict[int, TaskRun] = {}  # the open run of each queue
         woken: dict[int, SimGM] = {}
         for task, q in zip(range(lo, hi), queue_of, strict=True):
@@ -314,6 +371,156 @@ class MeghaSim:
         for gm in woken.values():
             self._wake(gm)
 
+    def _specs(self, job: int, lo: int, hi: int, queue_of: list[int]) -> list[TaskSpec]:
+        wl = self.workload
+        specs = []
+        for task, q in zip(range(lo, hi), queue_of, strict=True):
+            shape = int(wl.shape_of[task])
+            spec = TaskSpec(
+                task_id=f"{wl.job_ids[job]}.{task - lo}",
+                resources=wl.shapes[shape].resources,
+                constraint_mask=wl.shapes[shape].constraint_mask,
+                queue=self.queue_names[q],
+                job_id=wl.job_ids[job],
+                duration_s=wl.duration_ns[task] / 1e9,
+            )
+            self.specs[task] = spec
+            specs.append(spec)
+        return specs
+
+    def _arrive_gang(self, job: int, lo: int, hi: int, queue_of: list[int]) -> None:
+        """A job as one gang (one per VDC of at most ``peak_vdc`` tasks, with a VDC),
+        served by the GM of its first task's queue."""
+        gm = self.gms[self.queue_gm[queue_of[0]]]
+        self.log.gm[lo:hi] = gm.index
+        specs = self._specs(job, lo, hi, queue_of)
+        job_id = self.workload.job_ids[job]
+        size = self.config.peak_vdc if self.vdc is not None and self.config.peak_vdc else hi - lo
+        assert self._empty is not None
+        for start in range(0, hi - lo, size):
+            members = tuple(specs[start : start + size])
+            gang_id = job_id if size == hi - lo else f"{job_id}:vdc{start // size}"
+            gang = Gang(gang_id, members, 0, self.vdc)
+            first = lo + start
+            never = plan_gang(gang, self._empty)
+            if isinstance(never, Verdict) and never.schedulability is Schedulability.INFEASIBLE:
+                self.counters.gangs_infeasible += 1
+                self.log.infeasible[first : first + len(members)] = True
+                for _ in members:
+                    self._finish_count()
+                continue
+            gm.gangs.append(GangWait(gang, first))
+        if gm.gangs:
+            self._wake(gm)
+
+    def _gang_round(self, gm: SimGM, now: int) -> int:
+        """Plan the waiting gangs, oldest first, until one does not fit: a younger gang
+        does not overtake an older one (it would starve a big gang). Returns the time the
+        GM is busy until."""
+        t = now
+        view = gm.view
+        lm_index = {lm.state.lm_id: lm for lm in self.lms}
+        while gm.gangs:
+            wait = gm.gangs[0]
+            stamp = tuple((v.table, v.table.version) for v in view.lms.values())
+            if wait.missed == stamp:
+                break
+            t += self.match_ns * len(wait.gang.members)
+            # Judged "never" at arrival (the simulated nodes never change).
+            outcome = plan_gang(wait.gang, view, t / 1e9, judge_never=False)
+            if not isinstance(outcome, GangPlan):
+                wait.missed = stamp
+                break
+            gm.gangs.popleft()
+            wait.tries += 1
+            gang_id = f"{wait.gang.gang_id}/{wait.tries}"
+            book(view, outcome, t / 1e9)
+            stamps = self.log.stamps
+            for piece in outcome.pieces:
+                task = wait.first + piece.member
+                stamps["dequeued"][task] = now
+                stamps["decided"][task] = t
+                self._gang_task[piece.task.task_id] = task
+            gm.reserving[gang_id] = GangTry(wait, outcome)
+            self.counters.repartitions += sum(p.repartition for p in outcome.pieces)
+            for lm_id, pieces in outcome.by_lm().items():
+                lm = lm_index[lm_id]
+                known = view.lms[lm_id].version
+                self.engine.at(
+                    t + self.delay, self._lm_reserve, lm, gm, gang_id, pieces, outcome, known
+                )
+        return t
+
+    def _lm_reserve(
+        self,
+        lm: SimLM,
+        gm: SimGM,
+        gang_id: str,
+        pieces: list[GangPiece],
+        plan: GangPlan,
+        known: int,
+    ) -> None:
+        assert lm.reservations is not None
+        t = max(self.engine.now, lm.busy_until) + self.validate_ns * len(pieces)
+        lm.busy_until = t
+        verdict = lm.reservations.reserve(
+            gang_id, pieces, t / 1e9, self.config.gang_ttl_s, gm_id=gm.gm_id, layout=plan.layout
+        )
+        state = None if verdict.ok else lm.state.snapshot(known)
+        self.engine.at(t + self.delay, self._gm_reserved, gm, lm, gang_id, verdict, state)
+
+    def _gm_reserved(
+        self, gm: SimGM, lm: SimLM, gang_id: str, verdict: GangVerdict, state: Snapshot | None
+    ) -> None:
+        attempt = gm.reserving[gang_id]
+        attempt.answers[lm.state.lm_id] = verdict
+        if state is not None:
+            self.counters.inconsistencies += 1
+        lms = attempt.plan.by_lm()
+        if len(attempt.answers) < len(lms):
+            if state is not None:
+                self._apply(gm, lm, state)
+            return
+        del gm.reserving[gang_id]
+        by_id = {held.state.lm_id: held for held in self.lms}
+        now = self.engine.now
+        if all(answer.ok for answer in attempt.answers.values()):
+            for lm_id in lms:
+                self.engine.at(now + self.delay, self._lm_commit, by_id[lm_id], gm, gang_id)
+            return
+        # Any refusal releases every piece: the LMs that hold theirs let go, the view
+        # gives the plan back, and the gang waits for the next view change.
+        self.counters.gang_refusals += 1
+        for lm_id, answer in attempt.answers.items():
+            if answer.ok:
+                self.engine.at(now + self.delay, self._lm_release, by_id[lm_id], gang_id)
+        unbook(gm.view, attempt.plan)
+        if state is not None:
+            self._apply(gm, lm, state)
+        gm.gangs.appendleft(attempt.wait)
+        self._wake(gm)
+
+    def _lm_release(self, lm: SimLM, gang_id: str) -> None:
+        assert lm.reservations is not None
+        lm.reservations.release(gang_id, self.engine.now / 1e9)
+
+    def _lm_commit(self, lm: SimLM, gm: SimGM, gang_id: str) -> None:
+        assert lm.reservations is not None
+        now = self.engine.now
+        t = max(now, lm.busy_until) + self.validate_ns
+        lm.busy_until = t
+        verdict = lm.reservations.commit(gang_id, t / 1e9)
+        if not verdict.ok:
+            # No failures are simulated and the ttl outlasts the round trip (``check``).
+            raise RuntimeError(
+                f"gang {gang_id} failed to commit on {lm.state.lm_id}: {verdict.reason}"
+            )
+        for allocation in verdict.allocations:
+            task = self._gang_task.pop(allocation.task_id)
+            self._start(lm, task, allocation.node, now, t)
+            gm.view.accepted(lm.state.lm_id, allocation.task_id)
+        self.counters.gangs_started += 1
+
     def _infeasible(self, gm: SimGM, shape: int, spec: TaskSpec) -> bool:
         """The live GM refuses a task that can never run at submission (remembered per
         queue and shape: the simulated nodes never change)."""
@@ -335,6 +542,9 @@ class MeghaSim:
         ``gm_match_s`` per match, and sends one message per (LM, launch|repartition)."""
         gm.round_pending = False
         now = self.engine.now
+        if gm.gangs:
+            gm.busy_until = self._gang_round(gm, now)
+            return
         plan = gm.scheduler.round(now / 1e9)
         dequeued, decided = self.log.stamps["dequeued"], self.log.stamps["decided"]
         lm_index = {lm.state.lm_id: lm.index for lm in self.lms}
@@ -447,7 +657,8 @@ class MeghaSim:
         lm_id = lm.state.lm_id
         for gm in self._orders.shuffled(gms):
             self.counters.finish_notices += 1
-            if gm.scheduler.ended([(lm_id, task_id, attempt)], self.engine.now / 1e9):
+            woke = gm.scheduler.ended([(lm_id, task_id, attempt)], self.engine.now / 1e9)
+            if woke or gm.gangs:
                 self._wake(gm)
 
     def _lm_preempt(
@@ -593,6 +804,8 @@ class MeghaSim:
         if self.engine.stopped:
             return
         state = lm.state
+        if lm.reservations is not None:
+            lm.reservations.expire(self.engine.now / 1e9)
         # An LM whose books did not change since the last beat would send an empty delta
         # that every GM ignores (STALE): skipping it changes no decision.
         if state.version != lm.published:
@@ -614,7 +827,7 @@ class MeghaSim:
         result, wake = gm.scheduler.apply(snap, self.engine.now / 1e9)
         if result is ApplyResult.NEEDS_FULL:
             self.engine.at(self.engine.now + self.delay, self._get_state, gm, lm)
-        elif wake:
+        elif wake or (gm.gangs and result is ApplyResult.APPLIED):
             self._wake(gm)
 
     def _get_state(self, gm: SimGM, lm: SimLM) -> None:

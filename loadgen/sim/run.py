@@ -150,6 +150,12 @@ def summarise(
             "full_snapshots": c.full_snapshots,
             "finish_notices": c.finish_notices,
         }
+        if effective.gangs:
+            extra["gangs"] = {
+                "started": c.gangs_started,
+                "refused_attempts": c.gang_refusals,
+                "infeasible": c.gangs_infeasible,
+            }
         gms, lms = effective.gms, effective.lms
         extra["per_gm"] = report.per_gm([f"gm{g}" for g in log.gm[started].tolist()], alloc)
         if effective.queues:

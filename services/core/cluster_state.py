@@ -243,6 +243,13 @@ class ClusterState:
         allocation = self._allocate(task, node, partition, logical)
         return Decision(PlacementStatus.ACCEPTED, allocation=allocation, preempted=tuple(victims))
 
+    def refusal(self, gm_id: str, task: TaskSpec, node: int) -> Decision | None:
+        """What a placement of ``task`` on ``node`` would be refused for before its room
+        and partition are looked at (id taken, fenced, duplicate, unknown GM or node,
+        dead, draining, constraints); None if nothing. Changes nothing: lets a caller
+        check a group before placing any of it (a gang's commit, reservations.py)."""
+        return self._check_common(gm_id, task, node)
+
     def task_ids_on(self, node: int) -> list[str]:
         """The tasks booked on ``node``, in id order."""
         return sorted(self._by_node.get(node, ()))

@@ -1,0 +1,243 @@
+"""Gang (all-or-nothing) planning over the GM's view: every member placed, or none.
+
+    Gang(members, min_tasks, vdc) ──slots──> every usable node of every LM, numbered:
+                                             own partitions first (Launch), then the
+                                             others' (Repartition), LM by LM
+                                  ──Colocate.place──> Packing (member -> slot) | Verdict
+                                  ──> GangPlan: one GangPiece per member, grouped by LM
+                                      (what each LM is asked to reserve, reservations.py)
+
+Model and assumptions:
+
+- A gang is a job's tasks that start together: all of them (``min_tasks`` 0), or at
+  least ``min_tasks`` of them (Volcano's ``minMember``). A plan holds at least that many
+  members or does not exist: ``plan_gang`` never returns part of a gang.
+- A member may go to any alive node, of any LM and any partition, that satisfies *every*
+  member's constraints (the union of their masks): members of one job are alike, and one
+  candidate set keeps the packer vectorised. A gang whose members differ in constraints
+  is planned as if each needed all of them (conservative: it may wait where a finer
+  planner would place it).
+- Silent LMs are passed over, as for single tasks; ``OwnerFirst``'s holds are not
+  applied (a gang needs room now, on as few nodes as possible).
+- Fit is strict (free >= request), whatever the view's policy: GPA's cpu
+  oversubscription is not planned for gangs. An LM running GPA validates the pieces
+  with its own policy, which may refuse; the gang then waits, it never runs in part.
+- With a ``Vdc`` the node's uplink is its ``net_mbps`` (vdc.py says why): each piece
+  books its member's uplink share as ``net_mbps``, and the plan carries the whole
+  ``VdcLayout`` so that each LM checks its own nodes' uplinks with ``fits_uplinks``,
+  the same function the plan was made with.
+
+A GM calls ``plan_gang``; on a ``GangPlan`` it books the plan (``book``) and sends each LM
+its pieces (``GangPlan.by_lm``); on a ``Verdict`` it refuses the job (INFEASIBLE) or parks
+it with the reason (UNSCHEDULABLE).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from services.core.global_view import GlobalView, Placement
+from services.core.match import candidates
+from services.core.node_table import bools_from_bits
+from services.core.resources import CPU, NUM_RESOURCES
+from services.core.status import Schedulability, Verdict
+from services.core.task import TaskSpec
+from services.core.vdc import Colocate, Packing, Vdc
+
+
+class GangError(ValueError):
+    """A gang is malformed; the message says why."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Gang:
+    """A job's tasks that start all together (``min_tasks`` 0) or at least ``min_tasks``
+    of them; with ``vdc``, a Gridiron VDC whose vlinks must fit the uplinks."""
+
+    gang_id: str
+    members: tuple[TaskSpec, ...]
+    min_tasks: int = 0
+    vdc: Vdc | None = None
+
+    def __post_init__(self) -> None:
+        if not self.gang_id:
+            raise GangError("a gang needs a gang_id (the job's id will do)")
+        if not self.members:
+            raise GangError(f"gang {self.gang_id} has no members")
+        ids = [m.task_id for m in self.members]
+        if len(set(ids)) != len(ids):
+            raise GangError(f"gang {self.gang_id} names a task twice")
+        if not 0 <= self.min_tasks <= len(self.members):
+            raise GangError(
+                f"gang {self.gang_id}: min_tasks {self.min_tasks} is not in "
+                f"0..{len(self.members)} (0: all its tasks)"
+            )
+
+    @property
+    def needed(self) -> int:
+        """How many members must start together."""
+        return self.min_tasks or len(self.members)
+
+    @property
+    def constraint_mask(self) -> int:
+        mask = 0
+        for member in self.members:
+            mask |= member.constraint_mask
+        return mask
+
+
+@dataclass(frozen=True, slots=True)
+class VdcLayout:
+    """Where every member of a VDC gang goes, as the LMs need it to check their uplinks:
+    members' cpu and their slots (``NOT_PLACED`` for a member left out); a slot number
+    means nothing beyond "the same node" (an LM maps its own through its pieces)."""
+
+    vdc: Vdc
+    cpu_milli: np.ndarray
+    slots: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class GangPiece:
+    """One member's place: ``task`` carries the vector to book (with a VDC its
+    ``net_mbps`` is the member's uplink share); ``member`` indexes ``VdcLayout``."""
+
+    member: int
+    task: TaskSpec
+    lm_id: str
+    node: int
+    node_id: str
+    repartition: bool
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.lm_id, self.node, self.node_id, self.repartition)
+
+
+@dataclass(frozen=True, slots=True)
+class GangPlan:
+    gang_id: str
+    pieces: tuple[GangPiece, ...]
+    layout: VdcLayout | None = None
+
+    def by_lm(self) -> dict[str, list[GangPiece]]:
+        """The pieces each LM is asked to reserve, LMs in name order."""
+        out: dict[str, list[GangPiece]] = {}
+        for piece in sorted(self.pieces, key=lambda p: (p.lm_id, p.member)):
+            out.setdefault(piece.lm_id, []).append(piece)
+        return out
+
+
+@dataclass(slots=True)
+class _Slots:
+    """Every node the gang may use, numbered: (lm, row, repartition) per slot."""
+
+    lm_ids: list[str]
+    rows: np.ndarray
+    repartition: np.ndarray
+    free: np.ndarray  # (NUM_RESOURCES, K)
+    capacity: np.ndarray  # (NUM_RESOURCES, K)
+
+
+def _slots(view: GlobalView, mask: int, now: float | None, alive_only: bool) -> _Slots:
+    lm_ids: list[str] = []
+    rows, parts, free, capacity = [], [], [], []
+    # Own partitions first: ties in the packer go to the lowest slot, so a gang takes
+    # Launch room before it repartitions another GM's.
+    for internal in (True, False):
+        for lm_id in sorted(view.lms):
+            lm = view.lms[lm_id]
+            within = lm.internal if internal else lm.external
+            if within is None or (now is not None and view.silent(lm_id, now)):
+                continue
+            cand = candidates(lm.table, mask, within, alive_only=alive_only)
+            idx = np.flatnonzero(bools_from_bits(cand)) if len(cand) else np.zeros(0, int)
+            if not len(idx):
+                continue
+            lm_ids.extend([lm_id] * len(idx))
+            rows.append(idx)
+            parts.append(np.full(len(idx), not internal))
+            free.append(lm.table.free[:, idx])
+            capacity.append(lm.table.capacity[:, idx])
+    if not rows:
+        empty = np.zeros((NUM_RESOURCES, 0), dtype=np.int64)
+        return _Slots([], np.zeros(0, np.int64), np.zeros(0, bool), empty, empty)
+    return _Slots(
+        lm_ids,
+        np.concatenate(rows),
+        np.concatenate(parts),
+        np.concatenate(free, axis=1),
+        np.concatenate(capacity, axis=1),
+    )
+
+
+def plan_gang(
+    gang: Gang,
+    view: GlobalView,
+    now: float | None = None,
+    policy: Colocate | None = None,
+    judge_never: bool = True,
+) -> GangPlan | Verdict:
+    """Every member of ``gang`` on a node of ``view`` (at least ``gang.needed`` of them),
+    or a ``Verdict`` saying why not: UNSCHEDULABLE (wait) or INFEASIBLE (never).
+
+    Without ``judge_never`` a gang that does not fit now is UNSCHEDULABLE without asking
+    whether it ever could (a second packing over every node): for a caller that judged
+    it at submission and retries it on every view change."""
+    policy = policy or Colocate()
+    requests = np.stack([m.resources for m in gang.members]).astype(np.int64)
+    usable = _slots(view, gang.constraint_mask, now, alive_only=True)
+
+    def every() -> np.ndarray:
+        # "Never" is judged on every node that could ever take the gang, dead ones too,
+        # as ``assess`` does for a task: a dead node may come back.
+        return _slots(view, gang.constraint_mask, None, alive_only=False).capacity
+
+    if not len(usable.rows):
+        if judge_never and every().shape[1] == 0:
+            return Verdict(
+                Schedulability.INFEASIBLE,
+                "no node has every constraint the gang's members need"
+                if gang.constraint_mask
+                else "no worker node has registered",
+            )
+        return Verdict(Schedulability.UNSCHEDULABLE, "no alive node of a heard LM can take it")
+    capacity = every if judge_never else None
+    outcome = policy.place(requests, usable.free, capacity, gang.vdc, gang.needed)
+    if isinstance(outcome, Verdict):
+        return outcome
+    return _plan(gang, view, usable, outcome)
+
+
+def _plan(gang: Gang, view: GlobalView, slots: _Slots, packing: Packing) -> GangPlan:
+    pieces = []
+    for member in np.flatnonzero(packing.slots >= 0).tolist():
+        slot = int(packing.slots[member])
+        lm_id, row = slots.lm_ids[slot], int(slots.rows[slot])
+        task = gang.members[member]
+        booked = packing.booked[member]
+        if not np.array_equal(booked, task.resources):
+            task = replace(task, resources=booked.copy())
+        node_id = view.lms[lm_id].table.node_ids[row]
+        pieces.append(GangPiece(member, task, lm_id, row, node_id, bool(slots.repartition[slot])))
+    layout = None
+    if gang.vdc is not None:
+        # Slot numbers are the GM's; an LM only compares them for equality.
+        cpu = np.array([m.resources[CPU] for m in gang.members], dtype=np.int64)
+        layout = VdcLayout(gang.vdc, cpu, packing.slots.copy())
+    return GangPlan(gang.gang_id, tuple(pieces), layout)
+
+
+def book(view: GlobalView, plan: GangPlan, now: float | None = None) -> None:
+    """The GM's optimistic deduction of a whole plan (``GlobalView.reserve`` per piece)."""
+    for piece in plan.pieces:
+        view.reserve(piece.placement, piece.task, now)
+
+
+def unbook(view: GlobalView, plan: GangPlan, pieces: Sequence[GangPiece] | None = None) -> None:
+    """Undo ``book`` (an LM refused its part: the whole gang is released everywhere)."""
+    for piece in plan.pieces if pieces is None else pieces:
+        view.release(piece.lm_id, piece.task.task_id)

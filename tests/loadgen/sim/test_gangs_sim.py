@@ -1,0 +1,119 @@
+"""Gangs and Gridiron VDCs in the simulator (issue 33): the core's plan_gang and
+Reservations in virtual time."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from loadgen import report
+from loadgen.augment import gridiron_bandwidth
+from loadgen.cli import main
+from loadgen.sim.config import SimConfig, SimConfigError
+from loadgen.sim.run import WALL_KEYS, simulate
+from loadgen.trace import TraceJob, TraceTask
+
+
+def jobs(count: int = 30, gap_s: float = 0.2, most: int = 12) -> list[TraceJob]:
+    rng = np.random.default_rng(11)
+    return [
+        TraceJob(
+            f"j{j}",
+            j * gap_s,
+            tuple(
+                TraceTask(float(d))
+                for d in rng.uniform(0.5, 3.0, size=int(rng.integers(2, most + 1)))
+            ),
+        )
+        for j in range(count)
+    ]
+
+
+def spans(result, trace: list[TraceJob]) -> list[tuple[int, int, int]]:
+    """Per job: (first start, last start, first end), virtual ns."""
+    stamps = result.log.stamps
+    out, lo = [], 0
+    for job in trace:
+        hi = lo + len(job.tasks)
+        started, finished = stamps["started"][lo:hi], stamps["finished"][lo:hi]
+        out.append((int(started.min()), int(started.max()), int(finished.min())))
+        lo = hi
+    return out
+
+
+def test_no_task_of_a_gang_starts_before_all_of_it_is_committed():
+    # 24 one-core workers, gangs of up to 12 arriving fast: gangs wait for each other.
+    trace = jobs()
+    result = simulate(SimConfig(workers=24, gms=2, lms=3, gangs=True), trace)
+    assert result.summary["completed"] == result.summary["tasks"]
+    for first, last, first_end in spans(result, trace):
+        # Started together (the commits reach the LMs one delay after the last reserve
+        # answer), so every member ran before any of them ended.
+        assert last - first < 1_000_000 and last < first_end
+
+
+def test_the_same_seed_gives_the_same_gang_run():
+    config = SimConfig(workers=24, gms=2, lms=3, gangs=True, seed=5)
+    first, second = simulate(config, jobs()), simulate(config, jobs())
+    drop = set(WALL_KEYS)
+    assert {k: v for k, v in first.summary.items() if k not in drop} == {
+        k: v for k, v in second.summary.items() if k not in drop
+    }
+
+
+def test_a_gang_larger_than_the_federation_is_refused_at_arrival():
+    trace = [TraceJob("big", 0.0, tuple(TraceTask(1.0) for _ in range(9))), *jobs(3, most=4)]
+    result = simulate(SimConfig(workers=8, gms=1, lms=2, gangs=True), trace)
+    assert result.log.infeasible[:9].all() and not result.log.infeasible[9:].any()
+    assert result.summary["completed"] == result.summary["tasks"] - 9
+
+
+def test_vdc_aware_placement_admits_what_per_task_net_mbps_cannot():
+    # 12 one-core tasks a job, bpc 100: per task 11 x 100 = 1,100 Mbit/s, over a 1,000
+    # Mbit/s uplink: never placed task by task. As a VDC, 12 on one 16-core node send
+    # nothing over the uplink.
+    trace = gridiron_bandwidth(
+        [TraceJob(f"j{j}", j * 1.0, tuple(TraceTask(1.0) for _ in range(12))) for j in range(4)],
+        100,
+        peak_vdc=30,
+        uplink_mbps=40_000,
+    )
+    common = {"workers": 4, "gms": 1, "lms": 2, "cores_per_worker": 16, "uplink_mbps": 1000}
+    per_task = simulate(SimConfig(**common), trace)
+    assert per_task.log.infeasible.all()
+    vdc = simulate(SimConfig(**common, gangs=True, vdc=(100, 177)), trace)
+    assert not vdc.log.infeasible.any()
+    assert vdc.summary["completed"] == 48
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"scheduler": "sparrow", "gangs": True}, "no gangs"),
+        ({"gangs": True, "fair_share": True}, "not modelled"),
+        ({"vdc": (100, 177)}, "set gangs as well"),
+        ({"gangs": True, "vdc": (-1, 177)}, "bandwidth_per_core must be finite and >= 0"),
+    ],
+)
+def test_bad_gang_settings_say_why(overrides, message):
+    with pytest.raises(SimConfigError, match=message):
+        SimConfig(**overrides).check()
+
+
+def test_simulate_gangs_from_the_command_line(tmp_path):
+    # One job of 12 one-core tasks under --gridiron (bpc 100: 1,100 Mbit/s per task over
+    # 1,000 Mbit/s uplinks): task by task it never fits; as a VDC gang it runs.
+    trace = tmp_path / "one.tr"
+    trace.write_text("0.0 12 1.0 " + " ".join(["1.0"] * 12) + "\n")
+    base = ["simulate", str(trace), "--workers", "4", "--gms", "1", "--lms", "2"]
+    base += ["--cores-per-worker", "16", "--worker-uplink-mbps", "1000", "--bpc", "100"]
+    summaries = {}
+    for name, extra in (("per_task", []), ("vdc", ["--gangs"])):
+        out = tmp_path / name
+        assert main([*base, *extra, "--out", str(out), "--quiet"]) == 0
+        summaries[name] = json.loads((out / report.SUMMARY_FILE).read_text())
+    assert summaries["per_task"]["infeasible"] == 12 and summaries["per_task"]["completed"] == 0
+    assert summaries["vdc"]["completed"] == 12
+    assert summaries["vdc"]["gangs"] == {"started": 1, "refused_attempts": 0, "infeasible": 0}
