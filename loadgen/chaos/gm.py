@@ -373,7 +373,8 @@ class GM(Actor):
         self._wake()
 
     def _fence(self, lm_ids: list[str], attempts: dict[str, int], wait_s: float) -> Proc:
-        self.scheduler.lease += 1
+        # As the live GM: above every lease any GM has sent (a start's clock, plus fences).
+        self.scheduler.lease = max(self.scheduler.lease + 1, self.k.engine.now + 1)
         lease = self.scheduler.lease
         answers = [self._answer(lm_id, attempts, lease, wait_s) for lm_id in lm_ids]
         held: dict[str, str] = {}  # task id -> the LM that holds it
@@ -703,6 +704,27 @@ class GM(Actor):
             self._drop(item, Drop.WITHDRAWN)
         elif verdict is Reply.CANCELLED:
             raise AssertionError("cancels are not simulated")
+        elif verdict is Reply.RECHECK:
+            self.spawn(self._recheck(item))
+
+    def _recheck(self, item: Pending) -> Proc:
+        """As the live GM's ``_recheck``: fenced by another GM, fence higher and look."""
+        task = item.task
+        holders = yield from self._fence(
+            list(self.world.lms), {task.task_id: task.attempt}, CATCH_UP_S
+        )
+        holder = holders.get(task.task_id)
+        verdict = self.scheduler.rechecked(task.queue, item, held=holder is not None)
+        if self.k.tracing:
+            self.k.log(self.name, f"{task.task_id}#{task.attempt} rechecked -> {verdict.value}")
+        if verdict is Reply.LET_GO:
+            assert holder is not None
+            self._book_accepted(task, holder)
+            self._launched(item.batch)
+        elif verdict is Reply.WITHDRAWN:
+            self._drop(item, Drop.WITHDRAWN)
+        else:
+            self._wake()
 
     def _preempt(self, queue: str, item: Pending, plan: PreemptionPlan) -> Proc:
         self.counters["preemption_attempts"] += 1

@@ -97,12 +97,15 @@ class Drop(enum.Enum):
 
 
 class Reply(enum.Enum):
-    """What ``rejected`` did with work an LM refused; the driver acts on the last four."""
+    """What ``rejected`` (or ``rechecked``) did with work an LM refused; the driver acts
+    on all but RETRY, PARKED and RESEND."""
 
     RETRY = "retry"  # back to the front of its queue
     PARKED = "parked"  # refused too often: waits for the view to change
     RESEND = "resend"  # fenced by this GM itself since it was sent: back to the front
-    LET_GO = "let-go"  # fenced by a newer GM, which owns it now
+    RECHECK = "recheck"  # fenced by another GM: the driver fences above it and asks the
+    # LMs whether one holds the task, then calls ``rechecked``
+    LET_GO = "let-go"  # an LM holds it (``rechecked``): launched, by whichever GM
     WITHDRAWN = "withdrawn"  # the driver withdrew it (see ``Drop``)
     CANCELLED = "cancelled"  # its job was cancelled (the LM may have heard it first):
     # the driver calls ``cancel``
@@ -416,6 +419,24 @@ class Scheduler(Generic[W]):
             self.queues.push_front(queue, work)
         return drop
 
+    def rechecked(self, queue: str, work: W, held: bool) -> Reply:
+        """``work`` was refused as fenced by another GM (``Reply.RECHECK``) and the driver
+        has since fenced it above every lease on every LM: ``held`` if an LM holds it
+        (at its attempt or a later one). Held, it runs: LET_GO (the driver counts it
+        launched); else no launch of it can land any more but this GM's: sent again.
+        Safe with two GMs doing this at once: each fence refuses the other's earlier
+        launches, and each looks after fencing, so one launch lands and the other GM
+        finds it held."""
+        if held:
+            return Reply.LET_GO
+        drop = self._drop(work)
+        if drop is Drop.WITHDRAWN:
+            return Reply.WITHDRAWN
+        if drop is Drop.CANCELLED:
+            return Reply.CANCELLED
+        self.queues.push_front(queue, work)
+        return Reply.RESEND
+
     def rejected(self, queue: str, work: W, status: PlacementStatus) -> Reply:
         """An LM refused ``work`` (its booking undone by ``refused``)."""
         if status is PlacementStatus.REJECTED_INVALID:
@@ -426,9 +447,11 @@ class Scheduler(Generic[W]):
             if work.lease < self.lease:  # this GM fenced it since: sent again
                 self.queues.push_front(queue, work)
                 return Reply.RESEND
-            # Fenced above this GM's own lease: another GM took over its queue message
-            # (this one lost its broker connection), and that one owns it now.
-            return Reply.LET_GO
+            # Fenced above this GM's own lease by another GM: one that took over its queue
+            # message (this one lost its broker connection), or, with queue failover, one
+            # that fenced the task in an earlier attempt and is gone. Which it is, only
+            # the LMs can say: the driver fences above that lease and asks them all.
+            return Reply.RECHECK
         drop = self._drop(work)
         if drop is Drop.WITHDRAWN:
             return Reply.WITHDRAWN

@@ -1522,11 +1522,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self._spawn(self._launched(item.batch))
         elif verdict is Reply.ID_TAKEN:
             self._spawn(self._id_taken(lm_id, item, reason))
-        elif verdict is Reply.LET_GO:
-            log.warning(
-                "a task was fenced by a newer GM; this one lets it go",
-                extra={"lm": lm_id, "task_id": item.task.task_id},
-            )
+        elif verdict is Reply.RECHECK:
+            self._spawn(self._recheck(item))
         elif verdict is Reply.WITHDRAWN:
             self._drop(item, Drop.WITHDRAWN)
         elif verdict is Reply.CANCELLED:  # known here, or the LM heard it first
@@ -1581,6 +1578,31 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         except grpc.aio.AioRpcError as err:
             log.warning("Preempt failed", extra={"lm": plan.lm_id, "code": err.code().name})
             return None
+
+    async def _recheck(self, item: Pending) -> None:
+        """Another GM fenced the task above this GM's lease (``Reply.RECHECK``): fence it
+        higher on every LM and look. Held somewhere, it runs (launched by that GM, or by
+        an earlier attempt of ours it fenced): counted launched here. Else it is sent
+        again, and no launch but this GM's can land any more."""
+        task = item.task
+        holders = await self._fence(list(self._stubs), {task.task_id: task.attempt}, CATCH_UP_S)
+        holder = holders.get(task.task_id)
+        verdict = self.scheduler.rechecked(task.queue, item, held=holder is not None)
+        log.warning(
+            "a task was fenced by another GM: %s",
+            f"held by {holder}, counted launched" if holder else verdict.value,
+            extra={"task_id": task.task_id, "job_id": task.job_id},
+        )
+        if verdict is Reply.LET_GO:
+            assert holder is not None
+            self.jobs.accepted(task, holder)
+            await self._launched(item.batch)
+        elif verdict is Reply.WITHDRAWN:
+            self._drop(item, Drop.WITHDRAWN)
+        elif verdict is Reply.CANCELLED:
+            self._drop_cancelled([item])
+        else:
+            self._wake.set()
 
     async def _id_taken(self, lm_id: str, item: Pending, reason: str) -> None:
         """An LM holds the task's id as another job's (two GMs took the two jobs at once,

@@ -298,15 +298,21 @@ def test_withdrawn_work_is_dropped_wherever_it_turns_up():
     assert sched.retry("q", One(task("t", queue="q", job_id="j"))) is Drop.WITHDRAWN
 
 
-def test_a_fenced_refusal_is_resent_when_this_gm_fenced_it_else_let_go():
+def test_a_fenced_refusal_is_resent_when_this_gm_fenced_it_else_rechecked():
     h = Harness(nodes=1)
     sched = h.gms["gm-a"]
     sched.lease = 10
     mine = One(task("t", queue="q", job_id="j"), lease=9)  # sent before this GM's fence
     assert sched.rejected("q", mine, S.REJECTED_FENCED) is Reply.RESEND
     newer = One(task("u", queue="q", job_id="j"), lease=10)  # another GM fenced above it
-    assert sched.rejected("q", newer, S.REJECTED_FENCED) is Reply.LET_GO
+    assert sched.rejected("q", newer, S.REJECTED_FENCED) is Reply.RECHECK
     assert [w.spec.task_id for w, _ in [(w, 0) for w in sched.round(0.0).taken]] == ["t"]
+    # The driver fenced it above every lease and asked the LMs: held -> it runs there;
+    # not held -> only this GM's launch can land now: sent again.
+    assert sched.rechecked("q", newer, held=True) is Reply.LET_GO
+    assert sched.round(0.0).taken == []
+    assert sched.rechecked("q", newer, held=False) is Reply.RESEND
+    assert [w.spec.task_id for w in sched.round(0.0).taken] == ["u"]
     for status, verdict in (
         (S.REJECTED_INVALID, Reply.INVALID),
         (S.REJECTED_TASK_ID_TAKEN, Reply.ID_TAKEN),
