@@ -69,6 +69,12 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         help="messages to and from the broker never take the slow path",
     )
     parser.add_argument(
+        "--failover",
+        action="store_true",
+        help="queue failover: every GM consumes every queue (single active consumer), "
+        "so a GM's crash hands its queues to the other",
+    )
+    parser.add_argument(
         "--lose-journal",
         type=unit_interval,
         default=0.0,
@@ -95,6 +101,7 @@ def config(args: argparse.Namespace) -> ChaosConfig:
         slow_streams=not args.calm_streams,
         slow_broker=not args.calm_broker,
         lose_journal_p=args.lose_journal,
+        failover=args.failover,
     )
 
 

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from loadgen.chaos.world import World
 
 CATCH_UP_S = 60.0
+STANDBY_AFTER_S = 2.0  # as the live GM's (queue failover)
 IN_DOUBT_S = 60.0
 LM_ACCEPT_S = 30.0
 FENCE_RETRY_S = 0.5
@@ -85,6 +86,7 @@ class Book:
 
     def __init__(self) -> None:
         self.tasks: dict[str, Status] = {}
+        self.relayed: set[str] = set()  # booked QUEUED only as sent to another GM's queue
 
     def holds(self, task: Task) -> bool:
         status = self.tasks.get(task.task_id)
@@ -92,10 +94,21 @@ class Book:
             status is not None and status.state not in _NOT_TAKEN and status.attempt >= task.attempt
         )
 
-    def taken(self, tasks) -> set[str]:
-        return {t.task_id for t in tasks if self.holds(t)}
+    def taken(self, tasks, relayed: bool = True) -> set[str]:
+        """As ``JobBook.taken``: without ``relayed``, a task only relayed from here and
+        still QUEUED is not taken (its message, delivered here, queues it)."""
+        found = {t.task_id for t in tasks if self.holds(t)}
+        if not relayed:
+            found = {
+                t for t in found if t not in self.relayed or self.tasks[t].state != states.QUEUED
+            }
+        return found
 
-    def queued(self, task: Task) -> None:
+    def queued(self, task: Task, relayed: bool = False) -> None:
+        if relayed:
+            self.relayed.add(task.task_id)
+        else:
+            self.relayed.discard(task.task_id)
         if not self.holds(task):
             self.tasks[task.task_id] = Status(task.attempt, states.QUEUED)
 
@@ -168,7 +181,10 @@ class GM(Actor):
         self.view = GlobalView(
             self.name, silent_after_s=max(5 * self.cfg.heartbeat_interval_s, 2.0)
         )
+        self.preferred = [q for q in world.queue_names if world.preferred[q] == self.name]
         self.my_queues = list(world.queues_of(self.name))
+        # As the live GM: with queue failover nothing is scheduled from memory.
+        self.from_memory = frozenset() if world.cfg.failover else frozenset(self.preferred)
         self.queues: UserQueues[Pending] = UserQueues(self.my_queues)
         self.scheduler: Scheduler[Pending] = Scheduler(
             self.view,
@@ -196,13 +212,22 @@ class GM(Actor):
         broker = self.world.broker
         broker.subscribe("heartbeat", self, self._on_heartbeat)
         broker.subscribe("events", self, self._on_events)
-        for queue in self.my_queues:
+        for queue in self.preferred:
             broker.consume(queue, self, self._on_delivery)
+        if self.cfg.failover:
+            self.spawn(self._standby())
         self.spawn(self._recover_loop())
         self.catching_up = len(self.world.lms)
         self.caught_up: list[Future] = []
         for lm_id in self.world.lms:
             self.spawn(self._catch_up(lm_id))
+
+    def _standby(self) -> Proc:
+        """As the live GM: line up for the other GMs' queues a little later."""
+        yield self.k.sleep(STANDBY_AFTER_S)
+        for queue in self.my_queues:
+            if queue not in self.preferred:
+                self.world.broker.consume(queue, self, self._on_delivery)
 
     def restart(self) -> None:
         self.alive = True
@@ -249,11 +274,11 @@ class GM(Actor):
             tuple(t.copy() for t in batch.tasks if t.task_id not in taken),
             queued_at=self.k.now,
         )
-        if batch.queue not in self.my_queues:
+        if batch.queue not in self.from_memory:
             stored = yield self.world.broker.enqueue(batch.queue, batch)
             if stored:
                 for task in batch.tasks:
-                    self.book.queued(task)
+                    self.book.queued(task, relayed=True)
             return stored
         key = batch.key()
         local = self.local[key] = self.held[key] = MessageBatch(
@@ -312,6 +337,8 @@ class GM(Actor):
     def _delivered(self, delivery: Delivery) -> Proc:
         msg: Batch = delivery.body
         key = msg.key()
+        if msg.queue not in self.preferred:
+            self.counters["taken_over"] += 1
         local = self.local.pop(key, None)
         if local is not None and not local.cancelled:
             local.delivery = delivery
@@ -348,7 +375,7 @@ class GM(Actor):
                 if (lm_id := holders.get(task.task_id)) is not None:
                     self._book_accepted(task, lm_id)
             launched = set(holders)
-        launched |= self.book.taken(msg.tasks)
+        launched |= self.book.taken(msg.tasks, relayed=False)
         if self.k.tracing:
             self.k.log(
                 self.name,

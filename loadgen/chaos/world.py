@@ -68,6 +68,9 @@ class ChaosConfig:
     slow_broker: bool = True
     # Planted bugs, to show the checker catches what they break.
     no_fencing: bool = False  # LookupTasks fences nothing
+    # Queue failover (``queue_failover``): every GM consumes every queue, one at a time
+    # (the broker's single active consumer), its own first.
+    failover: bool = False
 
     @property
     def gm_ids(self) -> tuple[str, ...]:
@@ -85,6 +88,7 @@ class Result:
     faults: list[str]
     trace: list[str] = field(default_factory=list)
     preemptions: int = 0
+    taken_over: int = 0  # queue failover: messages delivered to a GM the queue does not name
 
     @property
     def ok(self) -> bool:
@@ -103,7 +107,8 @@ class World:
         self.node_capacity = NODE_CAPACITY
         gm_ids = cfg.gm_ids
         # Two queues, each served by one GM (``FederationConfig.queues_of``: the live GM
-        # consumes only its own queues; no standby takes one over).
+        # consumes only its own queues), or with ``failover`` by whichever GM the broker
+        # delivers it to (each GM consumes every queue, its own first).
         self.queue_names = ("a", "b")
         self.preferred = {q: gm_ids[i % len(gm_ids)] for i, q in enumerate(self.queue_names)}
         self.fair = FairShare([QueueShare(q, 0.5) for q in self.queue_names])
@@ -128,6 +133,8 @@ class World:
                 lm.lookup = _unfenced(lm)  # type: ignore[method-assign]
 
     def queues_of(self, gm_id: str) -> list[str]:
+        if self.cfg.failover:
+            return list(self.queue_names)
         return [q for q in self.queue_names if self.preferred[q] == gm_id]
 
     # ------------------------------------------------------------ ground truth
@@ -408,6 +415,7 @@ class World:
             self.fault_log,
             self.k.trace,
             sum(gm.counters["preemptions"] for gm in self.gms.values()),
+            sum(gm.counters["taken_over"] for gm in self.gms.values()),
         )
 
     def _books(self) -> list[Violation]:

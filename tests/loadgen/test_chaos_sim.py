@@ -56,6 +56,18 @@ def test_a_few_hundred_seeds_with_every_fault_keep_every_promise():
         assert not violations, f"seed {seed}: {[str(v) for v in violations[:5]]}"
 
 
+def test_with_queue_failover_seeds_keep_every_promise_and_gms_take_queues_over():
+    """Every GM consumes both queues (single active consumer, its own first): a GM's
+    crash hands its queue, unacked messages redelivered, to the other GM."""
+    failover = dataclasses.replace(SMALL, failover=True)
+    taken_over = 0
+    for seed in range(60):
+        result = run_seed(seed, failover)
+        assert result.ok, f"seed {seed}: {[str(v) for v in result.violations[:5]]}"
+        taken_over += result.taken_over
+    assert taken_over > 60  # the other GM's queue was served, not just its own
+
+
 @pytest.mark.parametrize(
     "seed", [2, 6, 12, 59, 163, 485, 1029, 4463, 4767, 6719, 1505, 7277, 2515, 28]
 )
