@@ -52,8 +52,8 @@ MODES = ("pertask", "vdc")
 BPC_MBPS = 100.0  # loadgen.readers.options.DEFAULT_BPC_MBPS: --gridiron's default
 PEAK_VDC = 30
 DATACENTER_UPLINK_MBPS = 40_000.0  # Gridiron's C for the vlink cap (--uplink-mbps)
-GMS = LMS = 4
-DEFAULT_MAX_JOBS = {"yahoo": 100, "azure": 400}
+GMS = LMS = 2
+DEFAULT_MAX_JOBS = {"yahoo": 60, "azure": 400}
 AZURE_SEED = 0
 
 
@@ -69,7 +69,7 @@ class TraceSetup:
 
 
 TRACES = (
-    TraceSetup("yahoo", workers=400, cores_per_worker=16, memory_per_worker_mb=64 * 1024),
+    TraceSetup("yahoo", workers=1000, cores_per_worker=16, memory_per_worker_mb=64 * 1024),
     TraceSetup(
         "azure", workers=250, cores_per_worker=32, memory_per_worker_mb=256 * 1024, fmt="azure"
     ),
@@ -174,8 +174,10 @@ def run(
     arrival_scale: float = 1.0,
     timeout_s: float | None = None,
     uplinks: Sequence[int] = UPLINKS_MBPS,
+    traces: Sequence[TraceSetup] = TRACES,
 ) -> tuple[list[compare.Run], list[str]]:
-    """Every run on both traces; returns the runs and their labels."""
+    """Every run on both traces (``traces``: their worker setups); returns the runs and
+    their labels."""
     from loadgen.sim.run import simulate, write_report
 
     where = out / "gridiron"
@@ -184,7 +186,7 @@ def run(
         if not (reuse and azure.exists()):
             synth_vmtable(azure, seed=AZURE_SEED)
     paths = {"yahoo": trace, "azure": azure}
-    plan = [(setup, configs(setup, uplinks)) for setup in TRACES]
+    plan = [(setup, configs(setup, uplinks)) for setup in traces]
     total = sum(len(c) for _, c in plan)
     runs, labels = [], []
     n = 0
