@@ -5,8 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from loadgen import experiment_gridiron as gridiron
+from loadgen.augment import gridiron_bandwidth
 from loadgen.experiment import EXPERIMENTS
+from loadgen.sim.config import SimConfig
+from loadgen.sim.run import simulate
 from loadgen.synth_azure import synth_vmtable
+from loadgen.trace import TraceJob, TraceTask
 
 # 1-core tasks, bpc 100: a job of 12 asks 11 x 100 = 1,100 Mbit/s per task (more than a
 # 1,000 Mbit/s uplink) but fits one 16-core node whole, where its vlinks never leave
@@ -77,3 +81,18 @@ def test_gridiron_experiment_on_a_tiny_trace(tmp_path):
     assert verdicts[0].startswith("yahoo at 1,000 Mbit/s: VDC-aware admitted 3 VDCs, per-task 2")
     plot = gridiron.plot(runs, tmp_path / "g.png", "tiny")
     assert plot is not None and plot.stat().st_size > 0
+
+
+def test_uplink_use_is_booked_net_mbps_over_capacity_time_weighted():
+    # Two 1-core tasks of one VDC, 10 s each, 100 Mbit/s vlink: each books 100 per-task;
+    # on 2 workers of 1,000 Mbit/s that is 200 of 2,000 for (nearly) the whole run.
+    jobs = [TraceJob("j", 0.0, (TraceTask(10.0), TraceTask(10.0)))]
+    jobs = gridiron_bandwidth(jobs, 100.0, 30, 40_000.0)
+    result = simulate(SimConfig(workers=2, gms=1, lms=1, uplink_mbps=1_000), jobs)
+    u = result.summary["uplink"]
+    assert u["capacity_mbps"] == 2_000 and u["peak_utilisation"] == 0.1
+    assert u["booked_mbps_s"] == 2_000.0
+    assert 0.0999 < u["utilisation"] < 0.1
+    # Without an uplink nothing is measured (runs without --gridiron are unchanged).
+    plain = simulate(SimConfig(workers=2, gms=1, lms=1), [TraceJob("j", 0.0, (TraceTask(1.0),))])
+    assert "uplink" not in plain.summary
