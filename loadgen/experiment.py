@@ -11,6 +11,10 @@
 | fig9   | 9      | GM and LM counts at 30,000 workers                          |
 | fig10  | 10-11  | fairness: 4 user queues on 3 GMs                            |
 | contention | —  | 3k-10k workers: Megha 10x10 vs central vs Sparrow (issue 29) |
+| gridiron | —    | per-task net_mbps vs VDC-aware gangs, uplink 1-10 Gbit/s (issue 33) |
+
+``gridiron`` replays two traces (``--trace``, the Yahoo sample, and ``--azure``, an
+Azure-format vmtable, synthetic when not given); ``--max-jobs`` caps both.
 
 ``--arrival-scale`` compresses every run's arrivals; ``--timeout-s`` bounds every run's
 wall time (a run that hits it is reported, marked timed out, with what it did by then).
@@ -30,6 +34,7 @@ from pathlib import Path
 
 from loadgen import compare, report
 from loadgen import experiment_contention as contention
+from loadgen import experiment_gridiron as gridiron
 from loadgen.experiment_fairness import fig10
 from loadgen.sim.config import SimConfig
 from loadgen.trace import ReadStats, TraceError, read_tr
@@ -45,7 +50,8 @@ class Experiment:
     title: str
     runs: Callable[[], dict[str, SimConfig]]
     plot: str  # "cdf": overlaid CDFs; "sweep:FIELD": p50/p99 against a config field;
-    # "contention": experiment_contention's panels and table
+    # "contention": experiment_contention's panels and table; "gridiron": its own runs
+    # over two traces (experiment_gridiron)
 
 
 def _fig3() -> dict[str, SimConfig]:
@@ -89,6 +95,15 @@ EXPERIMENTS: dict[str, Experiment] = {
         contention.contention,
         "contention",
     ),
+    "gridiron": Experiment(
+        "Gridiron VDCs: per-task net_mbps vs VDC-aware gangs (issue 33)",
+        lambda: {
+            name: config
+            for setup in gridiron.TRACES
+            for name, config in gridiron.configs(setup).items()
+        },
+        "gridiron",
+    ),
 }
 
 
@@ -101,12 +116,21 @@ def run_experiment(
     reuse: bool = False,
     arrival_scale: float = 1.0,
     timeout_s: float | None = None,
+    azure: Path | None = None,
 ) -> list[compare.Run]:
     """Run (or with ``reuse``, read back) every run of ``name``; write the plot.
-    ``arrival_scale`` goes into every run's config; ``timeout_s`` bounds each run."""
+    ``arrival_scale`` goes into every run's config; ``timeout_s`` bounds each run.
+    ``azure``: gridiron's Azure-format vmtable (synthetic when None)."""
     from loadgen.sim.run import simulate, write_report
 
     experiment = EXPERIMENTS[name]
+    if experiment.plot == "gridiron":
+        runs, _ = gridiron.run(
+            out, trace, azure, max_jobs, progress, reuse, arrival_scale, timeout_s
+        )
+        gridiron.plot(runs, out / name / f"{name}.png", experiment.title)
+        (out / name / "table.md").write_text(markdown_table(name, runs) + "\n")
+        return runs
     stats = ReadStats()
     jobs = list(read_tr(trace, max_jobs=max_jobs, stats=stats))
     stats.require_jobs(jobs, trace)
@@ -146,6 +170,8 @@ def run_experiment(
 def markdown_table(name: str, runs: list[compare.Run]) -> str:
     if EXPERIMENTS[name].plot == "contention":
         return contention.markdown_table([r.summary for r in runs])
+    if EXPERIMENTS[name].plot == "gridiron":
+        return gridiron.markdown_table(runs)
     return compare.markdown_table(runs)
 
 
@@ -188,6 +214,8 @@ def headline(name: str, runs: list[compare.Run]) -> list[str]:
         lines.append(f"Sparrow/Megha p99 {ratio('megha', 'sparrow', 'p99')}")
     if name == "contention":
         lines += contention.targets([r.summary for r in runs])
+    if name == "gridiron":
+        lines += gridiron.verdicts(runs)
     if name == "fig6":
         for size in ("10k", "20k"):
             for key in ("p50", "p99"):
@@ -201,7 +229,7 @@ def headline(name: str, runs: list[compare.Run]) -> list[str]:
 def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "experiment",
-        help="run a simulation experiment (paper figures, contention)",
+        help="run a simulation experiment (paper figures, contention, gridiron)",
         description="Run the simulations of one paper figure, write each run's report "
         "under OUT/NAME/, the figure as OUT/NAME/NAME.png and a Markdown table.",
     )
@@ -223,6 +251,12 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         type=positive_float,
         help="stop any run after this much wall time (reported as timed out)",
     )
+    parser.add_argument(
+        "--azure",
+        type=Path,
+        help="gridiron: an Azure-format vmtable.csv (default: a synthetic, seeded one "
+        "written to OUT/gridiron/vmtable.csv)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress")
     return parser
 
@@ -238,6 +272,7 @@ def main(args: argparse.Namespace) -> int:
             args.reuse,
             args.arrival_scale,
             args.timeout_s,
+            args.azure,
         )
     except (TraceError, OSError, compare.CompareError) as err:
         print(f"megha-loadgen experiment: {err}", file=sys.stderr)

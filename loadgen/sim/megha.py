@@ -56,7 +56,7 @@ from services.core.limits import QueueLimits
 from services.core.lm_lifecycle import Lifecycle
 from services.core.match import make_policy
 from services.core.reservations import GangVerdict, Reservations
-from services.core.resources import resources
+from services.core.resources import NET, resources
 from services.core.scheduler import Decided, Scheduler
 from services.core.snapshot import Snapshot
 from services.core.status import PlacementStatus, Schedulability, Verdict
@@ -622,6 +622,13 @@ class MeghaSim:
         stamps["started"][task] = arrives
         self.log.lm[task] = lm.index
         self.log.node[task] = node
+        if self.config.uplink_mbps:
+            # What the LM booked on the node's uplink (a VDC member books its share).
+            spec = self.specs[task]
+            assert spec is not None
+            allocation = lm.state.allocations.get(spec.task_id)
+            if allocation is not None:
+                self.log.net_mbps[task] = int(allocation.resources[NET])
         finish = arrives + int(self.workload.duration_ns[task])
         # The worker's report reaches the LM one delay after the task ends.
         self.engine.at(

@@ -156,6 +156,10 @@ def summarise(
                 "refused_attempts": c.gang_refusals,
                 "infeasible": c.gangs_infeasible,
             }
+        if effective.uplink_mbps:
+            extra["uplink"] = uplink_use(
+                log, workload, effective.workers * effective.uplink_mbps, engine.now
+            )
         gms, lms = effective.gms, effective.lms
         extra["per_gm"] = report.per_gm([f"gm{g}" for g in log.gm[started].tolist()], alloc)
         if effective.queues:
@@ -195,6 +199,37 @@ def summarise(
         model=_model(effective),
         **extra,
     )
+
+
+def uplink_use(log: TaskLog, workload: Workload, capacity_mbps: int, end_ns: int) -> dict:
+    """summary.json's ``"uplink"``: the net_mbps the LMs booked on the workers' uplinks
+    against their total capacity, time-weighted from the first arrival to ``end_ns``.
+
+    What is booked, not traffic measured: a per-task ``net_mbps`` books the worst case
+    (every vlink crossing the uplink), a VDC member its share for the actual placement.
+    Each task's last attempt counts (preempted attempts, fair share only, do not)."""
+    started = log.stamps["started"]
+    ran = np.flatnonzero((started > 0) & (log.net_mbps > 0))
+    begin = int(workload.arrival_ns[0])
+    span = max(1, end_ns - begin)
+    booked = log.net_mbps[ran].astype(np.float64)
+    start = started[ran]
+    stop = np.where(log.stamps["finished"][ran] > 0, log.stamps["finished"][ran], end_ns)
+    # Peak: the running sum over start (+) and stop (-) events in time order (a stop
+    # before a start at the same instant).
+    times = np.concatenate([stop, start])
+    steps = np.concatenate([-booked, booked])
+    order = np.lexsort((steps, times))
+    peak = float(np.cumsum(steps[order]).max()) if ran.size else 0.0
+    mbps_s = float((booked * (stop - start)).sum()) / 1e9
+    mean = mbps_s / (span / 1e9)
+    return {
+        "capacity_mbps": capacity_mbps,
+        "booked_mbps_s": round(mbps_s, 3),
+        "mean_booked_mbps": round(mean, 3),
+        "utilisation": round(mean / capacity_mbps, 6),
+        "peak_utilisation": round(peak / capacity_mbps, 6),
+    }
 
 
 def _model(config: SimConfig) -> dict[str, Any]:

@@ -122,6 +122,9 @@ class TaskLog:
         self.attempt = np.zeros(tasks, dtype=np.int32)
         self.rejections = np.zeros(tasks, dtype=np.int32)
         self.infeasible = np.zeros(tasks, dtype=bool)
+        # net_mbps each task's last attempt booked on its node (a VDC member: its uplink
+        # share); filled only when workers have an uplink (``SimConfig.uplink_mbps``).
+        self.net_mbps = np.zeros(tasks, dtype=np.int64)
 
     def started(self) -> np.ndarray:
         return self.stamps["started"] > 0
