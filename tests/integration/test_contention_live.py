@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+import pytest
+
 from services._proto.megha.v1 import common_pb2
 from tests.integration.harness import Federation, sim_tasks
 
@@ -56,6 +58,7 @@ async def share_of_freed_workers(tmp_path, **overrides) -> tuple[Counter, int]:
         return seen, len(starts)
 
 
+@pytest.mark.slow  # ~20 s: run apart by .ci/run (MEGHA_SLOW_TESTS=1)
 async def test_two_gms_with_backlogs_share_freed_workers_within_1_5x(tmp_path):
     seen, _ = await share_of_freed_workers(tmp_path)
     ratio = max(seen.values()) / max(1, min(seen["a"], seen["b"]))

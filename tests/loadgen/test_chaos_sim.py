@@ -61,11 +61,11 @@ def test_with_queue_failover_seeds_keep_every_promise_and_gms_take_queues_over()
     crash hands its queue, unacked messages redelivered, to the other GM."""
     failover = dataclasses.replace(SMALL, failover=True)
     taken_over = 0
-    for seed in range(60):
+    for seed in range(40):
         result = run_seed(seed, failover)
         assert result.ok, f"seed {seed}: {[str(v) for v in result.violations[:5]]}"
         taken_over += result.taken_over
-    assert taken_over > 60  # the other GM's queue was served, not just its own
+    assert taken_over > 40  # the other GM's queue was served, not just its own
 
 
 @pytest.mark.parametrize(
