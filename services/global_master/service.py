@@ -85,6 +85,7 @@ from services.core.states import RELEASED, TERMINAL
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
+from services.global_master.gangs import GangJob, Gangs, gang_fields
 from services.global_master.jobs import JobBook, status_event
 from services.global_master.predictions import LifetimePredictions
 
@@ -324,6 +325,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self._subscriptions: list = []
         self._closed = False
         self.counters: dict[str, int] = defaultdict(int)
+        # Gang jobs: planned and started whole, never through the scheduler's queues.
+        self.gangs = Gangs(self)
 
     @property
     def _lease(self) -> int:
@@ -563,7 +566,15 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"job {shown(job_id)} is {known.owner}'s: name your job otherwise",
             )
-        batch = common_pb2.TaskBatch(job_id=job_id, queue=queue)
+        gang = request.gang or request.min_tasks > 0
+        if request.min_tasks > len(request.tasks):
+            raise Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"min_tasks {request.min_tasks} is more than the job's {len(request.tasks)} tasks",
+            )
+        batch = common_pb2.TaskBatch(
+            job_id=job_id, queue=queue, gang=gang, min_tasks=request.min_tasks
+        )
         batch.tasks.extend(request.tasks)
         specs: list[TaskSpec] = []
         for i, task in enumerate(batch.tasks):
@@ -587,6 +598,12 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         ids = [t.task_id for t in batch.tasks]
         if len(set(ids)) != len(ids):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "task ids must be unique")
+        if gang and (never := self.gangs.never(job_id, specs, request.min_tasks)) is not None:
+            raise Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"gang job {shown(job_id)} can never start whole here: {never} (a gang "
+                "starts all its tasks at once, or min_tasks of them)",
+            )
         for task_id in ids:
             # An LM would take it for the other job's task (two GMs racing are told
             # apart there: REJECTED_TASK_ID_TAKEN).
@@ -605,7 +622,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 for t, spec in zip(batch.tasks, specs, strict=True)
                 if t.task_id not in taken
             ]
-            batch = common_pb2.TaskBatch(job_id=job_id, queue=queue, tasks=[t for t, _ in kept])
+            batch = common_pb2.TaskBatch(
+                job_id=job_id,
+                queue=queue,
+                tasks=[t for t, _ in kept],
+                gang=gang,
+                min_tasks=request.min_tasks,
+            )
             specs = [spec for _, spec in kept]
         # Before the durable enqueue, so the prediction travels with the task; bounded by
         # a short deadline and skipped while the sidecar is down.
@@ -625,7 +648,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         for task in batch.tasks:
             task.timestamps.queued_unix_nanos = queued
         body = batch.SerializeToString()
-        if queue not in self._from_memory:
+        # A gang is started from its delivery only (``Gangs``), never from memory.
+        if queue not in self._from_memory or gang:
             await self.bus.enqueue(user_queue(queue), body)
             for task in batch.tasks:
                 self.jobs.queued(task, relayed=True)
@@ -1023,6 +1047,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 await done.ack()
             return
         batch.remaining -= len(launched)
+        is_gang, min_tasks = gang_fields(batch_msg)
+        members: list[Pending] = []
         for task in batch_msg.tasks:
             if task.task_id in launched:
                 continue
@@ -1038,7 +1064,16 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 await self._launched(batch)
                 continue
             self.jobs.queued(task)
-            self.scheduler.submit(batch_msg.queue or task.queue, Pending(task, spec, batch))
+            members.append(Pending(task, spec, batch))
+        queue = batch_msg.queue or (members[0].task.queue if members else "")
+        if is_gang and members:
+            # Whole, or not at all: never one by one through the scheduler's round. (A
+            # redelivered gang whose part some LM launched before its GM died plans the
+            # rest as a gang.)
+            self.gangs.start(GangJob(batch_msg.job_id, queue, members, min_tasks))
+            return
+        for item in members:
+            self.scheduler.submit(batch_msg.queue or item.task.queue, item)
         self._wake.set()
 
     def _queued_before_start(self, batch: common_pb2.TaskBatch) -> bool:
@@ -1135,6 +1170,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         killed where they landed; later deliveries are dropped when they arrive. Also
         when the job is known cancelled already (an LM's refusal told first)."""
         self._drop_cancelled(self.scheduler.cancel(job_id, reason))
+        if job_id in self.gangs.waiting:
+            self.gangs.view_changed()  # its driver drops it
 
     def _drop_cancelled(self, items: list[Pending]) -> None:
         """End ``items`` CANCELLED; a message whose tasks are all done now is acked."""
@@ -1185,6 +1222,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             snapshot = snapshot_from_proto(reply.state, self.config.num_constraints)
             result, wake = self.scheduler.apply(snapshot, time.monotonic())
         metrics.HEARTBEATS_APPLIED.labels(self.gm_id, result.value).inc()
+        if result is ApplyResult.APPLIED and self.gangs.waiting:
+            self.gangs.view_changed()
         if msg.sent_unix_nanos:
             age = max(0.0, (time.time_ns() - msg.sent_unix_nanos) / 1e9)
             metrics.HEARTBEAT_AGE_SECONDS.labels(self.gm_id).observe(age)
@@ -1218,6 +1257,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     metrics.ALLOCATION_SECONDS.labels(self.gm_id).observe(seconds)
         if ends and self.scheduler.ended(ends, time.monotonic()):
             self._wake.set()
+        if ends and self.gangs.waiting:
+            self.gangs.view_changed()
 
     async def _catch_up(self) -> None:
         """Learn what the LMs hold of tasks (running, and recent endings), so that a GM

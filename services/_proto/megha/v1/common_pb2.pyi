@@ -931,8 +931,16 @@ class TaskBatch(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
     TASKS_FIELD_NUMBER: _builtins.int
+    GANG_FIELD_NUMBER: _builtins.int
+    MIN_TASKS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     queue: _builtins.str
+    gang: _builtins.bool
+    """The job is a gang (SubmitJobRequest.gang / min_tasks): the GM that consumes the
+    message places its tasks together (ReserveGang / CommitGang), never one by one.
+    """
+    min_tasks: _builtins.int
+    """With gang: at least this many of its tasks start together (0: all of them)."""
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___Task]: ...
     def __init__(
@@ -941,10 +949,12 @@ class TaskBatch(_message.Message):
         job_id: _builtins.str = ...,
         queue: _builtins.str = ...,
         tasks: _abc.Iterable[Global___Task] | None = ...,
+        gang: _builtins.bool = ...,
+        min_tasks: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "queue", b"queue", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang", "job_id", b"job_id", "min_tasks", b"min_tasks", "queue", b"queue", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
