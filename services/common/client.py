@@ -116,9 +116,10 @@ class GlobalMasterClient:
         min_tasks: int = 0,
     ) -> global_master_pb2.SubmitJobResponse:
         """Queue a job (``gang``: all its tasks start together, or ``min_tasks`` of
-        them; SubmitJobRequest.gang). A GM too busy to take it (RESOURCE_EXHAUSTED: nothing of it was
-        queued) is asked again up to ``busy_tries`` times after the pauses it asks for
-        (``busy_pauses``), each announced to ``on_busy``; then its refusal is raised."""
+        them; SubmitJobRequest.gang). A GM too busy to take it (RESOURCE_EXHAUSTED:
+        nothing of it was queued) is asked again up to ``busy_tries`` times after the
+        pauses it asks for (``busy_pauses``), each announced to ``on_busy``; then its
+        refusal is raised."""
         for pause in [*busy_pauses(busy_tries), None]:
             try:
                 return await self._submit_once(tasks, queue, job_id, gang, min_tasks)
