@@ -32,6 +32,7 @@ import grpc
 from services._proto.megha.v1 import common_pb2, local_master_pb2
 from services.common.convert import placement_status_from_proto
 from services.core.gang import Gang, GangError, GangPiece, GangPlan, book, plan_gang, unbook
+from services.core.scheduler import Drop
 from services.core.status import Schedulability, Verdict
 from services.core.task import TaskSpec
 
@@ -98,6 +99,10 @@ class Gangs:
             while not gm._closed and job.items:
                 if gm.cancelled.reason(job.job_id) is not None:
                     gm._drop_cancelled(job.items)
+                    return
+                if job.items[0].batch.cancelled:  # its publish failed: see ``_queue_job``
+                    for item in job.items:
+                        gm._drop(item, Drop.WITHDRAWN)
                     return
                 changed = self._changed
                 specs = [item.spec for item in job.items]

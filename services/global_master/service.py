@@ -648,8 +648,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         for task in batch.tasks:
             task.timestamps.queued_unix_nanos = queued
         body = batch.SerializeToString()
-        # A gang is started from its delivery only (``Gangs``), never from memory.
-        if queue not in self._from_memory or gang:
+        if queue not in self._from_memory:
             await self.bus.enqueue(user_queue(queue), body)
             for task in batch.tasks:
                 self.jobs.queued(task, relayed=True)
@@ -670,9 +669,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         ]
         for task in batch.tasks:
             self.jobs.queued(task)
-        early = len(pending) <= SCHEDULE_BEFORE_CONFIRM
+        # A gang is one plan, not rounds of its tasks: started at once whatever its size.
+        early = gang or len(pending) <= SCHEDULE_BEFORE_CONFIRM
         if early:
-            self._push(queue, pending)
+            if gang:
+                self.gangs.start(GangJob(job_id, queue, pending, request.min_tasks))
+            else:
+                self._push(queue, pending)
             # Two turns of the loop: the scheduling round runs, then the launch it spawned
             # writes to the LM, before the publish below, which frames and writes the
             # message (a few hundred µs of CPU) before it first yields.
