@@ -135,3 +135,59 @@ async def test_gang_placement_latency_16_tasks_over_3_lms(tmp_path):
                 f"max {max(values):.1f} ms ({', '.join(f'{v:.1f}' for v in values)})"
             )
         assert statistics.median(gangs) < 1000
+
+
+async def test_min_tasks_starts_what_fits_together_and_the_rest_later(tmp_path):
+    """min_tasks 3 of 6 with room for 4: 4 start together, the 2 others once room frees."""
+    async with two_lms(tmp_path) as fed:
+        tasks = sim_tasks(6, 1.5)
+        reply = await fed.gm().submit(tasks, job_id="m3", min_tasks=3)
+        deadline = time.monotonic() + 10
+        while len({e.task_id for e in started(fed, reply.task_ids)}) < 4:
+            assert time.monotonic() < deadline, "the gang's part never started"
+            await asyncio.sleep(0.05)
+        first = {e.task_id for e in started(fed, reply.task_ids)}
+        assert len(first) == 4
+        await fed.events.wait_succeeded(set(reply.task_ids), timeout_s=20)
+        assert set(fed.events.runs().values()) == {1}
+
+
+async def test_the_lm_gang_rpcs_are_idempotent_by_gang_id(tmp_path):
+    """ReserveGang and CommitGang retried answer the same and start the task once; a
+    released gang id holds nothing and is refused if its ReserveGang comes late."""
+    async with two_lms(tmp_path) as fed:
+        queue = fed.config.effective_queues()[0].name
+        state = await fed.lm_state("lm-1")
+        node_id = state.nodes[0].node_id
+
+        def reserve(gang_id: str, task_id: str) -> local_master_pb2.ReserveGangRequest:
+            task = sim_tasks(1, 1.0)[0]
+            task.task_id, task.job_id, task.queue = task_id, gang_id.split("/")[0], queue
+            placement = local_master_pb2.GangPlacement(task=task, node_index=0, node_id=node_id)
+            return local_master_pb2.ReserveGangRequest(
+                gm_id="gm-1", gang_id=gang_id, placements=[placement], ttl_s=5.0
+            )
+
+        async with channel(fed.config.lm("lm-1").target) as ch:
+            stub = local_master_pb2_grpc.LocalMasterStub(ch)
+            accepted = local_master_pb2.PLACEMENT_STATUS_ACCEPTED
+            for _ in range(2):
+                reply = await stub.ReserveGang(reserve("a/1", "a.0"), timeout=5)
+                assert reply.status == accepted, reply.reason
+            held = [a.task_id for a in (await fed.lm_state("lm-1")).allocations]
+            assert len(held) == 1 and is_placeholder(held[0])
+            for _ in range(2):
+                commit = local_master_pb2.CommitGangRequest(gm_id="gm-1", gang_id="a/1")
+                assert (await stub.CommitGang(commit, timeout=5)).status == accepted
+            release = local_master_pb2.ReleaseGangRequest(gm_id="gm-1", gang_id="a/1")
+            assert not (await stub.ReleaseGang(release, timeout=5)).released  # it runs
+            await fed.events.wait_succeeded({"a.0"}, timeout_s=10)
+            assert fed.events.runs()["a.0"] == 1
+            assert (await stub.ReserveGang(reserve("b/1", "b.0"), timeout=5)).status == accepted
+            release = local_master_pb2.ReleaseGangRequest(gm_id="gm-1", gang_id="b/1")
+            released = await stub.ReleaseGang(release, timeout=5)
+            assert released.released
+            assert not [a for a in released.state.allocations if is_placeholder(a.task_id)]
+            late = await stub.ReserveGang(reserve("b/1", "b.0"), timeout=5)
+            assert late.status != accepted
+            assert not (await fed.lm_state("lm-1")).allocations
