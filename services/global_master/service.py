@@ -567,6 +567,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 f"job {shown(job_id)} is {known.owner}'s: name your job otherwise",
             )
         gang = request.gang or request.min_tasks > 0
+        if gang and queue in self.limits:
+            # A gang is planned whole, outside the scheduler's round, which is where a
+            # queue's limit is enforced: not yet done for gangs, so refused, not ignored.
+            raise Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"queue {queue!r} has a limit; gang jobs are not supported in limited queues yet",
+            )
         if request.min_tasks > len(request.tasks):
             raise Refused(
                 grpc.StatusCode.INVALID_ARGUMENT,
