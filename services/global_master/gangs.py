@@ -32,7 +32,7 @@ import grpc
 from services._proto.megha.v1 import common_pb2, local_master_pb2
 from services.common.convert import placement_status_from_proto
 from services.core.gang import Gang, GangError, GangPiece, GangPlan, book, plan_gang, unbook
-from services.core.scheduler import Drop
+from services.core.scheduler import RESTART_SETTLE_S, Drop
 from services.core.status import Schedulability, Verdict
 from services.core.task import TaskSpec
 
@@ -73,12 +73,17 @@ class Gangs:
 
     def never(self, job_id: str, specs: Sequence[TaskSpec], min_tasks: int) -> str | None:
         """Why the gang of ``specs`` can never start whole on the federation as the view
-        knows it (its nodes' capacities, dead ones too), or None."""
+        knows it (its nodes' capacities, dead ones too), or None. Not judged while an LM
+        of the federation was not heard yet or restarted lately (its nodes are coming
+        back): the gang then waits."""
         try:
             gang = gang_of(job_id or "gang", specs, min_tasks)
         except GangError as err:
             return str(err)
-        outcome = plan_gang(gang, self.gm.view, time.monotonic(), judge_never=True)
+        view, now = self.gm.view, time.monotonic()
+        if set(self.gm._stubs) - set(view.lms) or view.restarted(now, RESTART_SETTLE_S):
+            return None
+        outcome = plan_gang(gang, view, now, judge_never=True)
         if isinstance(outcome, Verdict) and outcome.schedulability is Schedulability.INFEASIBLE:
             return outcome.reason
         return None

@@ -439,6 +439,18 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         """Turn a held gang into its tasks, started like launched ones (journalled before
         the answer); committing again answers the same and starts nothing again."""
         received = time.time_ns()
+        held = self._gang_tasks.get(request.gang_id, ())
+        doomed = next((t.job_id for t in held if t.job_id in self.cancelled), None)
+        if doomed is not None:  # cancelled while held: nothing of it starts
+            self.gangs.release(request.gang_id, time.monotonic())
+            self._gang_tasks.pop(request.gang_id, None)
+            refused = self.life.refusal(doomed)
+            assert refused is not None
+            return local_master_pb2.CommitGangResponse(
+                gang_id=request.gang_id,
+                status=placement_status_to_proto(refused.status),
+                reason=refused.reason,
+            )
         verdict = self.gangs.commit(request.gang_id, time.monotonic())
         reply = local_master_pb2.CommitGangResponse(
             gang_id=request.gang_id,

@@ -101,6 +101,22 @@ async def test_a_gang_waits_for_room_and_a_refusal_leaves_nothing_held(tmp_path)
         assert ended and first >= ended[0]
 
 
+async def test_a_waiting_gang_cancelled_ends_cancelled_with_nothing_started(tmp_path):
+    async with two_lms(tmp_path) as fed:
+        await fed.gm().submit(sim_tasks(2, 4.0, cpu_milli=2000), job_id="hog")
+        await job_in_state(fed.gm(), "hog", RUNNING, timeout_s=10)
+        reply = await fed.gm().submit(sim_tasks(4, 1.0), job_id="g4", gang=True)
+        await asyncio.sleep(0.5)
+        job = await fed.gm().job("g4")
+        assert all("gang" in t.pending_reason for t in job.tasks), job
+        await fed.gm().cancel("g4", "changed my mind")
+        await job_in_state(fed.gm(), "g4", common_pb2.TASK_STATE_CANCELLED, timeout_s=5)
+        await fed.events.wait_succeeded({t.task_id for t in (await fed.gm().job("hog")).tasks}, 10)
+        await asyncio.sleep(1.0)
+        assert started(fed, reply.task_ids) == []
+        await fed.assert_books_balanced()
+
+
 async def _submit_to_all_started(fed: Federation, job_id: str, gang: bool) -> float:
     """Milliseconds from a 16-task job's submission to its last task started."""
     reply = await fed.gm().submit(sim_tasks(16, 0.2), job_id=job_id, gang=gang)
