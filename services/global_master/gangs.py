@@ -110,18 +110,20 @@ class Gangs:
                         gm._drop(item, Drop.WITHDRAWN)
                     return
                 changed = self._changed
-                specs = [item.spec for item in job.items]
-                gang = gang_of(job.job_id, specs, job.min_tasks)
-                outcome = plan_gang(gang, gm.view, time.monotonic(), judge_never=False)
-                if isinstance(outcome, Verdict):
-                    for item in job.items:
-                        gm.jobs.set_reason(
-                            job.job_id, item.task.task_id, f"its gang waits: {outcome.reason}"
-                        )
-                    await changed.wait()
-                    continue
-                if await self._place(job, outcome):
-                    return
+                try:
+                    specs = [item.spec for item in job.items]
+                    gang = gang_of(job.job_id, specs, job.min_tasks)
+                    outcome = plan_gang(gang, gm.view, time.monotonic(), judge_never=False)
+                    if isinstance(outcome, Verdict):
+                        for item in job.items:
+                            why = f"its gang waits: {outcome.reason}"
+                            gm.jobs.set_reason(job.job_id, item.task.task_id, why)
+                        await changed.wait()
+                        continue
+                    if await self._place(job, outcome):
+                        return
+                except Exception:  # a bug must not leave the gang waiting for ever, unsaid
+                    log.exception("placing a gang failed; trying again", extra={"job": job.job_id})
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), GANG_RETRY_S)
         finally:
