@@ -24,7 +24,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import grpc
@@ -95,6 +95,8 @@ class Gangs:
         event.set()
 
     def start(self, job: GangJob) -> None:
+        for item in job.items:  # booked in the view as a gang's: never a victim
+            item.spec = replace(item.spec, gang=True)
         self.waiting[job.job_id] = job
         self.gm._spawn(self._run(job))
 

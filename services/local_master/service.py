@@ -32,7 +32,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 import numpy as np
@@ -409,7 +409,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             return reply
         pieces = []
         for p in request.placements:
-            spec = await self._spec(p.task, context)
+            spec = replace(await self._spec(p.task, context), gang=True)
             refused = self.life.refusal(spec.job_id)
             if refused is not None:  # a cancelled job's gang holds nothing
                 reply.status = placement_status_to_proto(refused.status)

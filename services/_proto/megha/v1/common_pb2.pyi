@@ -616,6 +616,7 @@ class Allocation(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     CPU_USAGE_MEAN_MILLI_FIELD_NUMBER: _builtins.int
     CPU_USAGE_VAR_MILLI2_FIELD_NUMBER: _builtins.int
+    GANG_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     queue: _builtins.str
     node_index: _builtins.int
@@ -638,6 +639,8 @@ class Allocation(_message.Message):
     that hears the task ended takes back exactly that.
     """
     cpu_usage_var_milli2: _builtins.float
+    gang: _builtins.bool
+    """A gang's task (or the room held for one): never chosen as a preemption's victim."""
     @_builtins.property
     def resources(self) -> Global___Resources: ...
     def __init__(
@@ -653,10 +656,11 @@ class Allocation(_message.Message):
         attempt: _builtins.int = ...,
         cpu_usage_mean_milli: _builtins.float = ...,
         cpu_usage_var_milli2: _builtins.float = ...,
+        gang: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cpu_usage_mean_milli", b"cpu_usage_mean_milli", "cpu_usage_var_milli2", b"cpu_usage_var_milli2", "logical", b"logical", "node_index", b"node_index", "partition", b"partition", "queue", b"queue", "resources", b"resources", "sequence", b"sequence", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cpu_usage_mean_milli", b"cpu_usage_mean_milli", "cpu_usage_var_milli2", b"cpu_usage_var_milli2", "gang", b"gang", "logical", b"logical", "node_index", b"node_index", "partition", b"partition", "queue", b"queue", "resources", b"resources", "sequence", b"sequence", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
