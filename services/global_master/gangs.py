@@ -9,9 +9,9 @@
 
 The decisions are the core's (``services.core.gang``; the LMs' ``Reservations``); this
 module only carries them out over gRPC. What it does not do (issue 33, out of scope
-here): fairness and preemption treat a gang's started tasks as single tasks (a
-preemption may take one of them as a victim), and a member lost after the start is
-retried on its own, the gang not restarted. A commit that fails on one LM after
+here): a waiting gang never preempts (fair share does not weigh it as a unit; its
+started tasks are never victims: ``Allocation.gang``), and a member lost after the
+start is retried on its own, the gang not restarted. A commit that fails on one LM after
 another committed (only a node lost or a cancel between reserve and commit can do
 that) leaves the committed part running and the rest planned again as a gang.
 """

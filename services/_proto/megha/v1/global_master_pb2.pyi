@@ -84,8 +84,9 @@ class SubmitJobRequest(_message.Message):
     """All-or-nothing: the job's tasks start together, across LMs and partitions, or none
     starts (reserved on every LM involved, then committed). A gang no node set of the
     federation could ever hold is refused at submission (FAILED_PRECONDITION, why).
-    Fairness preemption and restarting the gang when a member is lost are not done
-    for gangs: once started, each task lives and ends on its own.
+    A gang's started tasks are never preemption victims, and a waiting gang never
+    preempts. Restarting the gang when a member is lost is not done: once started,
+    each task lives and ends on its own (retried alone if it may be).
     """
     min_tasks: _builtins.int
     """A gang of at least this many of the tasks (implies gang; 0: all of them): the GM
