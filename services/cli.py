@@ -29,6 +29,7 @@ _sizes = number_list(bounded(int, "size", 1, high=10**9))
 _constraint_count = bounded(int, "constraint_count", 1, high=64)
 _job_limit = bounded(int, "limit", 1, high=1000)
 _retries = bounded(int, "retries", 0, high=100)
+_min_tasks = bounded(int, "min-tasks", 0, high=100_000)
 _priority = bounded(int, "priority", -(2**31), high=2**31 - 1)
 # 0 = back to back
 _rates = number_list(bounded(float, "rate", 0, high=100_000))
@@ -217,6 +218,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--priority",
         type=_priority,
         help="within its queue, tasks of a higher priority are served first (default 0)",
+    )
+    submit.add_argument(
+        "--gang",
+        action="store_true",
+        help="all the job's tasks start together or none does (refused at once if the "
+        "federation could never hold them all)",
+    )
+    submit.add_argument(
+        "--min-tasks",
+        type=_min_tasks,
+        default=0,
+        help="a gang of at least this many of the tasks: as many as fit start together, "
+        "the others as room frees",
     )
     submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
     submit.add_argument(

@@ -19,8 +19,9 @@ queue (FIFO, ahead of single tasks); the GM plans it whole (``plan_gang``, busy
 ``gm_match_s`` per member), books it and sends each LM its pieces; each LM holds them
 (``Reservations.reserve``) and answers; when all accepted the GM sends the commits and
 the LMs start the tasks, else it releases the gang everywhere and plans it again after
-the next view change. The live GM and LM do not drive gangs yet: this is the core's
-protocol in virtual time.
+the next view change: the core's protocol in virtual time, as the live GM
+(``services/global_master/gangs.py``) and LM (``ReserveGang`` / ``CommitGang`` /
+``ReleaseGang``) drive it.
 
 The only liberty taken with the live GM is bookkeeping: queue items are runs of a job's
 tasks of one shape instead of single tasks, so a backlog of N identical tasks costs one

@@ -387,6 +387,8 @@ async def _queue_job(
         job_id=job_id,
         busy_tries=BUSY_TRIES,
         on_busy=busy,
+        gang=getattr(args, "gang", False),
+        min_tasks=getattr(args, "min_tasks", 0) or 0,
     )
     if getattr(args, "json", False):
         _print_json({"job_id": reply.job_id, "task_ids": list(reply.task_ids)})

@@ -112,13 +112,17 @@ class GlobalMasterClient:
         job_id: str = "",
         busy_tries: int = 0,
         on_busy: Callable[[float], None] | None = None,
+        gang: bool = False,
+        min_tasks: int = 0,
     ) -> global_master_pb2.SubmitJobResponse:
-        """Queue a job. A GM too busy to take it (RESOURCE_EXHAUSTED: nothing of it was
-        queued) is asked again up to ``busy_tries`` times after the pauses it asks for
-        (``busy_pauses``), each announced to ``on_busy``; then its refusal is raised."""
+        """Queue a job (``gang``: all its tasks start together, or ``min_tasks`` of
+        them; SubmitJobRequest.gang). A GM too busy to take it (RESOURCE_EXHAUSTED:
+        nothing of it was queued) is asked again up to ``busy_tries`` times after the
+        pauses it asks for (``busy_pauses``), each announced to ``on_busy``; then its
+        refusal is raised."""
         for pause in [*busy_pauses(busy_tries), None]:
             try:
-                return await self._submit_once(tasks, queue, job_id)
+                return await self._submit_once(tasks, queue, job_id, gang, min_tasks)
             except grpc.aio.AioRpcError as err:
                 if pause is None or err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                     raise
@@ -128,7 +132,12 @@ class GlobalMasterClient:
         raise AssertionError("unreachable: the last try raises or returns")
 
     async def _submit_once(
-        self, tasks: Sequence[common_pb2.Task], queue: str, job_id: str
+        self,
+        tasks: Sequence[common_pb2.Task],
+        queue: str,
+        job_id: str,
+        gang: bool = False,
+        min_tasks: int = 0,
     ) -> global_master_pb2.SubmitJobResponse:
         stamped = []
         now = time.time_ns()
@@ -137,7 +146,9 @@ class GlobalMasterClient:
                 task = common_pb2.Task.FromString(task.SerializeToString())
                 task.timestamps.submitted_unix_nanos = now
             stamped.append(task)
-        request = global_master_pb2.SubmitJobRequest(job_id=job_id, queue=queue, tasks=stamped)
+        request = global_master_pb2.SubmitJobRequest(
+            job_id=job_id, queue=queue, tasks=stamped, gang=gang, min_tasks=min_tasks
+        )
         if self._submitter is not None:
             return await self._submitter.request(request, timeout=30)
         return await self.stub.SubmitJob(request, timeout=30)

@@ -243,6 +243,7 @@ def snapshot_to_proto(
             attempt=a.attempt,
             cpu_usage_mean_milli=a.usage_mean,
             cpu_usage_var_milli2=a.usage_var,
+            gang=a.gang,
         )
     if partitions is not None:
         if len(partitions) != len(snap.gm_ids):
@@ -295,6 +296,7 @@ def snapshot_from_proto(msg: common_pb2.LocalMasterState, num_constraints: int) 
             attempt=a.attempt,
             usage_mean=a.cpu_usage_mean_milli,
             usage_var=a.cpu_usage_var_milli2,
+            gang=a.gang,
         )
         for a in msg.allocations
     ]

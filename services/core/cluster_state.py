@@ -216,6 +216,11 @@ class ClusterState:
                     PlacementStatus.REJECTED_VICTIMS,
                     f"victim {vid} no longer runs on node {node_id}",
                 )
+            if victim.gang:
+                return Decision(
+                    PlacementStatus.REJECTED_VICTIMS,
+                    f"victim {vid} is a gang's task: gangs are never preempted",
+                )
             if not is_over_share(victim.queue):
                 return Decision(
                     PlacementStatus.REJECTED_VICTIMS,
@@ -490,6 +495,7 @@ class ClusterState:
             usage_mean=usage_mean,
             usage_var=usage_var,
             job_id=job_id,
+            gang=task.gang,
         )
         self.table.take(node, allocation.resources, usage_mean, usage_var)
         self._free_version[node] = self.version

@@ -415,6 +415,7 @@ class GlobalView:
             version=view.version,
             usage_mean=usage_mean,
             usage_var=usage_var,
+            gang=task.gang,
         )
         view.inflight[task.task_id] = (allocation, now)
         view.unanswered.add(task.task_id)
@@ -679,6 +680,7 @@ class GlobalView:
                 a
                 for a in view.allocations.values()
                 if a.queue == victim_queue
+                and not a.gang  # preempting part of a gang is not done (issue 33)
                 and a.task_id not in pledged
                 and a.task_id not in view.evicted
                 and a.task_id not in view.inflight

@@ -65,6 +65,7 @@ from typing import Generic, Protocol, TypeVar
 
 from services.core.cancels import CancelledJobs
 from services.core.cluster_state import ClusterState, Decision
+from services.core.reservations import is_placeholder
 from services.core.snapshot import Allocation
 from services.core.states import RUN_ENDED, TaskState
 from services.core.status import PlacementStatus
@@ -464,6 +465,7 @@ class Lifecycle(Generic[T]):
             for allocation in (books.allocations[t] for t in books.task_ids_on(node))
             if allocation.task_id not in pending_ids
             and newest.get(allocation.task_id, -1) < allocation.attempt
+            and not is_placeholder(allocation.task_id)  # a gang's held room: no worker's
         ]
         for allocation in missing:
             books.release(allocation.task_id)

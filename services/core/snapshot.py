@@ -41,6 +41,8 @@ class Allocation:
     # The task's job, on the LM's own books ("" when unknown: not sent to GMs), so that
     # another job's task with the same id is refused there (task ids are global).
     job_id: str = ""
+    # A gang's task or placeholder (``TaskSpec.gang``): never a preemption's victim.
+    gang: bool = False
 
 
 @dataclass(slots=True, eq=False)

@@ -32,6 +32,9 @@ class TaskSpec:
     cpu_usage_mean: float = 0.0
     cpu_usage_std: float = 0.0
     lifetime_features: dict[str, str] = field(default_factory=dict)
+    # A member of a gang (started by ReserveGang / CommitGang): never a preemption's
+    # victim, as preempting one would leave the rest of its gang running without it.
+    gang: bool = False
 
     def __post_init__(self) -> None:
         if not self.task_id:

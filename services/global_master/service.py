@@ -85,6 +85,7 @@ from services.core.states import RELEASED, TERMINAL
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
+from services.global_master.gangs import GangJob, Gangs, gang_fields
 from services.global_master.jobs import JobBook, status_event
 from services.global_master.predictions import LifetimePredictions
 
@@ -324,6 +325,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self._subscriptions: list = []
         self._closed = False
         self.counters: dict[str, int] = defaultdict(int)
+        # Gang jobs: planned and started whole, never through the scheduler's queues.
+        self.gangs = Gangs(self)
 
     @property
     def _lease(self) -> int:
@@ -563,7 +566,22 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"job {shown(job_id)} is {known.owner}'s: name your job otherwise",
             )
-        batch = common_pb2.TaskBatch(job_id=job_id, queue=queue)
+        gang = request.gang or request.min_tasks > 0
+        if gang and queue in self.limits:
+            # A gang is planned whole, outside the scheduler's round, which is where a
+            # queue's limit is enforced: not yet done for gangs, so refused, not ignored.
+            raise Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"queue {queue!r} has a limit; gang jobs are not supported in limited queues yet",
+            )
+        if request.min_tasks > len(request.tasks):
+            raise Refused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"min_tasks {request.min_tasks} is more than the job's {len(request.tasks)} tasks",
+            )
+        batch = common_pb2.TaskBatch(
+            job_id=job_id, queue=queue, gang=gang, min_tasks=request.min_tasks
+        )
         batch.tasks.extend(request.tasks)
         specs: list[TaskSpec] = []
         for i, task in enumerate(batch.tasks):
@@ -587,6 +605,12 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         ids = [t.task_id for t in batch.tasks]
         if len(set(ids)) != len(ids):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "task ids must be unique")
+        if gang and (never := self.gangs.never(job_id, specs, request.min_tasks)) is not None:
+            raise Refused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"gang job {shown(job_id)} can never start whole here: {never} (a gang "
+                "starts all its tasks at once, or min_tasks of them)",
+            )
         for task_id in ids:
             # An LM would take it for the other job's task (two GMs racing are told
             # apart there: REJECTED_TASK_ID_TAKEN).
@@ -605,7 +629,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 for t, spec in zip(batch.tasks, specs, strict=True)
                 if t.task_id not in taken
             ]
-            batch = common_pb2.TaskBatch(job_id=job_id, queue=queue, tasks=[t for t, _ in kept])
+            batch = common_pb2.TaskBatch(
+                job_id=job_id,
+                queue=queue,
+                tasks=[t for t, _ in kept],
+                gang=gang,
+                min_tasks=request.min_tasks,
+            )
             specs = [spec for _, spec in kept]
         # Before the durable enqueue, so the prediction travels with the task; bounded by
         # a short deadline and skipped while the sidecar is down.
@@ -646,9 +676,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         ]
         for task in batch.tasks:
             self.jobs.queued(task)
-        early = len(pending) <= SCHEDULE_BEFORE_CONFIRM
+        # A gang is one plan, not rounds of its tasks: started at once whatever its size.
+        early = gang or len(pending) <= SCHEDULE_BEFORE_CONFIRM
         if early:
-            self._push(queue, pending)
+            if gang:
+                self.gangs.start(GangJob(job_id, queue, pending, request.min_tasks))
+            else:
+                self._push(queue, pending)
             # Two turns of the loop: the scheduling round runs, then the launch it spawned
             # writes to the LM, before the publish below, which frames and writes the
             # message (a few hundred µs of CPU) before it first yields.
@@ -1023,6 +1057,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 await done.ack()
             return
         batch.remaining -= len(launched)
+        is_gang, min_tasks = gang_fields(batch_msg)
+        members: list[Pending] = []
         for task in batch_msg.tasks:
             if task.task_id in launched:
                 continue
@@ -1038,7 +1074,16 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 await self._launched(batch)
                 continue
             self.jobs.queued(task)
-            self.scheduler.submit(batch_msg.queue or task.queue, Pending(task, spec, batch))
+            members.append(Pending(task, spec, batch))
+        queue = batch_msg.queue or (members[0].task.queue if members else "")
+        if is_gang and members:
+            # Whole, or not at all: never one by one through the scheduler's round. (A
+            # redelivered gang whose part some LM launched before its GM died plans the
+            # rest as a gang.)
+            self.gangs.start(GangJob(batch_msg.job_id, queue, members, min_tasks))
+            return
+        for item in members:
+            self.scheduler.submit(batch_msg.queue or item.task.queue, item)
         self._wake.set()
 
     def _queued_before_start(self, batch: common_pb2.TaskBatch) -> bool:
@@ -1135,6 +1180,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         killed where they landed; later deliveries are dropped when they arrive. Also
         when the job is known cancelled already (an LM's refusal told first)."""
         self._drop_cancelled(self.scheduler.cancel(job_id, reason))
+        if job_id in self.gangs.waiting:
+            self.gangs.view_changed()  # its driver drops it
 
     def _drop_cancelled(self, items: list[Pending]) -> None:
         """End ``items`` CANCELLED; a message whose tasks are all done now is acked."""
@@ -1185,6 +1232,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             snapshot = snapshot_from_proto(reply.state, self.config.num_constraints)
             result, wake = self.scheduler.apply(snapshot, time.monotonic())
         metrics.HEARTBEATS_APPLIED.labels(self.gm_id, result.value).inc()
+        if result is ApplyResult.APPLIED and self.gangs.waiting:
+            self.gangs.view_changed()
         if msg.sent_unix_nanos:
             age = max(0.0, (time.time_ns() - msg.sent_unix_nanos) / 1e9)
             metrics.HEARTBEAT_AGE_SECONDS.labels(self.gm_id).observe(age)
@@ -1218,6 +1267,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     metrics.ALLOCATION_SECONDS.labels(self.gm_id).observe(seconds)
         if ends and self.scheduler.ended(ends, time.monotonic()):
             self._wake.set()
+        if ends and self.gangs.waiting:
+            self.gangs.view_changed()
 
     async def _catch_up(self) -> None:
         """Learn what the LMs hold of tasks (running, and recent endings), so that a GM

@@ -32,7 +32,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 import numpy as np
@@ -64,6 +64,7 @@ from services.core.cancels import CancelledJobs
 from services.core.cluster_state import ClusterState, Decision
 from services.core.constraints import to_mask
 from services.core.fairness import FairShare, usage_by_queue
+from services.core.gang import GangPiece
 from services.core.global_view import GlobalView
 from services.core.lm_lifecycle import (
     Action,
@@ -78,6 +79,7 @@ from services.core.lm_lifecycle import (
     Requeue,
     Start,
 )
+from services.core.reservations import Reservations
 from services.core.resources import (
     ResourceError,
     above_bound,
@@ -96,6 +98,8 @@ EVENT_RETRY_S = 0.5  # between tries to publish events while the broker is away
 REQUEUE_DRAIN_S = 5.0  # a stopping LM waits this long for its re-queues to be stored
 # A refusal that says nothing about the GM's view: no fresh state goes with it.
 CANCELLED = PlacementStatus.REJECTED_CANCELLED
+# Bounds on how long a gang's reservation is held for its commit (ReserveGang.ttl_s).
+GANG_TTL_MIN_S, GANG_TTL_MAX_S = 0.1, 60.0
 
 
 def _expired(request, now: int) -> bool:
@@ -158,6 +162,15 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         self._output_waiters: dict[int, asyncio.Future] = {}
         self._output_ids = itertools.count(1)
         self.cancelled = CancelledJobs()  # jobs whose tasks must not run here
+        # Gangs' two-phase starts (ReserveGang / CommitGang) over the same books: the
+        # room a reservation holds is booked as placeholder allocations, which the
+        # lifecycle never holds as tasks (no worker runs them, no watchdog re-queues
+        # them) and heartbeats show as room taken.
+        self.gangs = Reservations(self.state)
+        # The wire tasks of each gang reserved here and not yet started, by gang id:
+        # what CommitGang hands to the workers.
+        self._gang_tasks: dict[str, list[common_pb2.Task]] = {}
+        self._gangs_changed = asyncio.Event()  # wakes the expiry timer (``_gang_loop``)
         # What happens to the tasks held here (requests, reports, inventories, dead
         # nodes, cancels, orphans) is decided there; this class carries out its actions.
         self.life: Lifecycle[common_pb2.Task] = Lifecycle(
@@ -253,6 +266,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             asyncio.create_task(self._heartbeat_loop(), name="lm-heartbeats"),
             asyncio.create_task(self._event_loop(), name="lm-events"),
             asyncio.create_task(self._watchdog_loop(), name="lm-watchdog"),
+            asyncio.create_task(self._gang_loop(), name="lm-gangs"),
         ]
         if self.journal is not None:
             self._loops.append(asyncio.create_task(self._journal_loop(), name="lm-journal"))
@@ -379,6 +393,109 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         if not decision.ok and decision.status is not CANCELLED:  # the GM's view was wrong
             reply.state.CopyFrom(self._state_proto(request.known_version or None))
         return reply
+
+    # ------------------------------------------------------------- gangs
+    async def ReserveGang(self, request, context):
+        """Hold room for this LM's pieces of a gang, all or none (``Reservations``)."""
+        reply = local_master_pb2.ReserveGangResponse(gang_id=request.gang_id)
+        received = time.time_ns()
+        if not request.gang_id or not request.placements:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "a gang needs a gang_id and placements"
+            )
+        if _expired(request, received):
+            late = self._refuse_late(request, received, "gang reservation")
+            reply.status, reply.reason = placement_status_to_proto(late.status), late.reason
+            return reply
+        pieces = []
+        for p in request.placements:
+            spec = replace(await self._spec(p.task, context), gang=True)
+            refused = self.life.refusal(spec.job_id)
+            if refused is not None:  # a cancelled job's gang holds nothing
+                reply.status = placement_status_to_proto(refused.status)
+                reply.reason = refused.reason
+                return reply
+            pieces.append(
+                GangPiece(p.member, spec, self.lm_id, p.node_index, p.node_id, p.repartition)
+            )
+        ttl_s = min(max(request.ttl_s or 5.0, GANG_TTL_MIN_S), GANG_TTL_MAX_S)
+        verdict = self.gangs.reserve(
+            request.gang_id, pieces, time.monotonic(), ttl_s, gm_id=request.gm_id
+        )
+        reply.status = placement_status_to_proto(verdict.status)
+        reply.reason = verdict.reason
+        metrics.LM_PLACEMENTS.labels(self.lm_id, "gang_reserve", verdict.status.name.lower()).inc(
+            len(pieces)
+        )
+        if verdict.ok:
+            # A retry of a held gang keeps the tasks it was first given.
+            self._gang_tasks.setdefault(request.gang_id, [p.task for p in request.placements])
+            self._gangs_changed.set()
+        else:
+            reply.state.CopyFrom(self._state_proto(request.known_version or None))
+        return reply
+
+    async def CommitGang(self, request, context):
+        """Turn a held gang into its tasks, started like launched ones (journalled before
+        the answer); committing again answers the same and starts nothing again."""
+        received = time.time_ns()
+        held = self._gang_tasks.get(request.gang_id, ())
+        doomed = next((t.job_id for t in held if t.job_id in self.cancelled), None)
+        if doomed is not None:  # cancelled while held: nothing of it starts
+            self.gangs.release(request.gang_id, time.monotonic())
+            self._gang_tasks.pop(request.gang_id, None)
+            refused = self.life.refusal(doomed)
+            assert refused is not None
+            return local_master_pb2.CommitGangResponse(
+                gang_id=request.gang_id,
+                status=placement_status_to_proto(refused.status),
+                reason=refused.reason,
+            )
+        verdict = self.gangs.commit(request.gang_id, time.monotonic())
+        reply = local_master_pb2.CommitGangResponse(
+            gang_id=request.gang_id,
+            status=placement_status_to_proto(verdict.status),
+            reason=verdict.reason,
+        )
+        tasks = self._gang_tasks.pop(request.gang_id, None)
+        if not verdict.ok:
+            reply.state.CopyFrom(self._state_proto(request.known_version or None))
+            return reply
+        started = []
+        if tasks is not None:  # None: committed before, its tasks started then
+            by_id = {t.task_id: t for t in tasks}
+            for allocation in verdict.allocations:
+                started.append(self._start(by_id[allocation.task_id], allocation, received))
+            metrics.LM_PLACEMENTS.labels(self.lm_id, "gang_commit", "accepted").inc(len(started))
+            # Cancelled while it was held: ended at once, as a cancel ends held tasks.
+            doomed = {t.job_id for t in started if t.job_id in self.cancelled}
+            if doomed:
+                self._apply(self.life.cancel(doomed))
+        await self._journal_accepted(started)
+        return reply
+
+    async def ReleaseGang(self, request, context):
+        """Give back the room a gang holds here (nothing if it holds none)."""
+        released = self.gangs.release(request.gang_id, time.monotonic())
+        self._gang_tasks.pop(request.gang_id, None)
+        if released:
+            self._gangs_changed.set()
+        return local_master_pb2.ReleaseGangResponse(
+            released=released, state=self._state_proto(request.known_version or None)
+        )
+
+    async def _gang_loop(self) -> None:
+        """Release the reservations not committed in time (``Reservations.expire``),
+        woken at the next deadline or when a reservation is made."""
+        while True:
+            deadline = self.gangs.next_deadline()
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._gangs_changed.wait(), wait)
+            self._gangs_changed.clear()
+            for gang_id in self.gangs.expire(time.monotonic()):
+                self._gang_tasks.pop(gang_id, None)
+                log.info("a gang's reservation expired", extra={"gang_id": gang_id})
 
     def global_usage(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Per-queue usage and total capacity of the federation: this LM's own books

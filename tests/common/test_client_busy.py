@@ -25,7 +25,7 @@ async def gm(monkeypatch):
     target = GlobalMasterClient("127.0.0.1:1")
     target.answers, target.slept = [], []
 
-    async def submit_once(tasks, queue, job_id):
+    async def submit_once(tasks, queue, job_id, *_gang):
         answer = target.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer

@@ -1,14 +1,17 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from services.common.convert import snapshot_from_proto, snapshot_to_proto
 from services.core.cluster_state import ClusterState
 from services.core.fairness import FairShare, QueueShare, usage_by_queue
 from services.core.global_view import ApplyResult, GlobalView, HeldAllocations, PreemptionPlan
 from services.core.resources import resources
 from services.core.snapshot import Allocation
-from services.core.status import Schedulability
+from services.core.status import PlacementStatus, Schedulability
 from tests.builders import NODE, task
 
 GMS = ("gm-a", "gm-b")
@@ -496,3 +499,25 @@ def test_no_victim_is_chosen_on_a_silent_lm():
 def test_an_lm_is_silent_after_a_few_heartbeats_and_never_within_two_seconds():
     assert silent_after(1.0) == 5.0
     assert silent_after(0.25) == 2.0
+
+
+def test_a_gangs_tasks_are_never_preemption_victims():
+    """Preempting one task of a gang would leave the rest running without it (issue 33):
+    the GM never picks one, and the LM refuses a preemption that names one, also once
+    the view came through the wire (``Allocation.gang``)."""
+    (state,) = federation(1, 2)
+    for i, node in enumerate([0, 0, 1, 1]):
+        gm = "gm-a" if node == 0 else "gm-b"
+        spec = replace(task(f"hog{i}", cpu=2000, mem=1000, queue="hog"), gang=i != 1)
+        state.launch(gm, spec, node)
+    wire = snapshot_from_proto(snapshot_to_proto(state.snapshot()), state.table.num_constraints)
+    assert {a.task_id for a in wire.allocations if a.gang} == {"hog0", "hog2", "hog3"}
+    view = GlobalView("gm-a")
+    view.apply(wire, 0.0)
+    fair = FairShare([QueueShare("hog", 0.5), QueueShare("small", 0.5)])
+    plan = view.preemption_plan(task("s1", cpu=2000, queue="small"), fair)
+    assert isinstance(plan, PreemptionPlan) and plan.victims.task_ids == ("hog1",)
+    plan = view.preemption_plan(task("s2", cpu=4000, queue="small"), fair)
+    assert not isinstance(plan, PreemptionPlan)  # only gang tasks would make room
+    refused = state.preempt("gm-a", task("s2", cpu=2000, queue="small"), 0, ["hog0"], bool)
+    assert refused.status is PlacementStatus.REJECTED_VICTIMS and "gang" in refused.reason

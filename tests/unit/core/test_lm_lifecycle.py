@@ -10,6 +10,7 @@ import pytest
 
 from services.core.cancels import CancelledJobs
 from services.core.cluster_state import ClusterState
+from services.core.gang import GangPiece
 from services.core.lm_lifecycle import (
     Held,
     InventoryVerdict,
@@ -23,6 +24,7 @@ from services.core.lm_lifecycle import (
     Requeue,
     Start,
 )
+from services.core.reservations import Reservations, is_placeholder
 from services.core.states import TaskState
 from services.core.status import PlacementStatus
 from tests.builders import NODE, task
@@ -618,3 +620,18 @@ def test_no_report_of_an_ended_task_ever_requeues_it(state):
     assert requeued(h.report(0, t, state).actions) == []
     for later in TaskState:
         assert h.report(0, t, later).verdict is ReportVerdict.IGNORED
+
+
+def test_a_gangs_held_room_survives_its_workers_registration_and_its_death():
+    """A gang's placeholders (``Reservations``) are the LM's, not a worker's: a worker
+    registering without them does not drop them (or the gang would lose its room); a
+    node that dies drops them with it but re-queues nothing (no task of them ran)."""
+    h = Harness(nodes=1)
+    gangs = Reservations(h.books)
+    piece = GangPiece(0, spec_of(Wire("g.0", job_id="g")), "lm-1", 0, "w0", False)
+    assert gangs.reserve("g/1", [piece], 0.0, 5.0, gm_id="gm-a").ok
+    plan = h.life.take_back(0, [])
+    assert plan.actions == [] and [a for a in h.books.allocations if is_placeholder(a)]
+    loss = h.life.node_lost(0, "silent", 1.0)
+    assert loss.actions == [] and not h.books.allocations
+    assert not gangs.commit("g/1", 1.0).ok

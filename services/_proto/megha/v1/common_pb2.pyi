@@ -616,6 +616,7 @@ class Allocation(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     CPU_USAGE_MEAN_MILLI_FIELD_NUMBER: _builtins.int
     CPU_USAGE_VAR_MILLI2_FIELD_NUMBER: _builtins.int
+    GANG_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     queue: _builtins.str
     node_index: _builtins.int
@@ -638,6 +639,8 @@ class Allocation(_message.Message):
     that hears the task ended takes back exactly that.
     """
     cpu_usage_var_milli2: _builtins.float
+    gang: _builtins.bool
+    """A gang's task (or the room held for one): never chosen as a preemption's victim."""
     @_builtins.property
     def resources(self) -> Global___Resources: ...
     def __init__(
@@ -653,10 +656,11 @@ class Allocation(_message.Message):
         attempt: _builtins.int = ...,
         cpu_usage_mean_milli: _builtins.float = ...,
         cpu_usage_var_milli2: _builtins.float = ...,
+        gang: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resources", b"resources"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cpu_usage_mean_milli", b"cpu_usage_mean_milli", "cpu_usage_var_milli2", b"cpu_usage_var_milli2", "logical", b"logical", "node_index", b"node_index", "partition", b"partition", "queue", b"queue", "resources", b"resources", "sequence", b"sequence", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "cpu_usage_mean_milli", b"cpu_usage_mean_milli", "cpu_usage_var_milli2", b"cpu_usage_var_milli2", "gang", b"gang", "logical", b"logical", "node_index", b"node_index", "partition", b"partition", "queue", b"queue", "resources", b"resources", "sequence", b"sequence", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -931,8 +935,16 @@ class TaskBatch(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
     TASKS_FIELD_NUMBER: _builtins.int
+    GANG_FIELD_NUMBER: _builtins.int
+    MIN_TASKS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     queue: _builtins.str
+    gang: _builtins.bool
+    """The job is a gang (SubmitJobRequest.gang / min_tasks): the GM that consumes the
+    message places its tasks together (ReserveGang / CommitGang), never one by one.
+    """
+    min_tasks: _builtins.int
+    """With gang: at least this many of its tasks start together (0: all of them)."""
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___Task]: ...
     def __init__(
@@ -941,10 +953,12 @@ class TaskBatch(_message.Message):
         job_id: _builtins.str = ...,
         queue: _builtins.str = ...,
         tasks: _abc.Iterable[Global___Task] | None = ...,
+        gang: _builtins.bool = ...,
+        min_tasks: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "queue", b"queue", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang", "job_id", b"job_id", "min_tasks", b"min_tasks", "queue", b"queue", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

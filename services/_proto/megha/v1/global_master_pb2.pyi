@@ -67,6 +67,8 @@ class SubmitJobRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     QUEUE_FIELD_NUMBER: _builtins.int
     TASKS_FIELD_NUMBER: _builtins.int
+    GANG_FIELD_NUMBER: _builtins.int
+    MIN_TASKS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Optional; the GM generates one if empty. At most 256 characters. A
     retried submission with the same id does not queue the job twice: the GM
@@ -77,6 +79,19 @@ class SubmitJobRequest(_message.Message):
     queue: _builtins.str
     """The user queue; one the federation file names (empty: the first). Any GM
     takes any queue and passes the job on to the GM that serves it.
+    """
+    gang: _builtins.bool
+    """All-or-nothing: the job's tasks start together, across LMs and partitions, or none
+    starts (reserved on every LM involved, then committed). A gang no node set of the
+    federation could ever hold is refused at submission (FAILED_PRECONDITION, why).
+    A gang's started tasks are never preemption victims, and a waiting gang never
+    preempts. Restarting the gang when a member is lost is not done: once started,
+    each task lives and ends on its own (retried alone if it may be).
+    """
+    min_tasks: _builtins.int
+    """A gang of at least this many of the tasks (implies gang; 0: all of them): the GM
+    starts as many as fit together, at least min_tasks; the others start one by one
+    afterwards, as room frees.
     """
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Task]:
@@ -90,10 +105,12 @@ class SubmitJobRequest(_message.Message):
         job_id: _builtins.str = ...,
         queue: _builtins.str = ...,
         tasks: _abc.Iterable[_common_pb2.Task] | None = ...,
+        gang: _builtins.bool = ...,
+        min_tasks: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "queue", b"queue", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang", "job_id", b"job_id", "min_tasks", b"min_tasks", "queue", b"queue", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -111,6 +111,225 @@ federation, and this one can never run here.
 Global___PlacementStatus: _TypeAlias = PlacementStatus  # noqa: Y015
 
 @_typing.final
+class GangPlacement(_message.Message):
+    """One member of a gang on a node of this LM."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_FIELD_NUMBER: _builtins.int
+    NODE_INDEX_FIELD_NUMBER: _builtins.int
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    REPARTITION_FIELD_NUMBER: _builtins.int
+    MEMBER_FIELD_NUMBER: _builtins.int
+    node_index: _builtins.int
+    """NodeState.index of the node, and its id (checked: a node row may be reused)."""
+    node_id: _builtins.str
+    repartition: _builtins.bool
+    """The node is in another GM's partition (as Repartition), else the caller's (Launch)."""
+    member: _builtins.int
+    """The member's index in the gang."""
+    @_builtins.property
+    def task(self) -> _common_pb2.Task: ...
+    def __init__(
+        self,
+        *,
+        task: _common_pb2.Task | None = ...,
+        node_index: _builtins.int = ...,
+        node_id: _builtins.str = ...,
+        repartition: _builtins.bool = ...,
+        member: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["member", b"member", "node_id", b"node_id", "node_index", b"node_index", "repartition", b"repartition", "task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GangPlacement: _TypeAlias = GangPlacement  # noqa: Y015
+
+@_typing.final
+class ReserveGangRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GM_ID_FIELD_NUMBER: _builtins.int
+    GANG_ID_FIELD_NUMBER: _builtins.int
+    PLACEMENTS_FIELD_NUMBER: _builtins.int
+    TTL_S_FIELD_NUMBER: _builtins.int
+    KNOWN_VERSION_FIELD_NUMBER: _builtins.int
+    EXPIRES_UNIX_NANOS_FIELD_NUMBER: _builtins.int
+    gm_id: _builtins.str
+    gang_id: _builtins.str
+    """One attempt to place a gang: a GM that places it again after a refusal uses a new one."""
+    ttl_s: _builtins.float
+    """How long the room is held for the commit (the LM bounds it to 0.1..60 s)."""
+    known_version: _builtins.int
+    """As LaunchRequest.known_version / expires_unix_nanos."""
+    expires_unix_nanos: _builtins.int
+    @_builtins.property
+    def placements(self) -> _containers.RepeatedCompositeFieldContainer[Global___GangPlacement]: ...
+    def __init__(
+        self,
+        *,
+        gm_id: _builtins.str = ...,
+        gang_id: _builtins.str = ...,
+        placements: _abc.Iterable[Global___GangPlacement] | None = ...,
+        ttl_s: _builtins.float = ...,
+        known_version: _builtins.int = ...,
+        expires_unix_nanos: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_unix_nanos", b"expires_unix_nanos", "gang_id", b"gang_id", "gm_id", b"gm_id", "known_version", b"known_version", "placements", b"placements", "ttl_s", b"ttl_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveGangRequest: _TypeAlias = ReserveGangRequest  # noqa: Y015
+
+@_typing.final
+class ReserveGangResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GANG_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    gang_id: _builtins.str
+    status: Global___PlacementStatus.ValueType
+    """ACCEPTED: every placement is held; otherwise none is, and reason says why."""
+    reason: _builtins.str
+    @_builtins.property
+    def state(self) -> _common_pb2.LocalMasterState:
+        """Set when refused: the LM's state since known_version (see LaunchResponse.state)."""
+
+    def __init__(
+        self,
+        *,
+        gang_id: _builtins.str = ...,
+        status: Global___PlacementStatus.ValueType = ...,
+        reason: _builtins.str = ...,
+        state: _common_pb2.LocalMasterState | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang_id", b"gang_id", "reason", b"reason", "state", b"state", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveGangResponse: _TypeAlias = ReserveGangResponse  # noqa: Y015
+
+@_typing.final
+class CommitGangRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GM_ID_FIELD_NUMBER: _builtins.int
+    GANG_ID_FIELD_NUMBER: _builtins.int
+    KNOWN_VERSION_FIELD_NUMBER: _builtins.int
+    gm_id: _builtins.str
+    gang_id: _builtins.str
+    known_version: _builtins.int
+    def __init__(
+        self,
+        *,
+        gm_id: _builtins.str = ...,
+        gang_id: _builtins.str = ...,
+        known_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang_id", b"gang_id", "gm_id", b"gm_id", "known_version", b"known_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitGangRequest: _TypeAlias = CommitGangRequest  # noqa: Y015
+
+@_typing.final
+class CommitGangResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GANG_ID_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    gang_id: _builtins.str
+    status: Global___PlacementStatus.ValueType
+    """ACCEPTED: every held placement is now a task, started on its worker; otherwise
+    none is (expired, a node lost, the job cancelled), and nothing is held any more.
+    """
+    reason: _builtins.str
+    @_builtins.property
+    def state(self) -> _common_pb2.LocalMasterState:
+        """Set when refused (see LaunchResponse.state)."""
+
+    def __init__(
+        self,
+        *,
+        gang_id: _builtins.str = ...,
+        status: Global___PlacementStatus.ValueType = ...,
+        reason: _builtins.str = ...,
+        state: _common_pb2.LocalMasterState | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang_id", b"gang_id", "reason", b"reason", "state", b"state", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitGangResponse: _TypeAlias = CommitGangResponse  # noqa: Y015
+
+@_typing.final
+class ReleaseGangRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GM_ID_FIELD_NUMBER: _builtins.int
+    GANG_ID_FIELD_NUMBER: _builtins.int
+    KNOWN_VERSION_FIELD_NUMBER: _builtins.int
+    gm_id: _builtins.str
+    gang_id: _builtins.str
+    known_version: _builtins.int
+    def __init__(
+        self,
+        *,
+        gm_id: _builtins.str = ...,
+        gang_id: _builtins.str = ...,
+        known_version: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang_id", b"gang_id", "gm_id", b"gm_id", "known_version", b"known_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseGangRequest: _TypeAlias = ReleaseGangRequest  # noqa: Y015
+
+@_typing.final
+class ReleaseGangResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RELEASED_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    released: _builtins.bool
+    """Whether the LM held room for the gang (false: never reserved, refused, expired,
+    released already, or committed: a committed gang's tasks are not touched).
+    """
+    @_builtins.property
+    def state(self) -> _common_pb2.LocalMasterState:
+        """The LM's state since known_version, after the release."""
+
+    def __init__(
+        self,
+        *,
+        released: _builtins.bool = ...,
+        state: _common_pb2.LocalMasterState | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["released", b"released", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReleaseGangResponse: _TypeAlias = ReleaseGangResponse  # noqa: Y015
+
+@_typing.final
 class DrainNodeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

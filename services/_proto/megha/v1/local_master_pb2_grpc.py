@@ -100,6 +100,21 @@ class LocalMasterStub:
                 request_serializer=megha_dot_v1_dot_local__master__pb2.DrainNodeRequest.SerializeToString,
                 response_deserializer=megha_dot_v1_dot_local__master__pb2.DrainNodeResponse.FromString,
                 _registered_method=True)
+        self.ReserveGang = channel.unary_unary(
+                '/megha.v1.LocalMaster/ReserveGang',
+                request_serializer=megha_dot_v1_dot_local__master__pb2.ReserveGangRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_local__master__pb2.ReserveGangResponse.FromString,
+                _registered_method=True)
+        self.CommitGang = channel.unary_unary(
+                '/megha.v1.LocalMaster/CommitGang',
+                request_serializer=megha_dot_v1_dot_local__master__pb2.CommitGangRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_local__master__pb2.CommitGangResponse.FromString,
+                _registered_method=True)
+        self.ReleaseGang = channel.unary_unary(
+                '/megha.v1.LocalMaster/ReleaseGang',
+                request_serializer=megha_dot_v1_dot_local__master__pb2.ReleaseGangRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_local__master__pb2.ReleaseGangResponse.FromString,
+                _registered_method=True)
 
 
 class LocalMasterServicer:
@@ -209,6 +224,30 @@ class LocalMasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReserveGang(self, request, context):
+        """A GM's two-phase start of a gang (all its tasks start, or none): ReserveGang holds
+        room for this LM's pieces (booked as placeholders, which no worker runs) until
+        ttl_s passes, all pieces or none; CommitGang turns them into the real tasks, which
+        start like launched ones; ReleaseGang gives the room back. Idempotent by gang_id:
+        a retry gets the same answer, and a released or expired gang id is refused for a
+        while (a late copy of its ReserveGang holds nothing).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitGang(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseGang(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LocalMasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -276,6 +315,21 @@ def add_LocalMasterServicer_to_server(servicer, server):
                     servicer.DrainNode,
                     request_deserializer=megha_dot_v1_dot_local__master__pb2.DrainNodeRequest.FromString,
                     response_serializer=megha_dot_v1_dot_local__master__pb2.DrainNodeResponse.SerializeToString,
+            ),
+            'ReserveGang': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReserveGang,
+                    request_deserializer=megha_dot_v1_dot_local__master__pb2.ReserveGangRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_local__master__pb2.ReserveGangResponse.SerializeToString,
+            ),
+            'CommitGang': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitGang,
+                    request_deserializer=megha_dot_v1_dot_local__master__pb2.CommitGangRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_local__master__pb2.CommitGangResponse.SerializeToString,
+            ),
+            'ReleaseGang': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseGang,
+                    request_deserializer=megha_dot_v1_dot_local__master__pb2.ReleaseGangRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_local__master__pb2.ReleaseGangResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -629,6 +683,87 @@ class LocalMaster:
             '/megha.v1.LocalMaster/DrainNode',
             megha_dot_v1_dot_local__master__pb2.DrainNodeRequest.SerializeToString,
             megha_dot_v1_dot_local__master__pb2.DrainNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReserveGang(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/megha.v1.LocalMaster/ReserveGang',
+            megha_dot_v1_dot_local__master__pb2.ReserveGangRequest.SerializeToString,
+            megha_dot_v1_dot_local__master__pb2.ReserveGangResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitGang(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/megha.v1.LocalMaster/CommitGang',
+            megha_dot_v1_dot_local__master__pb2.CommitGangRequest.SerializeToString,
+            megha_dot_v1_dot_local__master__pb2.CommitGangResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseGang(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/megha.v1.LocalMaster/ReleaseGang',
+            megha_dot_v1_dot_local__master__pb2.ReleaseGangRequest.SerializeToString,
+            megha_dot_v1_dot_local__master__pb2.ReleaseGangResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -81,6 +81,16 @@ class LocalMasterStub:
     task, and heartbeats show it with nothing free; undo lets it take tasks again. The
     answer says how many tasks still run on it (0: drained). Kept in the LM's journal.
     """
+    ReserveGang: _grpc.UnaryUnaryMultiCallable[_local_master_pb2.ReserveGangRequest, _local_master_pb2.ReserveGangResponse]
+    """A GM's two-phase start of a gang (all its tasks start, or none): ReserveGang holds
+    room for this LM's pieces (booked as placeholders, which no worker runs) until
+    ttl_s passes, all pieces or none; CommitGang turns them into the real tasks, which
+    start like launched ones; ReleaseGang gives the room back. Idempotent by gang_id:
+    a retry gets the same answer, and a released or expired gang id is refused for a
+    while (a late copy of its ReserveGang holds nothing).
+    """
+    CommitGang: _grpc.UnaryUnaryMultiCallable[_local_master_pb2.CommitGangRequest, _local_master_pb2.CommitGangResponse]
+    ReleaseGang: _grpc.UnaryUnaryMultiCallable[_local_master_pb2.ReleaseGangRequest, _local_master_pb2.ReleaseGangResponse]
 
 @_typing.type_check_only
 class LocalMasterAsyncStub(LocalMasterStub):
@@ -132,6 +142,16 @@ class LocalMasterAsyncStub(LocalMasterStub):
     task, and heartbeats show it with nothing free; undo lets it take tasks again. The
     answer says how many tasks still run on it (0: drained). Kept in the LM's journal.
     """
+    ReserveGang: _aio.UnaryUnaryMultiCallable[_local_master_pb2.ReserveGangRequest, _local_master_pb2.ReserveGangResponse]  # type: ignore[assignment]
+    """A GM's two-phase start of a gang (all its tasks start, or none): ReserveGang holds
+    room for this LM's pieces (booked as placeholders, which no worker runs) until
+    ttl_s passes, all pieces or none; CommitGang turns them into the real tasks, which
+    start like launched ones; ReleaseGang gives the room back. Idempotent by gang_id:
+    a retry gets the same answer, and a released or expired gang id is refused for a
+    while (a late copy of its ReserveGang holds nothing).
+    """
+    CommitGang: _aio.UnaryUnaryMultiCallable[_local_master_pb2.CommitGangRequest, _local_master_pb2.CommitGangResponse]  # type: ignore[assignment]
+    ReleaseGang: _aio.UnaryUnaryMultiCallable[_local_master_pb2.ReleaseGangRequest, _local_master_pb2.ReleaseGangResponse]  # type: ignore[assignment]
 
 class LocalMasterServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -258,5 +278,33 @@ class LocalMasterServicer(metaclass=_abc_1.ABCMeta):
         task, and heartbeats show it with nothing free; undo lets it take tasks again. The
         answer says how many tasks still run on it (0: drained). Kept in the LM's journal.
         """
+
+    @_abc_1.abstractmethod
+    def ReserveGang(
+        self,
+        request: _local_master_pb2.ReserveGangRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_local_master_pb2.ReserveGangResponse, _abc.Awaitable[_local_master_pb2.ReserveGangResponse]]:
+        """A GM's two-phase start of a gang (all its tasks start, or none): ReserveGang holds
+        room for this LM's pieces (booked as placeholders, which no worker runs) until
+        ttl_s passes, all pieces or none; CommitGang turns them into the real tasks, which
+        start like launched ones; ReleaseGang gives the room back. Idempotent by gang_id:
+        a retry gets the same answer, and a released or expired gang id is refused for a
+        while (a late copy of its ReserveGang holds nothing).
+        """
+
+    @_abc_1.abstractmethod
+    def CommitGang(
+        self,
+        request: _local_master_pb2.CommitGangRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_local_master_pb2.CommitGangResponse, _abc.Awaitable[_local_master_pb2.CommitGangResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ReleaseGang(
+        self,
+        request: _local_master_pb2.ReleaseGangRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_local_master_pb2.ReleaseGangResponse, _abc.Awaitable[_local_master_pb2.ReleaseGangResponse]]: ...
 
 def add_LocalMasterServicer_to_server(servicer: LocalMasterServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

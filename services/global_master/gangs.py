@@ -1,0 +1,284 @@
+"""The GM's driver of gang jobs: all of a job's tasks start together, or none does.
+
+    delivery of a gang's message ──▶ GangJob (its tasks, never in the scheduler's queues)
+        plan_gang over the view ──Verdict──▶ wait (reason on each task) for a view change
+                                ──GangPlan──▶ book ──▶ ReserveGang on every LM (parallel)
+            all ACCEPTED ──▶ CommitGang on every LM ──▶ accepted: the message is acked
+            any refusal / no answer ──▶ ReleaseGang on every LM, unbook, apply their
+                                        fresh states, plan again (a new gang id) later
+
+The decisions are the core's (``services.core.gang``; the LMs' ``Reservations``); this
+module only carries them out over gRPC. What it does not do (issue 33, out of scope
+here): a waiting gang never preempts (fair share does not weigh it as a unit; its
+started tasks are never victims: ``Allocation.gang``), and a member lost after the
+start is retried on its own, the gang not restarted. A commit that fails on one LM after
+another committed (only a node lost or a cancel between reserve and commit can do
+that) leaves the committed part running and the rest planned again as a gang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import grpc
+
+from services._proto.megha.v1 import common_pb2, local_master_pb2
+from services.common.convert import placement_status_from_proto
+from services.core.gang import Gang, GangError, GangPiece, GangPlan, book, plan_gang, unbook
+from services.core.scheduler import RESTART_SETTLE_S, Drop
+from services.core.status import Schedulability, Verdict
+from services.core.task import TaskSpec
+
+if TYPE_CHECKING:
+    from services.global_master.service import GlobalMaster, Pending
+
+log = logging.getLogger("megha.gm.gangs")
+
+# How long an LM holds a gang's room for its commit: far above a reserve/commit round
+# trip, short enough that room held by a GM that died comes back soon.
+GANG_TTL_S = 5.0
+# A gang refused by an LM is planned again on the next view change, or after this long.
+GANG_RETRY_S = 1.0
+
+
+def gang_of(job_id: str, specs: Sequence[TaskSpec], min_tasks: int) -> Gang:
+    """The gang of a job's tasks (``GangError`` if malformed); a new id per attempt."""
+    return Gang(f"{job_id}/{uuid.uuid4().hex[:8]}", tuple(specs), min(min_tasks, len(specs)))
+
+
+@dataclass(eq=False)
+class GangJob:
+    """A gang job's tasks that wait to start together (``min_tasks``: 0, all of them)."""
+
+    job_id: str
+    queue: str
+    items: list[Pending]
+    min_tasks: int
+
+
+class Gangs:
+    """Starts gang jobs for one GM (its view, stubs and books)."""
+
+    def __init__(self, gm: GlobalMaster):
+        self.gm = gm
+        self._changed = asyncio.Event()
+        self.waiting: dict[str, GangJob] = {}  # job id -> its gang, until it started
+
+    def never(self, job_id: str, specs: Sequence[TaskSpec], min_tasks: int) -> str | None:
+        """Why the gang of ``specs`` can never start whole on the federation as the view
+        knows it (its nodes' capacities, dead ones too), or None. Not judged while an LM
+        of the federation was not heard yet or restarted lately (its nodes are coming
+        back): the gang then waits."""
+        try:
+            gang = gang_of(job_id or "gang", specs, min_tasks)
+        except GangError as err:
+            return str(err)
+        view, now = self.gm.view, time.monotonic()
+        if set(self.gm._stubs) - set(view.lms) or view.restarted(now, RESTART_SETTLE_S):
+            return None
+        outcome = plan_gang(gang, view, now, judge_never=True)
+        if isinstance(outcome, Verdict) and outcome.schedulability is Schedulability.INFEASIBLE:
+            return outcome.reason
+        return None
+
+    def view_changed(self) -> None:
+        """The view changed (a state applied, tasks ended, a job cancelled): every
+        waiting gang is planned again."""
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    def start(self, job: GangJob) -> None:
+        for item in job.items:  # booked in the view as a gang's: never a victim
+            item.spec = replace(item.spec, gang=True)
+        self.waiting[job.job_id] = job
+        self.gm._spawn(self._run(job))
+
+    async def _run(self, job: GangJob) -> None:
+        gm = self.gm
+        try:
+            while not gm._closed and job.items:
+                if gm.cancelled.reason(job.job_id) is not None:
+                    gm._drop_cancelled(job.items)
+                    return
+                if job.items[0].batch.cancelled:  # its publish failed: see ``_queue_job``
+                    for item in job.items:
+                        gm._drop(item, Drop.WITHDRAWN)
+                    return
+                changed = self._changed
+                try:
+                    specs = [item.spec for item in job.items]
+                    gang = gang_of(job.job_id, specs, job.min_tasks)
+                    outcome = plan_gang(gang, gm.view, time.monotonic(), judge_never=False)
+                    if isinstance(outcome, Verdict):
+                        for item in job.items:
+                            why = f"its gang waits: {outcome.reason}"
+                            gm.jobs.set_reason(job.job_id, item.task.task_id, why)
+                        await changed.wait()
+                        continue
+                    if await self._place(job, outcome):
+                        return
+                except Exception:  # a bug must not leave the gang waiting for ever, unsaid
+                    log.exception("placing a gang failed; trying again", extra={"job": job.job_id})
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), GANG_RETRY_S)
+        finally:
+            if self.waiting.get(job.job_id) is job:
+                del self.waiting[job.job_id]
+
+    async def _place(self, job: GangJob, plan: GangPlan) -> bool:
+        """Reserve ``plan`` on its LMs, then commit it; True once it started."""
+        gm = self.gm
+        by_lm = plan.by_lm()
+        items = {item.task.task_id: item for item in job.items}
+        now = time.time_ns()
+        for piece in plan.pieces:
+            task = items[piece.task.task_id].task
+            task.lease = gm._lease
+            task.timestamps.dequeued_unix_nanos = task.timestamps.decided_unix_nanos = now
+        book(gm.view, plan, time.monotonic())
+        for item in job.items:
+            item.batch.launching()
+        try:
+            reserved = await asyncio.gather(
+                *(self._reserve(lm, plan.gang_id, pieces, items) for lm, pieces in by_lm.items())
+            )
+            refusals = [why for why in reserved if why is not None]
+            committed: set[str] = set()
+            if not refusals:
+                done = await asyncio.gather(
+                    *(self._commit(lm, plan.gang_id, ps, items) for lm, ps in by_lm.items())
+                )
+                committed = {lm_id for lm_id, why in zip(by_lm, done, strict=True) if why is None}
+                refusals = [why for why in done if why is not None]
+            for lm_id in committed:
+                for piece in by_lm[lm_id]:
+                    await gm._accepted(lm_id, items[piece.task.task_id])
+            if not refusals:
+                placed = {piece.task.task_id for piece in plan.pieces}
+                rest = [item for item in job.items if item.task.task_id not in placed]
+                if rest:  # min_tasks: the others start one by one, as room frees
+                    gm._push(job.queue, rest)
+                log.info(
+                    "a gang started",
+                    extra={"job_id": job.job_id, "gang_id": plan.gang_id, "lms": list(by_lm)},
+                )
+                job.items = []
+                return True
+            # Refused somewhere: released everywhere, the view's bookings undone, then
+            # corrected by the LMs' fresh states.
+            await self._release_all(plan, by_lm, committed)
+            why = "; ".join(refusals)
+            log.info("a gang was refused", extra={"job_id": job.job_id, "why": why})
+            if committed:
+                log.error(
+                    "a gang started in part: an LM refused its commit after another "
+                    "committed; the rest is planned again as a gang",
+                    extra={"job_id": job.job_id, "committed": sorted(committed)},
+                )
+                started = {p.task.task_id for lm in committed for p in by_lm[lm]}
+                job.items = [i for i in job.items if i.task.task_id not in started]
+                job.min_tasks = max(0, job.min_tasks - len(started))
+            for item in job.items:
+                gm.jobs.set_reason(job.job_id, item.task.task_id, f"its gang was refused: {why}")
+            return False
+        finally:
+            for item in items.values():
+                item.batch.landed()
+
+    async def _release_all(
+        self, plan: GangPlan, by_lm: dict[str, list[GangPiece]], committed: set[str]
+    ) -> None:
+        gm = self.gm
+        unbook(gm.view, plan, [p for p in plan.pieces if p.lm_id not in committed])
+        lms = [lm_id for lm_id in by_lm if lm_id not in committed]
+        replies = await asyncio.gather(*(self._release(lm_id, plan.gang_id) for lm_id in lms))
+        for reply in replies:
+            if reply is not None and reply.HasField("state"):
+                await gm._apply_state(reply.state)
+
+    def _known(self, lm_id: str) -> int:
+        lmv = self.gm.view.lms.get(lm_id)
+        return lmv.version if lmv is not None else 0
+
+    async def _reserve(
+        self, lm_id: str, gang_id: str, pieces: list[GangPiece], items: dict[str, Pending]
+    ) -> str | None:
+        """ReserveGang on ``lm_id``: None if held, else why not."""
+        gm = self.gm
+        request = local_master_pb2.ReserveGangRequest(
+            gm_id=gm.gm_id,
+            gang_id=gang_id,
+            ttl_s=GANG_TTL_S,
+            known_version=self._known(lm_id),
+            expires_unix_nanos=gm._expiry(lm_id),
+        )
+        for piece in pieces:
+            request.placements.add(
+                task=items[piece.task.task_id].task,
+                node_index=piece.node,
+                node_id=piece.node_id,
+                repartition=piece.repartition,
+                member=piece.member,
+            )
+        try:
+            reply = await gm._stubs[lm_id].ReserveGang(request, timeout=gm.config.lm_call_timeout_s)
+        except grpc.aio.AioRpcError as err:
+            return f"{lm_id} did not answer its reservation ({err.code().name})"
+        status = placement_status_from_proto(reply.status)
+        if status.ok:
+            return None
+        if reply.HasField("state"):
+            await gm._apply_state(reply.state)
+        return f"{lm_id}: {reply.reason or status.name}"
+
+    async def _commit(
+        self, lm_id: str, gang_id: str, pieces: list[GangPiece], items: dict[str, Pending]
+    ) -> str | None:
+        """CommitGang on ``lm_id``: None if its pieces started, else why not. Not
+        answered, the LM is asked (with a fence) which of the tasks it holds."""
+        gm = self.gm
+        request = local_master_pb2.CommitGangRequest(
+            gm_id=gm.gm_id, gang_id=gang_id, known_version=self._known(lm_id)
+        )
+        try:
+            reply = await gm._stubs[lm_id].CommitGang(request, timeout=gm.config.lm_call_timeout_s)
+        except grpc.aio.AioRpcError as err:
+            held = await gm._settle(lm_id, [items[p.task.task_id] for p in pieces])
+            if all(p.task.task_id in held for p in pieces):
+                return None
+            return f"{lm_id} did not answer its commit ({err.code().name})"
+        status = placement_status_from_proto(reply.status)
+        if status.ok:
+            return None
+        if reply.HasField("state"):
+            await gm._apply_state(reply.state)
+        return f"{lm_id}: {reply.reason or status.name}"
+
+    async def _release(
+        self, lm_id: str, gang_id: str
+    ) -> local_master_pb2.ReleaseGangResponse | None:
+        """ReleaseGang on ``lm_id``; unanswered, its reservation expires there."""
+        gm = self.gm
+        request = local_master_pb2.ReleaseGangRequest(
+            gm_id=gm.gm_id, gang_id=gang_id, known_version=self._known(lm_id)
+        )
+        try:
+            return await gm._stubs[lm_id].ReleaseGang(request, timeout=gm.config.lm_call_timeout_s)
+        except grpc.aio.AioRpcError as err:
+            log.warning(
+                "ReleaseGang not answered; the LM lets the reservation expire",
+                extra={"lm": lm_id, "gang_id": gang_id, "code": err.code().name},
+            )
+            return None
+
+
+def gang_fields(batch: common_pb2.TaskBatch) -> tuple[bool, int]:
+    """Whether a queued message is a gang's, and its ``min_tasks``."""
+    return batch.gang or batch.min_tasks > 0, batch.min_tasks

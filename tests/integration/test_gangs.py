@@ -1,0 +1,209 @@
+"""Gang jobs on the live federation (issue 33): all of a job's tasks start together or
+none does, reserved then committed on every LM involved."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import grpc
+import pytest
+
+from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
+from services.common.server import channel
+from services.core.reservations import is_placeholder
+from tests.integration.harness import Federation, job_in_state, sim_tasks
+
+pytestmark = pytest.mark.integration
+
+RUNNING = common_pb2.TASK_STATE_RUNNING
+STARTED = (common_pb2.TASK_STATE_PLACED, common_pb2.TASK_STATE_RUNNING)
+
+
+def two_lms(tmp_path, **overrides) -> Federation:
+    """One GM, two LMs of one worker each with room for two 1-CPU tasks."""
+    return Federation(
+        tmp_path, gms=1, lms=2, workers_per_lm=1, capacity="cpu=2,mem=4Gi", **overrides
+    )
+
+
+def started(fed: Federation, task_ids) -> list[common_pb2.TaskEvent]:
+    ids = set(task_ids)
+    return [e for e in fed.events.events if e.task_id in ids and e.state in STARTED]
+
+
+async def test_a_gang_of_four_starts_whole_across_two_lms(tmp_path):
+    async with two_lms(tmp_path) as fed:
+        reply = await fed.gm().submit(sim_tasks(4, 3.0), job_id="g4", gang=True)
+        job = await job_in_state(fed.gm(), "g4", RUNNING, timeout_s=10)
+        assert {t.lm_id for t in job.tasks} == {"lm-1", "lm-2"}
+        assert len(job.tasks) == 4
+        await fed.events.wait_succeeded(set(reply.task_ids), timeout_s=20)
+        assert set(fed.events.runs().values()) == {1}
+
+
+async def test_a_gang_never_fitting_is_refused_at_submission(tmp_path):
+    async with two_lms(tmp_path) as fed:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await fed.gm().submit(sim_tasks(5, 1.0), job_id="g5", gang=True)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "can never start whole" in err.value.details()
+
+
+async def test_a_gang_waits_for_room_and_a_refusal_leaves_nothing_held(tmp_path):
+    """lm-2 is filled behind the GM's back (a Launch the GM's view learns of only at
+    lm-2's next heartbeat, 2 s away): the GM plans the gang on both LMs, lm-2 refuses,
+    and lm-1 holds nothing of it afterwards. The gang waits, no task of it started,
+    until the blocker ends, then starts whole."""
+    async with two_lms(tmp_path, heartbeat_interval_s=2.0) as fed:
+        queue = fed.config.effective_queues()[0].name
+        blocker = sim_tasks(1, 3.0, cpu_milli=2000)[0]
+        blocker.task_id, blocker.job_id, blocker.queue = "blocker", "blocker", queue
+        async with channel(fed.config.lm("lm-2").target) as ch:
+            stub = local_master_pb2_grpc.LocalMasterStub(ch)
+            launched = await stub.Launch(
+                local_master_pb2.LaunchRequest(
+                    gm_id="gm-1",
+                    placements=[local_master_pb2.Placement(task=blocker, node_index=0)],
+                ),
+                timeout=5,
+            )
+        assert launched.results[0].status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED
+        reply = await fed.gm().submit(sim_tasks(4, 1.0), job_id="g4", gang=True)
+        deadline = time.monotonic() + 5
+        while "a gang was refused" not in fed.log("gm-gm-1"):
+            assert time.monotonic() < deadline, "lm-2 never refused the gang"
+            await asyncio.sleep(0.02)
+        # Refused: released everywhere. Nothing of the gang is held on either LM.
+        books = await fed.books()
+        for lm_id, state in books.items():
+            held = [a.task_id for a in state.allocations]
+            assert not any(is_placeholder(t) for t in held), (lm_id, held)
+            assert not set(held) & set(reply.task_ids), (lm_id, held)
+        assert [a.task_id for a in books["lm-2"].allocations] == ["blocker"]
+        state = books["lm-1"]
+        assert list(state.free.cpu_milli) == [2000], "lm-1 still holds room"
+        # Waiting: none of it started while lm-2 is full.
+        await asyncio.sleep(1.0)
+        assert started(fed, reply.task_ids) == []
+        job = await fed.gm().job("g4")
+        assert all("gang" in t.pending_reason for t in job.tasks), job
+        # The blocker ends: the gang starts, whole, after it.
+        job = await job_in_state(fed.gm(), "g4", RUNNING, timeout_s=15)
+        assert {t.lm_id for t in job.tasks} == {"lm-1", "lm-2"}
+        ended = [
+            e.timestamps.finished_unix_nanos
+            for e in fed.events.events
+            if e.task_id == "blocker" and e.state == common_pb2.TASK_STATE_SUCCEEDED
+        ]
+        first = min(e.timestamps.lm_received_unix_nanos for e in started(fed, reply.task_ids))
+        assert ended and first >= ended[0]
+
+
+async def test_a_waiting_gang_cancelled_ends_cancelled_with_nothing_started(tmp_path):
+    async with two_lms(tmp_path) as fed:
+        await fed.gm().submit(sim_tasks(2, 4.0, cpu_milli=2000), job_id="hog")
+        await job_in_state(fed.gm(), "hog", RUNNING, timeout_s=10)
+        reply = await fed.gm().submit(sim_tasks(4, 1.0), job_id="g4", gang=True)
+        await asyncio.sleep(0.5)
+        job = await fed.gm().job("g4")
+        assert all("gang" in t.pending_reason for t in job.tasks), job
+        await fed.gm().cancel("g4", "changed my mind")
+        await job_in_state(fed.gm(), "g4", common_pb2.TASK_STATE_CANCELLED, timeout_s=5)
+        await fed.events.wait_succeeded({t.task_id for t in (await fed.gm().job("hog")).tasks}, 10)
+        await asyncio.sleep(1.0)
+        assert started(fed, reply.task_ids) == []
+        await fed.assert_books_balanced()
+
+
+async def _submit_to_all_started(fed: Federation, job_id: str, gang: bool) -> float:
+    """Milliseconds from a 16-task job's submission to its last task started."""
+    reply = await fed.gm().submit(sim_tasks(16, 0.2), job_id=job_id, gang=gang)
+    ids = set(reply.task_ids)
+    await fed.events.wait_succeeded(ids, timeout_s=20)
+    running = [e for e in fed.events.events if e.task_id in ids and e.state == RUNNING]
+    assert len({e.task_id for e in running}) == 16
+    if gang:
+        assert len({e.lm_id for e in running}) == 3
+    submitted = min(e.timestamps.submitted_unix_nanos for e in running)
+    return (max(e.timestamps.started_unix_nanos for e in running) - submitted) / 1e6
+
+
+async def test_gang_placement_latency_16_tasks_over_3_lms(tmp_path):
+    """Issue 33's target: p50 <= 20 ms from submission to every task started, for a
+    16-task gang that needs all 3 LMs (each has room for 6), on an idle federation; the
+    same job not as a gang, run in turn with it, for comparison. Printed; asserted only
+    loosely, as this shared machine's load varies."""
+    async with Federation(
+        tmp_path, gms=1, lms=3, workers_per_lm=2, capacity="cpu=3,mem=8Gi"
+    ) as fed:
+        await asyncio.sleep(1.0)  # every LM heard, the federation idle
+        gangs, singles = [], []
+        for run in range(10):
+            for gang, out in ((True, gangs), (False, singles)):
+                out.append(await _submit_to_all_started(fed, f"j{run}-{gang}", gang))
+                await asyncio.sleep(0.6)  # the LMs' heartbeats show the room back
+        for name, values in (("gang", gangs), ("not a gang", singles)):
+            print(
+                f"\n16 tasks over 3 LMs ({name}), submit -> all started: "
+                f"p50 {statistics.median(values):.1f} ms, min {min(values):.1f} ms, "
+                f"max {max(values):.1f} ms ({', '.join(f'{v:.1f}' for v in values)})"
+            )
+        assert statistics.median(gangs) < 1000
+
+
+async def test_min_tasks_starts_what_fits_together_and_the_rest_later(tmp_path):
+    """min_tasks 3 of 6 with room for 4: 4 start together, the 2 others once room frees."""
+    async with two_lms(tmp_path) as fed:
+        tasks = sim_tasks(6, 1.5)
+        reply = await fed.gm().submit(tasks, job_id="m3", min_tasks=3)
+        deadline = time.monotonic() + 10
+        while len({e.task_id for e in started(fed, reply.task_ids)}) < 4:
+            assert time.monotonic() < deadline, "the gang's part never started"
+            await asyncio.sleep(0.05)
+        first = {e.task_id for e in started(fed, reply.task_ids)}
+        assert len(first) == 4
+        await fed.events.wait_succeeded(set(reply.task_ids), timeout_s=20)
+        assert set(fed.events.runs().values()) == {1}
+
+
+async def test_the_lm_gang_rpcs_are_idempotent_by_gang_id(tmp_path):
+    """ReserveGang and CommitGang retried answer the same and start the task once; a
+    released gang id holds nothing and is refused if its ReserveGang comes late."""
+    async with two_lms(tmp_path) as fed:
+        queue = fed.config.effective_queues()[0].name
+        state = await fed.lm_state("lm-1")
+        node_id = state.nodes[0].node_id
+
+        def reserve(gang_id: str, task_id: str) -> local_master_pb2.ReserveGangRequest:
+            task = sim_tasks(1, 1.0)[0]
+            task.task_id, task.job_id, task.queue = task_id, gang_id.split("/")[0], queue
+            placement = local_master_pb2.GangPlacement(task=task, node_index=0, node_id=node_id)
+            return local_master_pb2.ReserveGangRequest(
+                gm_id="gm-1", gang_id=gang_id, placements=[placement], ttl_s=5.0
+            )
+
+        async with channel(fed.config.lm("lm-1").target) as ch:
+            stub = local_master_pb2_grpc.LocalMasterStub(ch)
+            accepted = local_master_pb2.PLACEMENT_STATUS_ACCEPTED
+            for _ in range(2):
+                reply = await stub.ReserveGang(reserve("a/1", "a.0"), timeout=5)
+                assert reply.status == accepted, reply.reason
+            held = [a.task_id for a in (await fed.lm_state("lm-1")).allocations]
+            assert len(held) == 1 and is_placeholder(held[0])
+            for _ in range(2):
+                commit = local_master_pb2.CommitGangRequest(gm_id="gm-1", gang_id="a/1")
+                assert (await stub.CommitGang(commit, timeout=5)).status == accepted
+            release = local_master_pb2.ReleaseGangRequest(gm_id="gm-1", gang_id="a/1")
+            assert not (await stub.ReleaseGang(release, timeout=5)).released  # it runs
+            await fed.events.wait_succeeded({"a.0"}, timeout_s=10)
+            assert fed.events.runs()["a.0"] == 1
+            assert (await stub.ReserveGang(reserve("b/1", "b.0"), timeout=5)).status == accepted
+            release = local_master_pb2.ReleaseGangRequest(gm_id="gm-1", gang_id="b/1")
+            released = await stub.ReleaseGang(release, timeout=5)
+            assert released.released
+            assert not [a for a in released.state.allocations if is_placeholder(a.task_id)]
+            late = await stub.ReserveGang(reserve("b/1", "b.0"), timeout=5)
+            assert late.status != accepted
+            assert not (await fed.lm_state("lm-1")).allocations
