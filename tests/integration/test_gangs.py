@@ -101,6 +101,7 @@ async def test_a_gang_waits_for_room_and_a_refusal_leaves_nothing_held(tmp_path)
         assert ended and first >= ended[0]
 
 
+@pytest.mark.slow  # run apart by .ci/run (MEGHA_SLOW_TESTS=1): the default suite's budget
 async def test_a_waiting_gang_cancelled_ends_cancelled_with_nothing_started(tmp_path):
     async with two_lms(tmp_path) as fed:
         await fed.gm().submit(sim_tasks(2, 4.0, cpu_milli=2000), job_id="hog")
@@ -130,6 +131,7 @@ async def _submit_to_all_started(fed: Federation, job_id: str, gang: bool) -> fl
     return (max(e.timestamps.started_unix_nanos for e in running) - submitted) / 1e6
 
 
+@pytest.mark.slow  # run apart by .ci/run (MEGHA_SLOW_TESTS=1): the default suite's budget
 async def test_gang_placement_latency_16_tasks_over_3_lms(tmp_path):
     """Issue 33's target: p50 <= 20 ms from submission to every task started, for a
     16-task gang that needs all 3 LMs (each has room for 6), on an idle federation; the

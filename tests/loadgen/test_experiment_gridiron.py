@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from loadgen import experiment_gridiron as gridiron
 from loadgen.augment import gridiron_bandwidth
@@ -39,6 +40,7 @@ def test_vdc_of_splits_jobs_in_task_order():
     assert job.tolist() == [0, 1, 1, 2]
 
 
+@pytest.mark.slow  # run apart by .ci/run (MEGHA_SLOW_TESTS=1): the default suite's budget
 def test_gridiron_experiment_on_a_tiny_trace(tmp_path):
     assert EXPERIMENTS["gridiron"].plot == "gridiron"
     azure = synth_vmtable(tmp_path / "vmtable.csv", deployments=6, seed=1)
