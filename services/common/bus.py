@@ -93,6 +93,7 @@ from aio_pika.exceptions import (
     AMQPError,
     ChannelInvalidStateError,
     ChannelPreconditionFailed,
+    DeliveryError,
     PublishError,
 )
 from yarl import URL
@@ -626,6 +627,30 @@ class RabbitBus(Bus):
                 self._work_queues.discard(name)
                 await self._work_queue(name)
                 await self._publish_persistent(name, body)
+            except DeliveryError:
+                # Nacked: not stored. Seen after a cluster node died: a channel whose first
+                # publish found the quorum queue without a leader had every later publish
+                # nacked for as long as the load lasted (issue #30, tests/multihost), so
+                # the publish is tried once more on a new channel.
+                await self._new_confirmed_channel()
+                await self._work_queue(name)
+                await self._publish_persistent(name, body)
+
+    async def _new_confirmed_channel(self) -> None:
+        """Replace the publisher-confirms channel (once for a burst of nacks: publishes
+        that failed on the old one find the new one already there)."""
+        old = self._confirmed
+        async with self._declare_lock:
+            if self._confirmed is not old:
+                return
+            log.warning("the broker nacked a publish: opening a new publishing channel")
+            self._confirmed = await self._require().channel(
+                publisher_confirms=True, on_return_raises=True
+            )
+            self._work_queues.clear()
+        if old is not None:
+            with contextlib.suppress(*_GONE):
+                await old.close()
 
     async def _publish_persistent(self, name: str, body: bytes) -> None:
         assert self._confirmed is not None

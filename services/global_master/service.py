@@ -656,7 +656,14 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             task.timestamps.queued_unix_nanos = queued
         body = batch.SerializeToString()
         if queue not in self._from_memory:
-            await self.bus.enqueue(user_queue(queue), body)
+            try:
+                await self.bus.enqueue(user_queue(queue), body)
+            except Exception as err:  # nacked, or unknown: the client's retry settles it
+                raise Refused(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"the broker did not confirm job {job_id} ({err!r}): retry it (a retry "
+                    "runs no task twice)",
+                ) from err
             for task in batch.tasks:
                 self.jobs.queued(task, relayed=True)
             return global_master_pb2.SubmitJobResponse(job_id=job_id, task_ids=ids)
