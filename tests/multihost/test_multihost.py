@@ -1,8 +1,11 @@
-"""Multi-host, for real (issue #30 item 3): every GM, LM, worker host and the RabbitMQ node
+"""Multi-host, for real (issue #30 item 3): every GM, LM, worker host and each RabbitMQ node
 in its own network namespace with its own address, nothing shared but the federation file.
 
     client 10.77.0.100 ── megha-loadgen replay, event recorder
-    broker 10.77.0.2   ── RabbitMQ (rabbit@localhost, private to the namespace)
+    broker 10.77.0.2   ── RabbitMQ (rabbit@localhost, private to the namespace): the
+                          loopback baseline's broker only
+    b1 .3  b2 .4  b3 .5 ── a 3-node RabbitMQ cluster (rabbit@10.77.0.3 ..., b2 and b3
+                          joined to b1); every process's rabbitmq_url lists b1, b2, b3
     gm-1 .11  gm-2 .12 ── megha gm        (both on port 7000: another host, another address)
     lm-1 .21  lm-2 .22 ── megha lm        (each its own journal on its own disk)
     w-lm-1 .31  w-lm-2 .32 ── megha worker (8 sim nodes each; advertise their address)
@@ -15,32 +18,46 @@ a few seconds: the broker drops gm-2's connection when its heartbeats stop, hand
 queue to gm-1 (single active consumer), and gm-1 serves it while the link is down; every
 acknowledged task ends, none starts or succeeds twice (an independent recorder of the
 events exchange checks), once gm-2 is back too (its late launches are fenced).
+A third replay kills b1 (kill -9: the node every process connected to first, which holds
+the user queues' quorum leaders) mid-replay: the processes reconnect to b2, the queues
+elect new leaders, the replay completes; every acknowledged task ends, none starts or
+succeeds twice, and the client's submissions are accepted again within
+``RECOVERY_TARGET_S`` of the kill.
 """
 
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import os
+import secrets
 import shutil
+import signal
 import struct
+import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from loadgen.invariants import check
 from services._proto.megha.v1 import common_pb2
+from services.core.states import TERMINAL
 from tests.multihost.netns import Host, Network, why_unavailable
 from tests.multihost.roles import (
     AMQP_PORT,
     RABBITMQ_SERVER,
     megha,
+    node_name,
     probe,
+    rabbitmqctl,
     replay,
     role_env,
     start_rabbitmq,
+    start_rabbitmq_cluster,
     write_federation,
 )
 
@@ -54,6 +71,9 @@ GM_PORT, LM_PORT, WORKER_METRICS = 7000, 7100, 9100
 CUT_AT_S, CUT_FOR_S = 6.0, 8.0
 BROKER_HEARTBEAT_S = 2  # AMQP heartbeat: RabbitMQ drops a silent connection after ~2 of them
 REPLAY_TIMEOUT_S = 150
+BROKER_NODES = 3
+KILL_AT_S = 8.0  # after the replay starts (its first second or two is start-up)
+RECOVERY_TARGET_S = 5.0
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +90,19 @@ def net():
     network = Network(root)
     try:
         network.add("broker", 2)
+        for i in range(1, BROKER_NODES + 1):
+            network.add(f"b{i}", 2 + i)
         network.add("client", 100)
         for i in (1, 2):
             network.add(f"gm-{i}", 10 + i)
             network.add(f"lm-{i}", 20 + i)
             network.add(f"w-lm-{i}", 30 + i)
+        started = time.monotonic()
         start_rabbitmq(network.hosts["broker"])
+        brokers = [network.hosts[f"b{i}"] for i in range(1, BROKER_NODES + 1)]
+        cookie = secrets.token_hex(16).upper()
+        network.cluster = Cluster(brokers, start_rabbitmq_cluster(brokers, cookie), cookie)
+        print(f"\nbrokers started in {time.monotonic() - started:.1f} s")
         yield network
     finally:
         network.close()
@@ -85,23 +112,60 @@ def net():
             shutil.rmtree(root, ignore_errors=True)
 
 
+@dataclass
+class Cluster:
+    """The 3-node cluster: its hosts (b1 first), its nodes' processes, its Erlang cookie."""
+
+    hosts: list[Host]
+    procs: list[subprocess.Popen]
+    cookie: str
+
+    def leaders(self, prefix: str, ask: int = -1) -> dict[str, tuple[str, str]]:
+        """Work queue name -> (type, leader node) of the queues of ``prefix``, asked of
+        node ``ask`` (default: the last, never killed)."""
+        out = rabbitmqctl(
+            self.hosts[ask], self.cookie, "-q", "list_queues", "name", "type", "leader"
+        )
+        found = {}
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) >= 2 and parts[0].startswith(f"{prefix}.queue."):
+                found[parts[0]] = (parts[1], parts[2] if len(parts) > 2 else "")
+        return found
+
+    def kill(self, i: int) -> None:
+        """kill -9 node ``i`` (0-based): its whole process group (the start script, the
+        Erlang VM and its port programs)."""
+        os.killpg(self.procs[i].pid, signal.SIGKILL)
+
+
 def write_trace(path: Path) -> Path:
     """``.tr``: arrival, task count, mean duration, durations."""
     path.write_text("".join(f"{j * SPACING_S:.3f} 1 {TASK_S} {TASK_S}\n" for j in range(JOBS)))
     return path
 
 
+def broker_urls(brokers: list[str], failover: bool) -> str:
+    """``rabbitmq_url``: every node, in the order a process tries them."""
+    query = f"?heartbeat={BROKER_HEARTBEAT_S}" if failover else ""
+    return ",".join(f"amqp://guest:guest@{b}:{AMQP_PORT}/{query}" for b in brokers)
+
+
 def federation(
-    prefix: str, broker: str, hosts: dict[str, str], dirs: dict[str, Path], failover: bool
+    prefix: str,
+    brokers: list[str],
+    hosts: dict[str, str],
+    dirs: dict[str, Path],
+    failover: bool,
 ) -> dict:
-    """The federation file: ``hosts`` gives each role's address (all 127.0.0.1 for the
-    loopback baseline, whose ports then differ), ``dirs`` each LM's own directory;
-    ``failover``: queue failover, and AMQP heartbeats short enough to notice a cut."""
+    """The federation file: ``brokers`` the broker nodes' addresses, ``hosts`` each
+    role's address (all 127.0.0.1 for the loopback baseline, whose ports then differ),
+    ``dirs`` each LM's own directory; ``failover``: queue failover, and AMQP heartbeats
+    short enough to notice a cut."""
     one_host = len(set(hosts.values())) == 1
     step = 1 if one_host else 0
-    query = f"?heartbeat={BROKER_HEARTBEAT_S}" if failover else ""
     return {
-        "rabbitmq_url": f"amqp://guest:guest@{broker}:{AMQP_PORT}/{query}",
+        "rabbitmq_url": broker_urls(brokers, failover),
         "queue_failover": failover,
         "exchange_prefix": prefix,
         "heartbeat_interval_s": 0.5,
@@ -155,10 +219,18 @@ class Run:
         addresses = {role: host.address for role, host in placement.items()}
         if self.one_host:
             addresses = dict.fromkeys(placement, "127.0.0.1")
-        broker = "127.0.0.1" if client is net.hosts["broker"] else net.hosts["broker"].address
+        if client is net.hosts["broker"]:  # the loopback baseline: its own one node
+            brokers = ["127.0.0.1"]
+        else:
+            brokers = [host.address for host in net.cluster.hosts]
         dirs = {role: host.dir for role, host in placement.items()}
-        data = federation(f"mh-{label}", broker, addresses, dirs, failover)
+        self.prefix = f"mh-{label}"
+        data = federation(self.prefix, brokers, addresses, dirs, failover)
         self.config = write_federation(self.dir / "federation.yaml", data)
+        # The recorder tries the nodes the other way round: it listens on the last node
+        # (never killed), so it misses nothing the surviving nodes carry.
+        data["rabbitmq_url"] = broker_urls(brokers[::-1], failover)
+        self.recorder_config = write_federation(self.dir / "recorder.yaml", data)
         self.gms = ",".join(f"{g['host']}:{g['port']}" for g in data["gms"])
         self.procs: list[tuple[Host, object]] = []
 
@@ -187,14 +259,18 @@ class Run:
         self.procs.clear()
 
     def replay(
-        self, name: str, trace: Path, gms: str = "", during=None
+        self, name: str, trace: Path, gms: str = "", during=None, fill_ends: bool = False
     ) -> tuple[dict, list[dict], object]:
         """Replay ``trace`` from the client through ``gms`` (default: every GM), jobs
         alternating between q1 and q2, with the event recorder on; ``during`` (if any) runs
-        meanwhile. The summary, the acknowledged tasks' rows, the recorder's verdict."""
+        meanwhile. The summary, the acknowledged tasks' rows, the recorder's verdict
+        (``fill_ends``: with the ends the client saw of the tasks whose end the recorder
+        did not hear, ``ends_not_recorded``)."""
         env = role_env(self.client)
         events = self.dir / f"{name}.events"
-        recorder = self.client.popen(probe("record", str(self.config), str(events)), env, name)
+        recorder = self.client.popen(
+            probe("record", str(self.recorder_config), str(events)), env, name
+        )
         deadline = time.monotonic() + 30
         while not Path(f"{events}.ready").exists():
             assert recorder.poll() is None and time.monotonic() < deadline, "recorder died"
@@ -213,8 +289,35 @@ class Run:
         summary = json.loads((out / "summary.json").read_text())
         with (out / "tasks.csv").open() as rows:
             acknowledged = list(csv.DictReader(rows))
-        verdict = check(read_events(events), [row["task_id"] for row in acknowledged])
+        recorded = read_events(events)
+        self.filled = ends_not_recorded(recorded, acknowledged) if fill_ends else []
+        recorded += self.filled
+        verdict = check(recorded, [row["task_id"] for row in acknowledged])
         return summary, acknowledged, verdict
+
+
+def ends_not_recorded(
+    recorded: list[common_pb2.TaskEvent], acknowledged: list[dict]
+) -> list[common_pb2.TaskEvent]:
+    """The end, as the client saw it (its GM's WatchJob), of each acknowledged task whose
+    end the recorder never heard: an event a process published on its connection to a
+    node in the moment that node was killed is gone with it (task events are not
+    confirmed), though the GM's book has it. Only ends: what started (twice or not) is
+    still the recorder's alone."""
+    ended = {e.task_id for e in recorded if e.state in TERMINAL}
+    filled = []
+    for row in acknowledged:
+        state = common_pb2.TaskState.Value(f"TASK_STATE_{row['state'].upper()}")
+        if row["task_id"] not in ended and state in TERMINAL:
+            filled.append(
+                common_pb2.TaskEvent(
+                    task_id=row["task_id"],
+                    state=state,
+                    attempt=int(row["attempt"] or 0),
+                    node_id=row["node_id"],
+                )
+            )
+    return filled
 
 
 def read_events(path: Path) -> list[common_pb2.TaskEvent]:
@@ -326,3 +429,63 @@ def test_a_gm_cut_off_mid_replay_its_queue_moves_nothing_lost_or_twice(net, tmp_
     assert verdict.count("stuck") == 0
     # Served by gm-1 while gm-2 was cut off: no q2 job waited for the link to come back.
     assert waited["q2"] < CUT_FOR_S - 1, waited
+
+
+def test_a_broker_node_killed_mid_replay_loses_nothing_and_runs_nothing_twice(net, tmp_path):
+    """kill -9 of b1, the node every process connected to first and which holds the user
+    queues' quorum leaders, mid-replay (through both GMs). The processes reconnect to b2,
+    b2 and b3 elect new leaders; the replay completes, every acknowledged task ends, none
+    starts or succeeds twice, and submissions are accepted again within
+    RECOVERY_TARGET_S: the client submits one job after another (each waits for the
+    previous one's answer), so the longest gap between the submit stamps of accepted jobs
+    from the kill on is how long it went without an acceptance."""
+    trace = write_trace(tmp_path / "small.tr")
+    cluster = net.cluster
+    run = Run(net, "kill", {r: net.hosts[r] for r in ROLES}, net.hosts["client"])
+    run.start()
+    victim = node_name(cluster.hosts[0])
+    try:
+        before = cluster.leaders(run.prefix)
+        user_queues = {q: v for q, v in before.items() if ".queue.user." in q}
+        assert len(user_queues) == 2, before
+        assert all(v == ("quorum", victim) for v in user_queues.values()), before
+        killed: dict[str, float] = {}
+
+        def kill_b1() -> None:
+            time.sleep(KILL_AT_S)
+            killed["at"] = time.time()
+            cluster.kill(0)
+
+        summary, acknowledged, verdict = run.replay(
+            "kill-replay", trace, during=kill_b1, fill_ends=True
+        )
+        after = cluster.leaders(run.prefix)
+    finally:
+        run.stop()
+    at = killed["at"]
+    sent = sorted(int(r["submitted_unix_nanos"]) / 1e9 for r in acknowledged)
+    # The longest time without an accepted submission, from the last one sent before the
+    # kill on (pairs of consecutive accepted submissions whose second was sent after it).
+    gaps = [(b - a, a - at) for a, b in itertools.pairwise(sent) if b > at]
+    longest, gap_from = max(gaps) if gaps else (float("inf"), 0.0)
+    first_after = next((s - at for s in sent if s >= at), float("inf"))
+    started_at = summary["started_unix_nanos"] / 1e9
+    print(
+        f"\nkill -9 {victim} (leader of {len(user_queues)} user queues) "
+        f"{at - started_at:.1f} s into the replay: {summary['accepted']} of "
+        f"{summary['tasks']} tasks acknowledged (submit errors {summary['submit_errors']}, "
+        f"rerouted {summary['rerouted_submissions']}), {summary['completed']} completed, "
+        f"{summary['failed']} failed, {summary['duplicates']} duplicates; longest gap "
+        f"between accepted submissions {longest:.2f} s (from {gap_from:+.2f} s of the kill), "
+        f"first sent after the kill {first_after:.2f} s after it; allocation time p50 "
+        f"{summary['alloc_s']['p50'] * 1e3:.1f} ms, max "
+        f"{max(float(r['alloc_s'] or 0) for r in acknowledged):.2f} s; recorder: "
+        f"{verdict.summary()} ({len(run.filled)} ends only the client saw); leaders now "
+        f"{ {q.rsplit('.', 1)[-1]: v[1] for q, v in after.items() if '.user.' in q} }"
+    )
+    assert summary["completed"] == summary["accepted"] == len(acknowledged)  # 0 lost
+    assert summary["duplicates"] == 0 and summary["failed"] == 0
+    assert verdict.ok, "\n".join(str(v) for v in verdict.violations[:20])
+    assert verdict.attempts_started == len(acknowledged)
+    assert all(leader != victim for _, leader in after.values() if leader), after
+    assert longest <= RECOVERY_TARGET_S, (longest, gap_from)
