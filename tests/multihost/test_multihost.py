@@ -307,9 +307,8 @@ def ends_not_recorded(
 ) -> list[common_pb2.TaskEvent]:
     """The end, as the client saw it (its GM's WatchJob), of each acknowledged task whose
     end the recorder never heard: an event a process published on its connection to a
-    node in the moment that node was killed is gone with it (task events are not
-    confirmed), though the GM's book has it. Only ends: what started (twice or not) is
-    still the recorder's alone."""
+    node in the moment that node was killed may be gone with it, though the GM's book has
+    it. Only ends: what started (twice or not) is still the recorder's alone."""
     ended = {e.task_id for e in recorded if e.state in TERMINAL}
     filled = []
     for row in acknowledged:
