@@ -27,6 +27,7 @@ succeeds twice, and the client's submissions are accepted again within
 
 from __future__ import annotations
 
+import collections
 import csv
 import itertools
 import json
@@ -512,6 +513,11 @@ def test_a_broker_node_killed_mid_replay_loses_nothing_and_runs_nothing_twice(ne
         f"of refused jobs started: {unacked_ran[:4]}); leaders now "
         f"{ {q.rsplit('.', 1)[-1]: v[1] for q, v in after.items() if '.user.' in q} }"
     )
+    unfinished = collections.Counter(
+        (queue_of(r), r["gm"], r["state"]) for r in acknowledged if r["state"] != "succeeded"
+    )
+    if unfinished:
+        print(f"not completed (queue, GM, state as the client saw it): {dict(unfinished)}")
     assert summary["completed"] == summary["accepted"] == len(acknowledged)  # 0 lost
     assert summary["duplicates"] == 0 and summary["failed"] == 0
     assert verdict.ok, "\n".join(str(v) for v in verdict.violations[:20])
