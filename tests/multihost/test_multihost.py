@@ -326,15 +326,16 @@ def ends_not_recorded(
     return filled
 
 
-def longest_gap(acknowledged: list[dict], queue: str, at: float) -> tuple[float, float]:
+def longest_gap(acknowledged: list[dict], queue: str, at: float, end: float) -> tuple[float, float]:
     """How long ``queue`` went without an accepted submission from ``at`` on, and when
     that stretch began (relative to ``at``). The client submits one job after another,
     each once the previous one was answered, so the time between the submit stamps of two
     accepted jobs bounds the time between their acceptances; a queue whose submissions
-    stopped being accepted counts until the last accepted submission of any queue."""
-    stamps = [(queue_of(r), int(r["submitted_unix_nanos"]) / 1e9) for r in acknowledged]
-    sent = sorted(t for q, t in stamps if q == queue)
-    sent.append(max(t for _, t in stamps))
+    stopped being accepted counts until ``end``, when the client's last job was due."""
+    sent = sorted(
+        int(r["submitted_unix_nanos"]) / 1e9 for r in acknowledged if queue_of(r) == queue
+    )
+    sent.append(max(end, sent[-1] if sent else end))
     gaps = [(b - a, a - at) for a, b in itertools.pairwise(sent) if b > at]
     return max(gaps) if gaps else (float("inf"), 0.0)
 
@@ -491,7 +492,9 @@ def test_a_broker_node_killed_mid_replay_loses_nothing_and_runs_nothing_twice(ne
     finally:
         run.stop()
     at = killed["at"]
-    gaps = {q: longest_gap(acknowledged, q, at) for q in ("q1", "q2")}
+    # The last job was due (JOBS - 1) * SPACING_S after the replay began.
+    end = summary["started_unix_nanos"] / 1e9 + (JOBS - 1) * SPACING_S
+    gaps = {q: longest_gap(acknowledged, q, at, end) for q in ("q1", "q2")}
     worst = max(gap for gap, _ in gaps.values())
     started = attempts_started(run.recorded)
     acked = {row["task_id"] for row in acknowledged}
