@@ -155,6 +155,7 @@ async def test_gang_placement_latency_16_tasks_over_3_lms(tmp_path):
         assert statistics.median(gangs) < 1000
 
 
+@pytest.mark.slow  # run apart by .ci/run (MEGHA_SLOW_TESTS=1): the default suite's budget
 async def test_min_tasks_starts_what_fits_together_and_the_rest_later(tmp_path):
     """min_tasks 3 of 6 with room for 4: 4 start together, the 2 others once room frees."""
     async with two_lms(tmp_path) as fed:
@@ -170,6 +171,7 @@ async def test_min_tasks_starts_what_fits_together_and_the_rest_later(tmp_path):
         assert set(fed.events.runs().values()) == {1}
 
 
+@pytest.mark.slow  # run apart by .ci/run (MEGHA_SLOW_TESTS=1): the default suite's budget
 async def test_the_lm_gang_rpcs_are_idempotent_by_gang_id(tmp_path):
     """ReserveGang and CommitGang retried answer the same and start the task once; a
     released gang id holds nothing and is refused if its ReserveGang comes late."""
