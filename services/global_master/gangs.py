@@ -231,11 +231,15 @@ class Gangs:
             reply = await gm._stubs[lm_id].ReserveGang(request, timeout=gm.config.lm_call_timeout_s)
         except grpc.aio.AioRpcError as err:
             return f"{lm_id} did not answer its reservation ({err.code().name})"
+        return await self._verdict(lm_id, reply)
+
+    async def _verdict(self, lm_id: str, reply) -> str | None:
+        """None if the LM's reply says yes; else why not, its fresh state applied."""
         status = placement_status_from_proto(reply.status)
         if status.ok:
             return None
         if reply.HasField("state"):
-            await gm._apply_state(reply.state)
+            await self.gm._apply_state(reply.state)
         return f"{lm_id}: {reply.reason or status.name}"
 
     async def _commit(
@@ -254,12 +258,7 @@ class Gangs:
             if all(p.task.task_id in held for p in pieces):
                 return None
             return f"{lm_id} did not answer its commit ({err.code().name})"
-        status = placement_status_from_proto(reply.status)
-        if status.ok:
-            return None
-        if reply.HasField("state"):
-            await gm._apply_state(reply.state)
-        return f"{lm_id}: {reply.reason or status.name}"
+        return await self._verdict(lm_id, reply)
 
     async def _release(
         self, lm_id: str, gang_id: str
