@@ -43,6 +43,7 @@ async def test_a_gang_of_four_starts_whole_across_two_lms(tmp_path):
         assert set(fed.events.runs().values()) == {1}
 
 
+@pytest.mark.slow  # run apart by .ci/run (MEGHA_SLOW_TESTS=1): the default suite's budget
 async def test_a_gang_never_fitting_is_refused_at_submission(tmp_path):
     async with two_lms(tmp_path) as fed:
         with pytest.raises(grpc.aio.AioRpcError) as err:
@@ -51,6 +52,7 @@ async def test_a_gang_never_fitting_is_refused_at_submission(tmp_path):
         assert "can never start whole" in err.value.details()
 
 
+@pytest.mark.slow  # run apart by .ci/run (MEGHA_SLOW_TESTS=1): the default suite's budget
 async def test_a_gang_waits_for_room_and_a_refusal_leaves_nothing_held(tmp_path):
     """lm-2 is filled behind the GM's back (a Launch the GM's view learns of only at
     lm-2's next heartbeat, 2 s away): the GM plans the gang on both LMs, lm-2 refuses,

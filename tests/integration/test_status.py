@@ -111,6 +111,7 @@ async def test_a_silent_lm_takes_no_tasks_and_its_room_is_not_counted_free(tmp_p
             assert ran == {"lm-1"}, ran
 
 
+@pytest.mark.slow  # run apart by .ci/run (MEGHA_SLOW_TESTS=1): the default suite's budget
 async def test_with_queue_failover_status_names_the_gm_the_broker_chose(tmp_path):
     """``queue_failover``: each GM first serves its own queue; killed, its queue is
     served by the other, and ``megha status`` says so (``gm-1 (prefers gm-2)``)."""

@@ -56,6 +56,7 @@ def test_a_few_hundred_seeds_with_every_fault_keep_every_promise():
         assert not violations, f"seed {seed}: {[str(v) for v in violations[:5]]}"
 
 
+@pytest.mark.slow  # run apart by .ci/run (MEGHA_SLOW_TESTS=1): the default suite's budget
 def test_with_queue_failover_seeds_keep_every_promise_and_gms_take_queues_over():
     """Every GM consumes both queues (single active consumer, its own first): a GM's
     crash hands its queue, unacked messages redelivered, to the other GM."""
