@@ -620,6 +620,7 @@ class RabbitBus(Bus):
         # caller's retry may then store it twice, which consumers tell apart by task id.
         async with asyncio.timeout(ENQUEUE_TIMEOUT_S):
             await self._work_queue(name)
+            channel = self._confirmed
             try:
                 await self._publish_persistent(name, body)
             except PublishError:
@@ -632,14 +633,13 @@ class RabbitBus(Bus):
                 # publish found the quorum queue without a leader had every later publish
                 # nacked for as long as the load lasted (issue #30, tests/multihost), so
                 # the publish is tried once more on a new channel.
-                await self._new_confirmed_channel()
+                await self._new_confirmed_channel(channel)
                 await self._work_queue(name)
                 await self._publish_persistent(name, body)
 
-    async def _new_confirmed_channel(self) -> None:
-        """Replace the publisher-confirms channel (once for a burst of nacks: publishes
-        that failed on the old one find the new one already there)."""
-        old = self._confirmed
+    async def _new_confirmed_channel(self, old: AbstractChannel | None) -> None:
+        """Replace the publisher-confirms channel ``old`` (once for a burst of nacks:
+        publishes that failed on it find the new one already there)."""
         async with self._declare_lock:
             if self._confirmed is not old:
                 return
