@@ -7,6 +7,7 @@ Each test gets its own random prefix, so runs never see each other's exchanges o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -663,3 +664,39 @@ async def test_a_broker_list_out_of_reach_names_every_node():
     for port in ports:
         assert f"amqp://guest:***@127.0.0.1:{port}/: " in message
     assert "hunter2" not in message
+
+
+async def test_a_nacked_publish_is_tried_again_on_a_new_channel():
+    """A full quorum queue that rejects publishes (a policy: max-length 1, overflow
+    reject-publish) nacks them: the bus tries once more on a new publishing channel (a
+    channel left unable to publish after a node died is replaced so), then lets the
+    nack through; the new channel publishes once there is room."""
+    if subprocess.run(["which", "rabbitmqctl"], capture_output=True).returncode != 0:
+        pytest.skip("needs rabbitmqctl")
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    policy = f"{prefix}-full"
+    bus = RabbitBus(RABBIT_URL, prefix=prefix)
+    async with bus:
+        name = bus.queue_name("q")
+        subprocess.run(
+            ["rabbitmqctl", "set_policy", "--apply-to", "queues", policy, f"^{name}$",
+             '{"max-length": 1, "overflow": "reject-publish"}'],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        try:
+            await bus.enqueue("q", b"first")
+            first_channel = bus._confirmed
+            nacked = False
+            for _ in range(50):  # until the policy reaches the queue
+                try:
+                    await bus.enqueue("q", b"more")
+                except aiormq.exceptions.DeliveryError:
+                    nacked = True
+                    break
+                await asyncio.sleep(0.1)
+            assert nacked
+            assert bus._confirmed is not first_channel  # tried again on a new channel
+        finally:
+            subprocess.run(["rabbitmqctl", "clear_policy", policy], capture_output=True, timeout=60)
+            with contextlib.suppress(Exception):
+                await bus.delete_queue("q")
