@@ -167,6 +167,16 @@ async def _books(fed: Federation, jobs: list[tuple[str, str]], task_ids: set[str
     return "\nthe GMs' books:\n" + ("\n".join(lines) or "  (none)")
 
 
+def _logs(fed: Federation, task_ids: set[str], limit: int = 60) -> str:
+    """The processes' log lines that name ``task_ids``, to tell what they did of them."""
+    lines = []
+    for path in sorted(fed.dir.glob("*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if any(t in line for t in task_ids):
+                lines.append(f"  {path.stem}: {line[:400]}")
+    return "\nlog lines naming them:\n" + ("\n".join(lines[-limit:]) or "  (none)")
+
+
 def _history(events: list, task_ids: set[str]) -> str:
     """Every event the recorder holds of ``task_ids``, to tell a failure's story."""
     lines = []
@@ -239,6 +249,7 @@ async def test_no_task_is_lost_or_run_twice(tmp_path, fault, seed):
             + "\n".join(str(v) for v in report.violations[:20])
             + _history(events, told)
             + await _books(fed, jobs, told)
+            + _logs(fed, told)
         )
         for _ in range(20):  # the last ends reach the books
             try:
