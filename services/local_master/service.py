@@ -243,6 +243,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 "unfinished": len(self.life.orphans),
                 "unpublished": len(recalled.unpublished),
                 "owed_requeues": len(recalled.owed),
+                "stopping": len(recalled.stopping),
                 "cancelled_jobs": len(recalled.cancelled),
                 "journal": str(journal.path),
                 "seconds": round(time.monotonic() - began, 3),
@@ -686,7 +687,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "taken for dead: register")
         session.streams += 1
         generation = session.generation
-        await self._on_heartbeat(session, first)
+        await asyncio.shield(self._on_heartbeat(session, first))  # whole: see read()
 
         async def read() -> None:
             while True:
@@ -703,7 +704,11 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                     # (Or forgotten since: its row may be another node's now.)
                     return
                 try:
-                    await self._on_heartbeat(session, beat)
+                    # Whole, though the stream ends meanwhile (this reader is cancelled
+                    # then): a report read is one the worker counts as delivered once
+                    # its redelivery window passed, and the reports after an await
+                    # (a re-queue waiting for the broker) would be dropped unread.
+                    await asyncio.shield(self._on_heartbeat(session, beat))
                 except Exception:
                     # A fault here, not in the stream: said, or the worker's stream would
                     # just end, as a broken one does, with nothing in any log.
@@ -911,11 +916,19 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         for action in actions:
             if not isinstance(action, Requeue):
                 self._apply_one(action)
+        sending = []
         for action, again in zip(requeues, owed, strict=True):
             if action.owed:  # owed now, no longer stopping (``_owe`` wrote it)
                 self._stopped(action.task)
             if again is not None:
-                await asyncio.shield(self._send_requeue(again))
+                sending.append(self._send_requeue(again))
+        # Every re-queue is on its way before any is awaited: sent one after the other, a
+        # caller cancelled while the first waited for the broker (a worker's registration
+        # past its deadline) never sent the rest, and those tasks, ended on the books and
+        # no longer stopping, waited for this LM's next restart (the chaos suite's LM
+        # kill left a preempted task stuck).
+        if sending:
+            await asyncio.shield(asyncio.gather(*sending))
 
     def _apply(self, actions: Iterable[Action]) -> None:
         """``_carry_out`` for a plan that re-queues nothing (a start, a cancel, a
