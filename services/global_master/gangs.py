@@ -155,12 +155,12 @@ class Gangs:
                 if gm.cancelled.reason(job_id) is not None:
                     gm._drop_cancelled(list(items.values()))
                     return
+                gathering.arrived.clear()  # what comes back from now on wakes the wait
                 try:
                     if await self._regather_once(gathering):
                         return
                 except Exception:  # a bug must not leave the gang waiting for ever, unsaid
                     log.exception("restarting a gang failed; again", extra={"job_id": job_id})
-                gathering.arrived.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(gathering.arrived.wait(), REGATHER_RETRY_S)
         finally:
@@ -172,8 +172,8 @@ class Gangs:
         gm, job_id, items = self.gm, gathering.job_id, gathering.items
         while True:
             members = sorted({m for i in items.values() for m in i.task.gang_task_ids})
-            standing, complete = await self._standing(members)
             arrived = {t: i.task.attempt for t, i in items.items()}
+            standing, complete = await self._standing(members)
             step = regather(members, arrived, standing, complete, gathering.lost)
             if {t: i.task.attempt for t, i in items.items()} != arrived:
                 continue  # more came back while the LMs were asked: judged again
@@ -190,10 +190,12 @@ class Gangs:
                 return True
             for task_id in items:
                 gm.jobs.set_reason(job_id, task_id, step.reason)
-            if not step.stop:
-                return False
-            await self._stop(step.stop, kill_reason(gathering.lost))
-            # Their endings are known at once: asked again now.
+            if step.stop:
+                # Their next attempts come back once the kills took effect, and wake the
+                # wait; one not held where the LM said (an orphan of a restarted LM, not
+                # named by its worker yet) is asked about again after the pause.
+                await self._stop(step.stop, kill_reason(gathering.lost))
+            return False
 
     async def _standing(self, members: list[str]) -> tuple[dict[str, Standing], bool]:
         """What the LMs know of ``members``: each one's newest attempt; and whether
