@@ -17,11 +17,12 @@ from loadgen.invariants import check
 from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
 from services.common.server import channel, wait_all_healthy
 from services.core.reservations import is_placeholder
-from tests.integration.harness import Federation, job_in_state, sim_tasks
+from tests.integration.harness import Federation, job_in_state, shell_task, sim_tasks
 
 pytestmark = pytest.mark.integration
 
 RUNNING = common_pb2.TASK_STATE_RUNNING
+SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
 STARTED = (common_pb2.TASK_STATE_PLACED, common_pb2.TASK_STATE_RUNNING)
 
 
@@ -316,3 +317,35 @@ async def test_a_gang_restart_survives_its_gm_dying_while_it_waits(tmp_path):
         await wait_all_healthy(fed.config, timeout_s=30)
         fed.children.restart("workers-lm-1")
         await _check_restarted_whole(fed, ids, on_lm2, host_died)
+
+
+@pytest.mark.slow  # run apart by .ci/run (MEGHA_SLOW_TESTS=1): the default suite's budget
+async def test_a_member_retried_after_failing_restarts_the_whole_gang(tmp_path, task_tmp):
+    """A member that fails with a retry left (RETRYING) restarts its gang as a lost one
+    does: the three others, still running, are stopped, and all four run again together
+    as attempt 1, each once."""
+    marker = task_tmp / "failed-once"
+    flaky = shell_task(f"test -f {marker} && exit 0; sleep 0.5; touch {marker}; exit 1", 1)
+    tasks = [flaky, *(shell_task("sleep 3") for _ in range(3))]
+    async with two_lms(tmp_path) as fed:
+        reply = await fed.gm().submit(tasks, job_id="gr", gang=True)
+        ids = set(reply.task_ids)
+        first = reply.task_ids[0]
+        await fed.events.wait_succeeded(ids, timeout_s=40)
+        await asyncio.sleep(0.5)
+        events = [e for e in fed.events.events if e.task_id in ids]
+        report = check(events, ids)
+        assert report.ok, report.summary() + "".join(f"\n{v}" for v in report.violations)
+        counted = (common_pb2.TASK_STATE_RETRYING, common_pb2.TASK_STATE_LOST, SUCCEEDED)
+        ends = {(e.task_id, e.attempt): e for e in events if e.state in counted}
+        assert ends[first, 0].state == common_pb2.TASK_STATE_RETRYING
+        for task_id in ids - {first}:
+            assert ends[task_id, 0].state == common_pb2.TASK_STATE_LOST
+            assert f"gang member {first} lost" in ends[task_id, 0].reason
+        assert all(ends[t, 1].state == SUCCEEDED for t in ids)
+        assert {e.attempt for e in events} == {0, 1}
+        restarted = [
+            e.timestamps.started_unix_nanos for e in events if e.state == RUNNING and e.attempt == 1
+        ]
+        assert len(restarted) == 4
+        await fed.assert_books_balanced()
