@@ -92,10 +92,13 @@ def regather(
         known = standing.get(task_id)
         attempt = arrived.get(task_id)
         if attempt is not None:
-            if known is None or known.attempt < attempt:
+            if known is None or (known.attempt < attempt and not known.running):
                 ready.append(task_id)  # no LM has launched this attempt: to start
                 continue
-            launched.append(task_id)  # an earlier GM's commit: judged as the LMs know it
+            if known.attempt >= attempt:
+                launched.append(task_id)  # an earlier GM's commit: judged as the LMs know it
+            # else an older attempt still runs (no LM queues the next attempt before the
+            # older ended: this is defence): it is stopped first, the next waits here
         if known is None:
             waiting.append(task_id)  # an LM away, or its ending forgotten
         elif known.running:

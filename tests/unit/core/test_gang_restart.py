@@ -82,6 +82,12 @@ def test_an_arrived_attempt_an_lm_already_holds_is_launched_and_stopped_with_the
     assert step.stop == (Stop("g.0", 1, "lm-1"),) and not step.start
 
 
+def test_a_next_attempt_never_starts_while_an_older_one_still_runs():
+    step = regather(["g.0", "g.1"], {"g.0": 1, "g.1": 1}, {"g.1": running(0)})
+    assert step.stop == (Stop("g.1", 0, "lm-2"),) and step.ready == ("g.0",)
+    assert not step.start and step.launched == ()
+
+
 def test_the_kills_reason_names_the_lost_member():
     assert kill_reason("g.0") == "gang member g.0 lost: its gang restarts whole"
 
@@ -125,3 +131,5 @@ def test_a_restart_never_starts_beside_a_running_or_awaited_member(standing, arr
     for stop in step.stop:
         assert standing[stop.task_id].running and complete
     assert set(step.ready).isdisjoint(step.launched)
+    for task_id in step.ready:  # no attempt is ready beside an older one still running
+        assert task_id not in standing or not standing[task_id].running
