@@ -71,6 +71,7 @@ RPC_ROLES: dict[str, frozenset[str]] = {
     _LM + "ReserveGang": frozenset({"gm"}),
     _LM + "CommitGang": frozenset({"gm"}),
     _LM + "ReleaseGang": frozenset({"gm"}),
+    _LM + "StopTasks": frozenset({"gm"}),
     _LM + "LookupTasks": frozenset({"gm"}),
     _LM + "GetState": frozenset({"gm", "console", "autoscaler"}),
     _LM + "ListTasks": frozenset({"gm", "console"}),

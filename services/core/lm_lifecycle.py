@@ -20,6 +20,7 @@ the books are read and changed here, effects are a plan the driver executes in o
                                                                          LOST + Requeue missing
     node_lost(node, reason) ────────▶ released; its stopping attempts ──▶ LOST + Requeue
     cancel(job_ids) ────────────────▶ released ─────────────────────────▶ CANCELLED, Kill
+    stop(task, attempt, reason) ────▶ released; stopping ───────────────▶ LOST, Owe, Kill
     heard(node, now) / silent(now) ─▶ nodes silent past the timeout (the watchdog)
     forgettable(now, after) / forget ▶ nodes lost past forget_lost_after_s: row vacated
     expire_orphan(now) ─────────────▶ the oldest orphan past the grace ▶ Requeue, LOST
@@ -337,6 +338,24 @@ class Lifecycle(Generic[T]):
             # attempt was dropped from the books and left running on its worker.)
             actions.extend(self._supersede(older))
         return decision, actions
+
+    def stop(self, task_id: str, attempt: int, reason: str) -> list[Action]:
+        """A GM stops ``attempt`` of ``task_id`` (a gang restarting whole without it):
+        if it is the attempt held, it ends on the books now, told LOST with ``reason``,
+        and is killed; its next attempt waits for the kill to take effect
+        (``stopping``), as a preempted victim's does. Else (ended, another attempt, a
+        placeholder): nothing."""
+        allocation = self.books.allocations.get(task_id)
+        task = self.tasks.get(task_id)
+        if allocation is None or task is None or allocation.attempt != attempt:
+            return []
+        if task.attempt != attempt:
+            return []
+        self.books.release(task_id)
+        # Stopping (journalled, ``Owe``) before its kill goes out: see ``preempt``.
+        actions = self._stop(allocation, TaskState.LOST, reason)
+        actions.append(Kill(allocation.node, task_id, attempt, reason))
+        return actions
 
     def hold(self, task: T, allocation: Allocation) -> list[Action]:
         """``task`` (the driver's own copy) is the attempt the books just accepted."""

@@ -6,14 +6,20 @@
             all ACCEPTED ──▶ CommitGang on every LM ──▶ accepted: the message is acked
             any refusal / no answer ──▶ ReleaseGang on every LM, unbook, apply their
                                         fresh states, plan again (a new gang id) later
+    a started member's next attempt (lost, retried, preempted) ──▶ Regathering, never
+        the round: LookupTasks on every LM ──regather──▶ StopTasks on the LMs of the
+        members still running (their LMs queue their next attempts once killed)
+        ──▶ every member's next attempt here ──▶ GangJob as above (all or nothing)
 
-The decisions are the core's (``services.core.gang``; the LMs' ``Reservations``); this
-module only carries them out over gRPC. What it does not do (issue 33, out of scope
-here): a waiting gang never preempts (fair share does not weigh it as a unit; its
-started tasks are never victims: ``Allocation.gang``), and a member lost after the
-start is retried on its own, the gang not restarted. A commit that fails on one LM after
-another committed (only a node lost or a cancel between reserve and commit can do
-that) leaves the committed part running and the rest planned again as a gang.
+The decisions are the core's (``services.core.gang``, ``services.core.gang_restart``;
+the LMs' ``Reservations`` and ``Lifecycle``); this module only carries them out over
+gRPC. What it does not do (issue 33, out of scope here): a waiting gang never preempts
+(fair share does not weigh it as a unit; its started tasks are never victims:
+``Allocation.gang``). A commit that fails on one LM after another committed (only a node
+lost or a cancel between reserve and commit can do that) leaves the committed part
+running and the rest planned again as a gang; the part that runs is then stopped and
+restarted with it when the rest's next attempts come back (``Regathering``) only if a
+member of it is lost later.
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ import grpc
 from services._proto.megha.v1 import common_pb2, local_master_pb2
 from services.common.convert import placement_status_from_proto
 from services.core.gang import Gang, GangError, GangPiece, GangPlan, book, plan_gang, unbook
+from services.core.gang_restart import Standing, Stop, kill_reason, regather
 from services.core.scheduler import RESTART_SETTLE_S, Drop
+from services.core.states import TaskState
 from services.core.status import Schedulability, Verdict
 from services.core.task import TaskSpec
 
@@ -46,6 +54,8 @@ log = logging.getLogger("megha.gm.gangs")
 GANG_TTL_S = 5.0
 # A gang refused by an LM is planned again on the next view change, or after this long.
 GANG_RETRY_S = 1.0
+# A restarting gang asks the LMs again this often while it waits for its members' kills.
+REGATHER_RETRY_S = 0.5
 
 
 def gang_of(job_id: str, specs: Sequence[TaskSpec], min_tasks: int) -> Gang:
@@ -63,6 +73,18 @@ class GangJob:
     min_tasks: int
 
 
+@dataclass(eq=False)
+class Regathering:
+    """A started gang that lost a member: the next attempts of its members that came
+    back here (by task id), until every member to restart has (``regather``)."""
+
+    job_id: str
+    queue: str
+    items: dict[str, Pending]
+    lost: str  # the member whose next attempt came first (named in the kills' reason)
+    arrived: asyncio.Event
+
+
 class Gangs:
     """Starts gang jobs for one GM (its view, stubs and books)."""
 
@@ -70,6 +92,7 @@ class Gangs:
         self.gm = gm
         self._changed = asyncio.Event()
         self.waiting: dict[str, GangJob] = {}  # job id -> its gang, until it started
+        self.regathering: dict[str, Regathering] = {}  # job id -> its restart, until placed
 
     def never(self, job_id: str, specs: Sequence[TaskSpec], min_tasks: int) -> str | None:
         """Why the gang of ``specs`` can never start whole on the federation as the view
@@ -99,6 +122,128 @@ class Gangs:
             item.spec = replace(item.spec, gang=True)
         self.waiting[job.job_id] = job
         self.gm._spawn(self._run(job))
+
+    def rejoin(self, item: Pending, queue: str) -> None:
+        """``item`` is the next attempt of a started gang's member (``gang_task_ids``):
+        it waits here for the rest of its gang, which is stopped and started again
+        whole (``regather``); never placed alone."""
+        job_id = item.task.job_id
+        gathering = self.regathering.get(job_id)
+        if gathering is None:
+            gathering = Regathering(job_id, queue, {}, item.task.task_id, asyncio.Event())
+            self.regathering[job_id] = gathering
+            self.gm._spawn(self._regather(gathering))
+        older = gathering.items.get(item.task.task_id)
+        if older is not None and older.task.attempt >= item.task.attempt:
+            self.gm._spawn(self.gm._launched(item.batch))  # not newer: the one here goes
+            return
+        if older is not None:
+            self.gm._spawn(self.gm._launched(older.batch))
+        gathering.items[item.task.task_id] = item
+        gathering.arrived.set()
+
+    async def _regather(self, gathering: Regathering) -> None:
+        gm = self.gm
+        job_id = gathering.job_id
+        log.warning(
+            "a started gang lost a member: restarting it whole",
+            extra={"job_id": job_id, "lost": gathering.lost},
+        )
+        try:
+            while not gm._closed:
+                items = gathering.items
+                if gm.cancelled.reason(job_id) is not None:
+                    gm._drop_cancelled(list(items.values()))
+                    return
+                gathering.arrived.clear()  # what comes back from now on wakes the wait
+                try:
+                    if await self._regather_once(gathering):
+                        return
+                except Exception:  # a bug must not leave the gang waiting for ever, unsaid
+                    log.exception("restarting a gang failed; again", extra={"job_id": job_id})
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(gathering.arrived.wait(), REGATHER_RETRY_S)
+        finally:
+            if self.regathering.get(job_id) is gathering:
+                del self.regathering[job_id]
+
+    async def _regather_once(self, gathering: Regathering) -> bool:
+        """One turn of a gang's restart: True once its members went to ``start``."""
+        gm, job_id, items = self.gm, gathering.job_id, gathering.items
+        while True:
+            members = sorted({m for i in items.values() for m in i.task.gang_task_ids})
+            arrived = {t: i.task.attempt for t, i in items.items()}
+            standing, complete = await self._standing(members)
+            step = regather(members, arrived, standing, complete, gathering.lost)
+            if {t: i.task.attempt for t, i in items.items()} != arrived:
+                continue  # more came back while the LMs were asked: judged again
+            for task_id in step.launched:  # an earlier GM's commit took it: acked
+                gm._spawn(gm._launched(items.pop(task_id).batch))
+            if step.start:
+                ready = [items[t] for t in step.ready]
+                log.info(
+                    "a gang's members are all back: placing it again whole",
+                    extra={"job_id": job_id, "tasks": len(ready)},
+                )
+                del self.regathering[job_id]
+                self.start(GangJob(job_id, gathering.queue, ready, 0))
+                return True
+            for task_id in items:
+                gm.jobs.set_reason(job_id, task_id, step.reason)
+            if step.stop:
+                # Their next attempts come back once the kills took effect, and wake the
+                # wait; one not held where the LM said (an orphan of a restarted LM, not
+                # named by its worker yet) is asked about again after the pause.
+                await self._stop(step.stop, kill_reason(gathering.lost))
+            return False
+
+    async def _standing(self, members: list[str]) -> tuple[dict[str, Standing], bool]:
+        """What the LMs know of ``members``: each one's newest attempt; and whether
+        every LM answered."""
+        gm = self.gm
+        lm_ids = list(gm._stubs)
+        replies = await asyncio.gather(
+            *(gm._lookup(lm_id, members, quiet=True) for lm_id in lm_ids)
+        )
+        standing: dict[str, Standing] = {}
+        for lm_id, reply in zip(lm_ids, replies, strict=True):
+            for known in reply.tasks if reply is not None else ():
+                ended = None
+                last = known.last_ended
+                if known.HasField("last_ended") and last.attempt == known.attempt:
+                    ended = None if known.running else TaskState(last.state)
+                now = Standing(known.attempt, lm_id, known.running, ended)
+                seen = standing.get(known.task_id)
+                if seen is None or (now.attempt, now.running) > (seen.attempt, seen.running):
+                    standing[known.task_id] = now
+        return standing, all(reply is not None for reply in replies)
+
+    async def _stop(self, stops: Sequence[Stop], reason: str) -> None:
+        """StopTasks on each LM for its members (an LM that does not answer is asked
+        again on the next turn: the members still run there)."""
+        gm = self.gm
+        by_lm: dict[str, list[Stop]] = {}
+        for stop in stops:
+            by_lm.setdefault(stop.lm_id, []).append(stop)
+
+        async def one(lm_id: str, these: list[Stop]) -> None:
+            request = local_master_pb2.StopTasksRequest(gm_id=gm.gm_id, reason=reason)
+            for stop in these:
+                request.tasks.add(task_id=stop.task_id, attempt=stop.attempt)
+            try:
+                reply = await gm._stubs[lm_id].StopTasks(
+                    request, timeout=gm.config.lm_call_timeout_s
+                )
+            except grpc.aio.AioRpcError as err:
+                log.warning("StopTasks failed", extra={"lm": lm_id, "code": err.code().name})
+                await asyncio.sleep(REGATHER_RETRY_S)
+                return
+            log.info(
+                "stopped a gang's members for its restart",
+                extra={"lm": lm_id, "tasks": list(reply.stopped_task_ids)},
+            )
+
+        await asyncio.gather(*(one(lm_id, these) for lm_id, these in by_lm.items()))
 
     async def _run(self, job: GangJob) -> None:
         gm = self.gm
@@ -138,8 +283,12 @@ class Gangs:
         by_lm = plan.by_lm()
         items = {item.task.task_id: item for item in job.items}
         now = time.time_ns()
+        # Every member knows its gang: a member's next attempt restarts it whole.
+        members = sorted(piece.task.task_id for piece in plan.pieces)
         for piece in plan.pieces:
             task = items[piece.task.task_id].task
+            del task.gang_task_ids[:]
+            task.gang_task_ids.extend(members)
             task.lease = gm._lease
             task.timestamps.dequeued_unix_nanos = task.timestamps.decided_unix_nanos = now
         book(gm.view, plan, time.monotonic())

@@ -1089,6 +1089,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             # rest as a gang.)
             self.gangs.start(GangJob(batch_msg.job_id, queue, members, min_tasks))
             return
+        rejoining = [item for item in members if item.task.gang_task_ids]
+        for item in rejoining:  # a started gang's member came back: the gang restarts
+            self.gangs.rejoin(item, batch_msg.queue or item.task.queue)
+        members = [item for item in members if not item.task.gang_task_ids]
         for item in members:
             self.scheduler.submit(batch_msg.queue or item.task.queue, item)
         self._wake.set()

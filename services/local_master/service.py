@@ -485,6 +485,24 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             released=released, state=self._state_proto(request.known_version or None)
         )
 
+    async def StopTasks(self, request, context):
+        """Kill these attempts where they are held here (``Lifecycle.stop``): a GM
+        restarts their gang whole. Each one's next attempt is queued once its kill took
+        effect, by the same path as a preempted victim's."""
+        reply = local_master_pb2.StopTasksResponse()
+        reason = request.reason or f"stopped by {request.gm_id}"
+        for known in request.tasks:
+            actions = self.life.stop(known.task_id, known.attempt, reason)
+            if actions:
+                reply.stopped_task_ids.append(known.task_id)
+                self._apply(actions)  # no re-queue in it: that follows the kill
+        if reply.stopped_task_ids:
+            log.info(
+                "stopped tasks for their gang's restart",
+                extra={"gm": request.gm_id, "tasks": list(reply.stopped_task_ids)},
+            )
+        return reply
+
     async def _gang_loop(self) -> None:
         """Release the reservations not committed in time (``Reservations.expire``),
         woken at the next deadline or when a reservation is made."""

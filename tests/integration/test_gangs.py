@@ -4,20 +4,25 @@ none does, reserved then committed on every LM involved."""
 from __future__ import annotations
 
 import asyncio
+import calendar
+import json
 import statistics
 import time
+from collections import defaultdict
 
 import grpc
 import pytest
 
+from loadgen.invariants import check
 from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
-from services.common.server import channel
+from services.common.server import channel, wait_all_healthy
 from services.core.reservations import is_placeholder
-from tests.integration.harness import Federation, job_in_state, sim_tasks
+from tests.integration.harness import Federation, job_in_state, shell_task, sim_tasks
 
 pytestmark = pytest.mark.integration
 
 RUNNING = common_pb2.TASK_STATE_RUNNING
+SUCCEEDED = common_pb2.TASK_STATE_SUCCEEDED
 STARTED = (common_pb2.TASK_STATE_PLACED, common_pb2.TASK_STATE_RUNNING)
 
 
@@ -213,3 +218,134 @@ async def test_the_lm_gang_rpcs_are_idempotent_by_gang_id(tmp_path):
             late = await stub.ReserveGang(reserve("b/1", "b.0"), timeout=5)
             assert late.status != accepted
             assert not (await fed.lm_state("lm-1")).allocations
+
+
+def _killed_at(log: str, task_ids: set[str]) -> dict[str, int]:
+    """When a worker's log says it killed each of ``task_ids`` (ns, to the ms)."""
+    out: dict[str, int] = {}
+    for line in log.splitlines():
+        if '"task killed"' not in line:
+            continue
+        entry = json.loads(line)
+        if entry.get("task_id") in task_ids:
+            seconds, ms = entry["ts"].rstrip("Z").split(".")
+            wall = calendar.timegm(time.strptime(seconds, "%Y-%m-%dT%H:%M:%S"))
+            out[entry["task_id"]] = wall * 1_000_000_000 + int(ms) * 1_000_000
+    return out
+
+
+async def _gang_of_four_losing_lm1(fed: Federation) -> tuple[set[str], set[str], int]:
+    """A 4-task gang running on both LMs, then lm-1's worker host killed: the gang's
+    ids, the members on lm-2, and when the host died."""
+    reply = await fed.gm().submit(sim_tasks(4, 4.0), job_id="g4", gang=True)
+    job = await job_in_state(fed.gm(), "g4", RUNNING, timeout_s=10)
+    first = {t.task_id: t.lm_id for t in job.tasks}
+    assert sorted(first.values()) == ["lm-1", "lm-1", "lm-2", "lm-2"]
+    host_died = time.time_ns()
+    fed.children.kill("workers-lm-1")
+    return set(reply.task_ids), {t for t, lm in first.items() if lm == "lm-2"}, host_died
+
+
+async def _check_restarted_whole(
+    fed: Federation, ids: set[str], on_lm2: set[str], host_died: int
+) -> None:
+    """Every member succeeded once, at attempt 1; attempt 0 ended LOST (lm-2's stopped
+    for the gang); no attempt started twice; all of attempt 1 started after every
+    attempt 0 was gone (the host's with the host, lm-2's once its worker killed them)."""
+    await fed.events.wait_succeeded(ids, timeout_s=40)
+    await asyncio.sleep(0.5)  # a late, wrong start would show by now
+    events = [e for e in fed.events.events if e.task_id in ids]
+    report = check(events, ids)
+    assert report.ok, report.summary() + "".join(f"\n{v}" for v in report.violations)
+    attempts: dict[str, set[int]] = defaultdict(set)
+    for e in events:
+        attempts[e.task_id].add(e.attempt)
+    assert all(a == {0, 1} for a in attempts.values()), dict(attempts)
+    succeeded = [e for e in events if e.state == common_pb2.TASK_STATE_SUCCEEDED]
+    assert sorted(e.task_id for e in succeeded) == sorted(ids)
+    assert {e.attempt for e in succeeded} == {1}
+    lost = {e.task_id: e for e in events if e.state == common_pb2.TASK_STATE_LOST}
+    assert set(lost) == ids and all(e.attempt == 0 for e in lost.values())
+    for task_id in on_lm2:  # stopped for their gang, not lost with a host
+        assert "gang member" in lost[task_id].reason, lost[task_id]
+    starts = {
+        e.task_id: e.timestamps.started_unix_nanos
+        for e in events
+        if e.state == RUNNING and e.attempt == 1
+    }
+    assert set(starts) == ids
+    killed = _killed_at(fed.log("workers-lm-2"), on_lm2)
+    assert set(killed) == on_lm2, killed
+    gone = max(host_died, *killed.values())
+    assert min(starts.values()) >= gone, (starts, killed, host_died)
+    await fed.assert_books_balanced()
+
+
+@pytest.mark.slow  # run apart by .ci/run (MEGHA_SLOW_TESTS=1): the default suite's budget
+async def test_a_lost_member_restarts_the_whole_gang_each_attempt_once(tmp_path):
+    """A 4-task gang on two LMs; lm-1's worker host dies with two members and comes
+    back. Their next attempts come back to the GM, which stops the two running on lm-2
+    (LOST, "gang member ... lost") and, once those kills took effect, starts all four
+    again as one gang."""
+    async with two_lms(tmp_path) as fed:
+        ids, on_lm2, host_died = await _gang_of_four_losing_lm1(fed)
+        await asyncio.sleep(0.5)
+        fed.children.restart("workers-lm-1")
+        await _check_restarted_whole(fed, ids, on_lm2, host_died)
+
+
+@pytest.mark.slow  # run apart by .ci/run (MEGHA_SLOW_TESTS=1): the default suite's budget
+async def test_a_gang_restart_survives_its_gm_dying_while_it_waits(tmp_path):
+    """As above, but lm-1's host stays away, so the restarted gang (every member's
+    next attempt back, lm-2's stopped) waits for room; then its GM is killed (-9) and
+    started again, and the host comes back. The new GM gets the four messages again,
+    finds none launched, and starts them as one gang: still each attempt once."""
+    async with two_lms(tmp_path) as fed:
+        ids, on_lm2, host_died = await _gang_of_four_losing_lm1(fed)
+        deadline = time.monotonic() + 15
+        while "placing it again whole" not in fed.log("gm-gm-1"):
+            assert time.monotonic() < deadline, "the gang's members never all came back"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        job = await fed.gm().job("g4")
+        assert all("gang" in t.pending_reason for t in job.tasks), job
+        assert not [e for e in fed.events.events if e.attempt == 1 and e.state in STARTED]
+        await fed.gm().close()
+        fed.clients.clear()
+        fed.children.kill("gm-gm-1")
+        fed.children.restart("gm-gm-1")
+        await wait_all_healthy(fed.config, timeout_s=30)
+        fed.children.restart("workers-lm-1")
+        await _check_restarted_whole(fed, ids, on_lm2, host_died)
+
+
+@pytest.mark.slow  # run apart by .ci/run (MEGHA_SLOW_TESTS=1): the default suite's budget
+async def test_a_member_retried_after_failing_restarts_the_whole_gang(tmp_path, task_tmp):
+    """A member that fails with a retry left (RETRYING) restarts its gang as a lost one
+    does: the three others, still running, are stopped, and all four run again together
+    as attempt 1, each once."""
+    marker = task_tmp / "failed-once"
+    flaky = shell_task(f"test -f {marker} && exit 0; sleep 0.5; touch {marker}; exit 1", 1)
+    tasks = [flaky, *(shell_task("sleep 3") for _ in range(3))]
+    async with two_lms(tmp_path) as fed:
+        reply = await fed.gm().submit(tasks, job_id="gr", gang=True)
+        ids = set(reply.task_ids)
+        first = reply.task_ids[0]
+        await fed.events.wait_succeeded(ids, timeout_s=40)
+        await asyncio.sleep(0.5)
+        events = [e for e in fed.events.events if e.task_id in ids]
+        report = check(events, ids)
+        assert report.ok, report.summary() + "".join(f"\n{v}" for v in report.violations)
+        counted = (common_pb2.TASK_STATE_RETRYING, common_pb2.TASK_STATE_LOST, SUCCEEDED)
+        ends = {(e.task_id, e.attempt): e for e in events if e.state in counted}
+        assert ends[first, 0].state == common_pb2.TASK_STATE_RETRYING
+        for task_id in ids - {first}:
+            assert ends[task_id, 0].state == common_pb2.TASK_STATE_LOST
+            assert f"gang member {first} lost" in ends[task_id, 0].reason
+        assert all(ends[t, 1].state == SUCCEEDED for t in ids)
+        assert {e.attempt for e in events} == {0, 1}
+        restarted = [
+            e.timestamps.started_unix_nanos for e in events if e.state == RUNNING and e.attempt == 1
+        ]
+        assert len(restarted) == 4
+        await fed.assert_books_balanced()

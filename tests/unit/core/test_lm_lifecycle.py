@@ -635,3 +635,47 @@ def test_a_gangs_held_room_survives_its_workers_registration_and_its_death():
     loss = h.life.node_lost(0, "silent", 1.0)
     assert loss.actions == [] and not h.books.allocations
     assert not gangs.commit("g/1", 1.0).ok
+
+
+# ------------------------------------------------------ a gang's restart
+def test_a_stopped_gang_member_ends_lost_and_its_next_waits_for_the_kill():
+    """StopTasks (a GM restarting a gang whole): the held attempt ends LOST with the
+    reason, journalled as stopping before its kill, and its next attempt is queued only
+    once the worker says it ended, once."""
+    h = Harness(nodes=1)
+    member = Wire("g.1", job_id="g")
+    h.launch(member)
+    reason = "gang member g.0 lost: its gang restarts whole"
+    actions = h.life.stop("g.1", 0, reason)
+    assert [type(a).__name__ for a in actions] == ["Publish", "Owe", "Kill"]
+    assert published(actions) == [("g.1", TaskState.LOST, reason)]
+    assert actions[-1] == Kill(0, "g.1", 0, reason)
+    assert requeued(actions) == [] and "g.1" not in h.books.allocations
+    assert set(h.life.stopping) == {("g.1", 0)}
+    # Stopped again (a GM's retry), or another attempt named: nothing more.
+    assert h.life.stop("g.1", 0, reason) == []
+    assert h.report(0, member, TaskState.RUNNING).verdict is ReportVerdict.IGNORED
+    outcome = h.report(0, member, TaskState.LOST)
+    assert outcome.verdict is ReportVerdict.STOPPED
+    assert outcome.actions == [Requeue(member, owed=True)]
+    assert h.report(0, member, TaskState.LOST).verdict is ReportVerdict.IGNORED
+
+
+def test_stopping_an_attempt_not_held_does_nothing():
+    h = Harness(nodes=1)
+    member = Wire("g.1", job_id="g", attempt=2)
+    h.launch(member)
+    assert h.life.stop("g.1", 1, "x") == []  # an older attempt: the held one runs on
+    assert h.life.stop("g.9", 0, "x") == []  # never here
+    assert h.books.allocations["g.1"].attempt == 2 and not h.life.stopping
+    h.report(0, member, TaskState.SUCCEEDED)
+    assert h.life.stop("g.1", 2, "x") == []  # ended already: not run again
+
+
+def test_a_stopped_member_whose_node_dies_is_queued_then():
+    h = Harness(nodes=1)
+    member = Wire("g.1", job_id="g")
+    h.launch(member)
+    h.life.stop("g.1", 0, "x")
+    loss = h.life.node_lost(0, "no heartbeat")
+    assert requeued(loss.actions) == [("g.1", 0)] and not h.life.stopping

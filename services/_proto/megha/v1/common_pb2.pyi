@@ -370,6 +370,7 @@ class Task(_message.Message):
     LEASE_FIELD_NUMBER: _builtins.int
     OWNER_FIELD_NUMBER: _builtins.int
     SEAL_FIELD_NUMBER: _builtins.int
+    GANG_TASK_IDS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Unique across the federation; placements are idempotent by this id. At
     most 256 characters.
@@ -443,6 +444,14 @@ class Task(_message.Message):
     def process(self) -> Global___ProcessExecutor: ...
     @_builtins.property
     def docker(self) -> Global___DockerExecutor: ...
+    @_builtins.property
+    def gang_task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Set by the GM on the members of a gang it starts together: every member's task id.
+        A member's next attempt (lost, retried, preempted) is never placed alone: the GM
+        that takes it from the queue stops the members still running (StopTasks), and
+        starts all their next attempts again as one gang (issue 33).
+        """
+
     def __init__(
         self,
         *,
@@ -468,10 +477,11 @@ class Task(_message.Message):
         lease: _builtins.int = ...,
         owner: _builtins.str = ...,
         seal: _builtins.bytes = ...,
+        gang_task_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["docker", b"docker", "executor", b"executor", "process", b"process", "resources", b"resources", "sim", b"sim", "timestamps", b"timestamps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "constraints", b"constraints", "cpu_usage_mean_milli", b"cpu_usage_mean_milli", "cpu_usage_std_milli", b"cpu_usage_std_milli", "docker", b"docker", "executor", b"executor", "expected_duration_s", b"expected_duration_s", "failures", b"failures", "index", b"index", "job_id", b"job_id", "lease", b"lease", "lifetime_features", b"lifetime_features", "max_retries", b"max_retries", "owner", b"owner", "predicted_lifetime_s", b"predicted_lifetime_s", "priority", b"priority", "process", b"process", "queue", b"queue", "resources", b"resources", "seal", b"seal", "sim", b"sim", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "constraints", b"constraints", "cpu_usage_mean_milli", b"cpu_usage_mean_milli", "cpu_usage_std_milli", b"cpu_usage_std_milli", "docker", b"docker", "executor", b"executor", "expected_duration_s", b"expected_duration_s", "failures", b"failures", "gang_task_ids", b"gang_task_ids", "index", b"index", "job_id", b"job_id", "lease", b"lease", "lifetime_features", b"lifetime_features", "max_retries", b"max_retries", "owner", b"owner", "predicted_lifetime_s", b"predicted_lifetime_s", "priority", b"priority", "process", b"process", "queue", b"queue", "resources", b"resources", "seal", b"seal", "sim", b"sim", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_executor: _TypeAlias = _typing.Literal["sim", "process", "docker"]  # noqa: Y015
     _WhichOneofArgType_executor: _TypeAlias = _typing.Literal["executor", b"executor"]  # noqa: Y015

@@ -85,8 +85,9 @@ class SubmitJobRequest(_message.Message):
     starts (reserved on every LM involved, then committed). A gang no node set of the
     federation could ever hold is refused at submission (FAILED_PRECONDITION, why).
     A gang's started tasks are never preemption victims, and a waiting gang never
-    preempts. Restarting the gang when a member is lost is not done: once started,
-    each task lives and ends on its own (retried alone if it may be).
+    preempts. A member lost, retried or preempted after the start restarts the gang
+    whole: the members still running are stopped (LOST) and every member's next
+    attempt starts again together; members that ended for good are not run again.
     """
     min_tasks: _builtins.int
     """A gang of at least this many of the tasks (implies gang; 0: all of them): the GM

@@ -330,6 +330,57 @@ class ReleaseGangResponse(_message.Message):
 Global___ReleaseGangResponse: _TypeAlias = ReleaseGangResponse  # noqa: Y015
 
 @_typing.final
+class StopTasksRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GM_ID_FIELD_NUMBER: _builtins.int
+    TASKS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    gm_id: _builtins.str
+    reason: _builtins.str
+    """Why, in words a user can act on (the LOST event's reason)."""
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___KnownTask]:
+        """The attempts to stop (task_id and attempt are read; the rest is ignored)."""
+
+    def __init__(
+        self,
+        *,
+        gm_id: _builtins.str = ...,
+        tasks: _abc.Iterable[Global___KnownTask] | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "reason", b"reason", "tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StopTasksRequest: _TypeAlias = StopTasksRequest  # noqa: Y015
+
+@_typing.final
+class StopTasksResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STOPPED_TASK_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def stopped_task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The ids of the tasks whose attempt was held here and is now stopping."""
+
+    def __init__(
+        self,
+        *,
+        stopped_task_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["stopped_task_ids", b"stopped_task_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StopTasksResponse: _TypeAlias = StopTasksResponse  # noqa: Y015
+
+@_typing.final
 class DrainNodeRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

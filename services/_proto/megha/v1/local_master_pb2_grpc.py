@@ -115,6 +115,11 @@ class LocalMasterStub:
                 request_serializer=megha_dot_v1_dot_local__master__pb2.ReleaseGangRequest.SerializeToString,
                 response_deserializer=megha_dot_v1_dot_local__master__pb2.ReleaseGangResponse.FromString,
                 _registered_method=True)
+        self.StopTasks = channel.unary_unary(
+                '/megha.v1.LocalMaster/StopTasks',
+                request_serializer=megha_dot_v1_dot_local__master__pb2.StopTasksRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_local__master__pb2.StopTasksResponse.FromString,
+                _registered_method=True)
 
 
 class LocalMasterServicer:
@@ -248,6 +253,15 @@ class LocalMasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StopTasks(self, request, context):
+        """A GM restarting a gang that lost a member kills these attempts where this LM holds
+        them: each ends LOST with the reason, and its next attempt is queued once its kill
+        took effect (as a preempted victim's). An attempt not held here is left alone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LocalMasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -330,6 +344,11 @@ def add_LocalMasterServicer_to_server(servicer, server):
                     servicer.ReleaseGang,
                     request_deserializer=megha_dot_v1_dot_local__master__pb2.ReleaseGangRequest.FromString,
                     response_serializer=megha_dot_v1_dot_local__master__pb2.ReleaseGangResponse.SerializeToString,
+            ),
+            'StopTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopTasks,
+                    request_deserializer=megha_dot_v1_dot_local__master__pb2.StopTasksRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_local__master__pb2.StopTasksResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -764,6 +783,33 @@ class LocalMaster:
             '/megha.v1.LocalMaster/ReleaseGang',
             megha_dot_v1_dot_local__master__pb2.ReleaseGangRequest.SerializeToString,
             megha_dot_v1_dot_local__master__pb2.ReleaseGangResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/megha.v1.LocalMaster/StopTasks',
+            megha_dot_v1_dot_local__master__pb2.StopTasksRequest.SerializeToString,
+            megha_dot_v1_dot_local__master__pb2.StopTasksResponse.FromString,
             options,
             channel_credentials,
             insecure,

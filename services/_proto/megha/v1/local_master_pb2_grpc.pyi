@@ -91,6 +91,11 @@ class LocalMasterStub:
     """
     CommitGang: _grpc.UnaryUnaryMultiCallable[_local_master_pb2.CommitGangRequest, _local_master_pb2.CommitGangResponse]
     ReleaseGang: _grpc.UnaryUnaryMultiCallable[_local_master_pb2.ReleaseGangRequest, _local_master_pb2.ReleaseGangResponse]
+    StopTasks: _grpc.UnaryUnaryMultiCallable[_local_master_pb2.StopTasksRequest, _local_master_pb2.StopTasksResponse]
+    """A GM restarting a gang that lost a member kills these attempts where this LM holds
+    them: each ends LOST with the reason, and its next attempt is queued once its kill
+    took effect (as a preempted victim's). An attempt not held here is left alone.
+    """
 
 @_typing.type_check_only
 class LocalMasterAsyncStub(LocalMasterStub):
@@ -152,6 +157,11 @@ class LocalMasterAsyncStub(LocalMasterStub):
     """
     CommitGang: _aio.UnaryUnaryMultiCallable[_local_master_pb2.CommitGangRequest, _local_master_pb2.CommitGangResponse]  # type: ignore[assignment]
     ReleaseGang: _aio.UnaryUnaryMultiCallable[_local_master_pb2.ReleaseGangRequest, _local_master_pb2.ReleaseGangResponse]  # type: ignore[assignment]
+    StopTasks: _aio.UnaryUnaryMultiCallable[_local_master_pb2.StopTasksRequest, _local_master_pb2.StopTasksResponse]  # type: ignore[assignment]
+    """A GM restarting a gang that lost a member kills these attempts where this LM holds
+    them: each ends LOST with the reason, and its next attempt is queued once its kill
+    took effect (as a preempted victim's). An attempt not held here is left alone.
+    """
 
 class LocalMasterServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -306,5 +316,16 @@ class LocalMasterServicer(metaclass=_abc_1.ABCMeta):
         request: _local_master_pb2.ReleaseGangRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_local_master_pb2.ReleaseGangResponse, _abc.Awaitable[_local_master_pb2.ReleaseGangResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def StopTasks(
+        self,
+        request: _local_master_pb2.StopTasksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_local_master_pb2.StopTasksResponse, _abc.Awaitable[_local_master_pb2.StopTasksResponse]]:
+        """A GM restarting a gang that lost a member kills these attempts where this LM holds
+        them: each ends LOST with the reason, and its next attempt is queued once its kill
+        took effect (as a preempted victim's). An attempt not held here is left alone.
+        """
 
 def add_LocalMasterServicer_to_server(servicer: LocalMasterServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
