@@ -610,10 +610,19 @@ class Lifecycle(Generic[T]):
     # ---------------------------------------------------------- orphans
     def recall(self, orphans: Iterable[T], owed: Iterable[T] = ()) -> None:
         """Tasks an earlier life accepted and never saw end, and killed attempts whose
-        next it owed (from the journal)."""
-        self.orphans = {task.task_id: task for task in orphans}
+        next it owed (from the journal). A killed attempt ended on the books when it was
+        killed, though its ending may not have been written before the LM died (the kill's
+        row is written at once, the ending on the loop's next turn): it is no orphan (its
+        next attempt would be queued twice, by the orphan's expiry and by its own), and a
+        worker that still runs it has it killed, not adopted."""
         for task in owed:
             self.stopping[task.task_id, task.attempt] = Stopping(task, -1)
+            self.books.remember_ended(task.task_id, task.attempt, task.job_id)
+        self.orphans = {
+            task.task_id: task
+            for task in orphans
+            if (task.task_id, task.attempt) not in self.stopping
+        }
 
     @property
     def unclaimed(self) -> bool:

@@ -335,6 +335,24 @@ def test_a_recalled_killed_attempt_whose_end_comes_as_a_report_is_queued_at_once
     assert not h.life.stopping
 
 
+def test_a_killed_attempt_whose_ending_was_not_written_is_no_orphan_and_is_not_adopted():
+    """The LM died after writing a kill's row (``Owe``) and before the ending (written a
+    loop turn later): the journal holds the attempt both as accepted and as killed.
+    Before, it was an orphan too (its next attempt queued twice: by the orphan's expiry
+    and by its own), and a worker still running it had it adopted, running on beside
+    the next attempt queued at its end."""
+    h = Harness(nodes=2, grace=15.0)
+    v, w = Wire("v"), Wire("w")
+    h.life.recall([v, w], owed=[v, w])
+    assert not h.life.orphans
+    plan = h.life.take_back(0, [h.held(v)])  # v's kill was lost with the LM: it runs
+    assert ("v", InventoryVerdict.STALE) in plan.verdicts and "v" not in h.life.tasks
+    assert requeued(h.report(0, v, TaskState.FAILED).actions) == [("v", 0)]
+    due = h.life.arm_orphans(100.0)  # no worker names w: queued once, after the grace
+    assert h.life.expire_orphan(due) == [Requeue(w, owed=True)]
+    assert h.life.expire_orphan(due) is None and not h.life.unclaimed
+
+
 def test_a_preemption_for_a_newer_attempt_supersedes_the_older_too():
     h = Harness(nodes=2)
     old, victim = Wire("t1", attempt=0), Wire("v")
