@@ -411,11 +411,13 @@ async def _dry_run(
     partition first), unless ``--gm`` names one. Exit 0 if every task would start now
     (placed, or by preemption), 1 if some would wait, 2 if some could never run."""
     target = client.target if args.gm else (_queue_gm(config, queue) or client.target)
+    tasks = [t.build() for t in templates]
+    gang = {"gang": getattr(args, "gang", False), "min_tasks": getattr(args, "min_tasks", 0) or 0}
     if target == client.target:
-        plan = await client.plan([t.build() for t in templates], queue)
+        plan = await client.plan(tasks, queue, **gang)
     else:
         async with GlobalMasterClient(target) as serving:
-            plan = await serving.plan([t.build() for t in templates], queue)
+            plan = await serving.plan(tasks, queue, **gang)
     if getattr(args, "json", False):
         _print_json(plan_record(plan))
     else:

@@ -266,8 +266,15 @@ class GlobalMasterClient:
         return await self.stub.GetClusterView(request, timeout=timeout_s)
 
     async def plan(
-        self, tasks: Sequence[common_pb2.Task], queue: str = ""
+        self,
+        tasks: Sequence[common_pb2.Task],
+        queue: str = "",
+        gang: bool = False,
+        min_tasks: int = 0,
     ) -> global_master_pb2.PlanJobResponse:
-        """Where each task would go now, or why not; nothing is queued (``PlanJob``)."""
-        request = global_master_pb2.PlanJobRequest(queue=queue, tasks=tasks)
+        """Where each task would go now, or why not; nothing is queued (``PlanJob``).
+        ``gang``/``min_tasks``: judged whole, as ``submit`` would queue it."""
+        request = global_master_pb2.PlanJobRequest(
+            queue=queue, tasks=tasks, gang=gang, min_tasks=min_tasks
+        )
         return await self.stub.PlanJob(request, timeout=10)

@@ -7,6 +7,10 @@
       ├──Alg. 2──▶ PREEMPTS on lm/node (an under-share queue, victims found)
       └──assess──▶ WAITS, with the reason the task would be given in its queue
 
+    a gang (``dry_run_gang``) ──plan_gang──▶ every member PLACED where the GM would
+      reserve it now (with ``min_tasks``, the others WAITS: they start one by one after),
+      or every member WAITS (no room for the whole gang now) or NEVER (it never fits)
+
 The same decisions a scheduling round makes (``Scheduler``: never_runs, the queue's
 ``LimitLedger``, ``GlobalView.match``, ``preemption_plan``, ``assess``), on the GM's own
 view. Like Nomad's ``job plan`` it changes nothing: the room the job's earlier tasks would
@@ -21,9 +25,11 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from services.core.gang import Gang, plan_gang
 from services.core.global_view import PreemptionPlan
 from services.core.gpa import task_usage
 from services.core.scheduler import WAITING_FOR_RESOURCES, RoundPlan, Scheduler
+from services.core.status import Schedulability, Verdict
 from services.core.task import TaskSpec
 
 
@@ -66,6 +72,41 @@ def dry_run(
             view.lms[lm_id].table.give_back(node, spec.resources, mean, var)
         view._rr_internal, view._rr_external = rr
     return out
+
+
+def dry_run_gang(
+    scheduler: Scheduler, queue: str, gang: Gang, now: float | None
+) -> list[TaskOutlook]:
+    """Each member's outlook, in order, as if the gang job were submitted to ``queue``
+    now: the plan the GM's ``Gangs`` would reserve (``plan_gang``; nothing is booked),
+    judged whole. A member that could never run alone makes the whole gang NEVER (its
+    submission is refused), as does a gang no set of nodes could ever hold."""
+    never = [scheduler.never_runs(queue, m, now) for m in gang.members]
+    if any(why is not None for why in never):
+        i, why = next((i, why) for i, why in enumerate(never) if why is not None)
+        whole = f"its gang can never start whole: task {i} can never run here ({why})"
+        return [TaskOutlook(Outcome.NEVER, reason=why or whole) for why in never]
+    outcome = plan_gang(gang, scheduler.view, now, judge_never=True)
+    if isinstance(outcome, Verdict):
+        if outcome.schedulability is Schedulability.INFEASIBLE:
+            verdict = TaskOutlook(
+                Outcome.NEVER, reason=f"the gang can never start whole here: {outcome.reason}"
+            )
+        else:
+            verdict = TaskOutlook(
+                Outcome.WAITS, reason=f"the gang waits to start whole: {outcome.reason}"
+            )
+        return [verdict] * len(gang.members)
+    placed = {piece.task.task_id: piece for piece in outcome.pieces}
+    later = TaskOutlook(
+        Outcome.WAITS,
+        reason=f"not among the {gang.needed} that start together (min_tasks): placed one "
+        "by one once the gang started",
+    )
+    return [
+        TaskOutlook(Outcome.PLACED, p.lm_id, p.node_id, p.repartition) if p is not None else later
+        for p in (placed.get(m.task_id) for m in gang.members)
+    ]
 
 
 def _outlook(scheduler, queue, spec, now, ledger, booked) -> TaskOutlook:

@@ -61,8 +61,9 @@ from services.common.request_stream import Launcher
 from services.common.requeue import RESTART_GRACE_S, enqueue_next_attempt
 from services.common.server import channel
 from services.core.autoscale import waiting_shapes
-from services.core.dry_run import dry_run
+from services.core.dry_run import Outcome, TaskOutlook, dry_run, dry_run_gang
 from services.core.fairness import FairShare, dominant_share
+from services.core.gang import GangError
 from services.core.global_view import (
     ApplyResult,
     GlobalView,
@@ -85,7 +86,7 @@ from services.core.states import RELEASED, TERMINAL
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
-from services.global_master.gangs import GangJob, Gangs, gang_fields
+from services.global_master.gangs import GangJob, Gangs, gang_fields, gang_of
 from services.global_master.jobs import JobBook, status_event
 from services.global_master.predictions import LifetimePredictions
 
@@ -228,6 +229,14 @@ class RecentAllocations:
     """Recent allocation times (seconds) of tasks this GM scheduled."""
 
     values: deque = field(default_factory=lambda: deque(maxlen=10_000))
+
+
+def _limited_gang(queue: str) -> str:
+    return f"queue {queue!r} has a limit; gang jobs are not supported in limited queues yet"
+
+
+def _too_few_tasks(request) -> str:
+    return f"min_tasks {request.min_tasks} is more than the job's {len(request.tasks)} tasks"
 
 
 class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
@@ -570,15 +579,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         if gang and queue in self.limits:
             # A gang is planned whole, outside the scheduler's round, which is where a
             # queue's limit is enforced: not yet done for gangs, so refused, not ignored.
-            raise Refused(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"queue {queue!r} has a limit; gang jobs are not supported in limited queues yet",
-            )
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, _limited_gang(queue))
         if request.min_tasks > len(request.tasks):
-            raise Refused(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"min_tasks {request.min_tasks} is more than the job's {len(request.tasks)} tasks",
-            )
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, _too_few_tasks(request))
         batch = common_pb2.TaskBatch(
             job_id=job_id, queue=queue, gang=gang, min_tasks=request.min_tasks
         )
@@ -931,7 +934,20 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         reply = global_master_pb2.PlanJobResponse(
             gm_id=self.gm_id, queue=queue, served_here=self.serves(queue)
         )
-        for i, outlook in enumerate(dry_run(self.scheduler, queue, specs, time.monotonic())):
+        now = time.monotonic()
+        if not (request.gang or request.min_tasks):
+            outlooks = dry_run(self.scheduler, queue, specs, now)
+        elif request.min_tasks > len(specs):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _too_few_tasks(request))
+        elif queue in self.limits:  # refused at submission (``_queue_job``)
+            outlooks = [TaskOutlook(Outcome.NEVER, reason=_limited_gang(queue))] * len(specs)
+        else:
+            try:
+                gang = gang_of("dry-run", specs, request.min_tasks)
+            except GangError as err:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            outlooks = dry_run_gang(self.scheduler, queue, gang, now)
+        for i, outlook in enumerate(outlooks):
             reply.tasks.add(
                 index=i,
                 outcome=int(outlook.outcome),

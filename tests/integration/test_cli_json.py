@@ -58,6 +58,28 @@ async def test_a_dry_run_says_where_each_task_would_go_and_queues_nothing(capsys
         assert code == 2 and "not with --dry-run or --json" in err
 
 
+async def test_a_gang_dry_run_judges_the_gang_whole(capsys):
+    """Two 4-CPU nodes: three 3-CPU tasks one by one place two and queue one; as a gang
+    they never start whole, with min_tasks 2 two start together and one waits."""
+    async with embedded_federation("cli-dry-run-gang") as (config, _gm, _bus, client):
+        three = ("submit", "--dry-run", "--json", "--count", "3", "--resources", "cpu=3,mem=1Gi")
+        code, out, _ = await megha(config, capsys, *three, "--gang")
+        tasks = json.loads(out)["tasks"]
+        assert code == 2 and {t["outcome"] for t in tasks} == {"never"}
+        assert tasks[0]["reason"].startswith("the gang can never start whole here"), tasks
+
+        code, out, _ = await megha(config, capsys, *three, "--min-tasks", "2")
+        first, second, third = json.loads(out)["tasks"]
+        assert code == 1 and first["outcome"] == second["outcome"] == "placed"
+        assert {first["node_id"], second["node_id"]} == {"lm-1-w0", "lm-1-w1"}
+        assert third["outcome"] == "waits" and "min_tasks" in third["reason"]
+
+        code, out, _ = await megha(config, capsys, "submit", "--dry-run", "--gang", "--count",
+                                   "2", "--resources", "cpu=3,mem=1Gi")  # fmt: skip
+        assert code == 0 and out.count("would run on") == 2
+        assert await client.jobs() == []
+
+
 async def test_listing_commands_print_json(capsys):
     async with embedded_federation("cli-json") as (config, _gm, _bus, client):
         code, out, _ = await megha(config, capsys, "submit", "--json", "--count", "2",

@@ -734,8 +734,15 @@ class PlanJobRequest(_message.Message):
 
     QUEUE_FIELD_NUMBER: _builtins.int
     TASKS_FIELD_NUMBER: _builtins.int
+    GANG_FIELD_NUMBER: _builtins.int
+    MIN_TASKS_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     """The user queue (empty: the first), as in SubmitJobRequest."""
+    gang: _builtins.bool
+    """Judged as a gang, as in SubmitJobRequest: its members placed together (the
+    plan the GM would reserve now), or every member waits or never runs.
+    """
+    min_tasks: _builtins.int
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Task]:
         """The tasks as they would be submitted; their ids may be empty."""
@@ -745,10 +752,12 @@ class PlanJobRequest(_message.Message):
         *,
         queue: _builtins.str = ...,
         tasks: _abc.Iterable[_common_pb2.Task] | None = ...,
+        gang: _builtins.bool = ...,
+        min_tasks: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["queue", b"queue", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang", "min_tasks", b"min_tasks", "queue", b"queue", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
