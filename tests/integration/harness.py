@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -53,6 +54,30 @@ def free_ports(count: int) -> list[int]:
     for s in socks:
         s.close()
     return ports
+
+
+def free_port_base(span: int = 120) -> int:
+    """A base for ``megha up --base-port`` (it takes ports from the base on, and its
+    metrics ports 100 above): below the kernel's ephemeral range, so no outgoing
+    connection takes one meanwhile (a free port of that range, as ``free_ports`` gives,
+    left ``base + 100`` to whatever connection came next: ``Address already in use``),
+    with every port of ``span`` from it free now."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20_000, 32_000 - span)
+        socks = []
+        try:
+            for port in range(base, base + span):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+        return base
+    raise RuntimeError(f"no {span} free ports in a row below 32,000")
 
 
 class Events:

@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from tests.integration.harness import Federation, free_ports
+from tests.integration.harness import Federation, free_port_base, free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +52,7 @@ def _wait_for(what: str, probe, timeout_s: float):
 
 
 def test_embedded_up_replays_a_trace_and_prints_allocation_times(tmp_path):
-    base = free_ports(1)[0]
+    base = free_port_base()
     out = subprocess.run(
         [*MEGHA, "up", "--embedded", "--base-port", str(base), "--gms", "1", "--lms", "2",
          "--workers", "2", "--replay", str(small_trace(tmp_path)), "--speedup", "100",
@@ -70,7 +70,7 @@ def test_embedded_up_replays_a_trace_and_prints_allocation_times(tmp_path):
 
 
 def test_up_runs_processes_and_stops_them_all_on_sigterm(tmp_path):
-    base = free_ports(1)[0]
+    base = free_port_base()
     proc = subprocess.Popen(
         [*MEGHA, "up", "--base-port", str(base), "--gms", "1", "--lms", "1", "--workers", "2",
          "--log-dir", str(tmp_path)],
@@ -101,7 +101,7 @@ def test_up_runs_processes_and_stops_them_all_on_sigterm(tmp_path):
 
 
 def test_up_restarts_a_child_that_dies_and_gives_up_on_a_crash_loop(tmp_path):
-    base = free_ports(1)[0]
+    base = free_port_base()
     errors = tmp_path / "up.err"
     with errors.open("w") as err:
         proc = subprocess.Popen(
