@@ -1,14 +1,17 @@
 """The contention sweep (issue 29): Megha 10 GMs x 10 LMs against ``central`` and Sparrow
 as the Yahoo sample fills the federation.
 
-    contention() ──SimConfig per (size, scheduler)──▶ ``megha-loadgen experiment contention``
-        ──▶ OUT/contention/{megha,central,sparrow}-{3,5,7.5,10}k/summary.json
+    contention() ──SimConfig per (size, run kind)──▶ ``megha-loadgen experiment contention``
+        ──▶ OUT/contention/{megha,megha-oldest,central,sparrow}-{3,5,7.5,10}k/summary.json
         ──▶ OUT/contention/contention.png (mean, p99, per-GM spread, inconsistencies per
             task against workers) + table.md (``markdown_table``) + the targets, met or not
 
 The sample averages 3,227 tasks running at once, with bursts far above: at 10,000 workers
 the federation is two-thirds idle, at 3,000 it is full for hours. ``--arrival-scale``
 compresses the arrivals to load every size harder.
+
+``megha`` is Megha under the default contention rule (``claims: owner``),
+``megha-oldest`` under ``claims: oldest`` (``services/core/contention.py``).
 
 "same job groups" is the spread the Megha runs' split of the jobs (job j to GM j % 10)
 shows in any run, central's and Sparrow's too (``group_spread``): where one FIFO queue
@@ -34,7 +37,9 @@ from loadgen import report
 from loadgen.sim.config import SimConfig
 
 SIZES = (3_000, 5_000, 7_500, 10_000)
-SCHEDULERS = ("megha", "central", "sparrow")
+# Run kinds: Megha under each contention rule (``claims``), then the two references.
+SCHEDULERS = ("megha", "megha-oldest", "central", "sparrow")
+MEGHA_KINDS = ("megha", "megha-oldest")
 GMS = LMS = 10
 # Issue 29's targets (see the module doc).
 MEAN_VS_CENTRAL = 1.1
@@ -51,12 +56,25 @@ def label(scheduler: str, workers: int) -> str:
 
 
 def contention() -> dict[str, SimConfig]:
-    """Every scheduler at every size, the smallest (slowest) size first."""
+    """Every run kind at every size, the smallest (slowest) size first."""
     return {
-        label(scheduler, workers): SimConfig(scheduler=scheduler, workers=workers, gms=GMS, lms=LMS)
+        label(kind, workers): SimConfig(
+            scheduler=kind.split("-")[0],
+            workers=workers,
+            gms=GMS,
+            lms=LMS,
+            claims="oldest" if kind == "megha-oldest" else "owner",
+        )
         for workers in SIZES
-        for scheduler in SCHEDULERS
+        for kind in SCHEDULERS
     }
+
+
+def kind(summary: dict[str, Any]) -> str:
+    """A run's kind (``SCHEDULERS``): its scheduler, and for Megha its contention rule."""
+    scheduler = summary["scheduler"]
+    claims = (summary.get("model") or {}).get("claims", "owner")
+    return f"{scheduler}-{claims}" if scheduler == "megha" and claims != "owner" else scheduler
 
 
 def group_spread(directory: Path, groups: int = GMS) -> float | None:
@@ -93,7 +111,7 @@ def row(summary: dict[str, Any]) -> dict[str, Any]:
     """What the sweep compares of one run."""
     return {
         "workers": summary["workers"],
-        "scheduler": summary["scheduler"],
+        "scheduler": kind(summary),
         "completed": summary["completed"],
         "tasks": summary["tasks"],
         "mean_s": _mean_s(summary),
@@ -119,7 +137,7 @@ def markdown_table(summaries: Sequence[dict[str, Any]]) -> str:
         "same job groups | inconsistencies per task | wall s | tasks per wall s |"
     )
     lines = [head, "|" + " --- |" * (head.count("|") - 1)]
-    for s in sorted(summaries, key=lambda s: (s["workers"], SCHEDULERS.index(s["scheduler"]))):
+    for s in sorted(summaries, key=lambda s: (s["workers"], SCHEDULERS.index(kind(s)))):
         r = row(s)
         done = f"{r['completed']}/{r['tasks']}" + (" (timed out)" if r["timed_out"] else "")
         spread = "-" if r["spread"] is None else f"{r['spread']:.2f}"
@@ -135,12 +153,12 @@ def markdown_table(summaries: Sequence[dict[str, Any]]) -> str:
 
 def targets(summaries: Sequence[dict[str, Any]]) -> list[str]:
     """Per size, Megha against issue 29's targets: one line each, "ok" or what misses."""
-    by = {(s["workers"], s["scheduler"]): s for s in summaries}
+    by = {(s["workers"], kind(s)): s for s in summaries}
     lines = []
-    for workers in sorted({s["workers"] for s in summaries}):
-        megha = by.get((workers, "megha"))
-        if megha is None:
-            continue
+    for workers, which in sorted(
+        {(s["workers"], kind(s)) for s in summaries if kind(s) in MEGHA_KINDS}
+    ):
+        megha = by[(workers, which)]
         central, sparrow = by.get((workers, "central")), by.get((workers, "sparrow"))
         misses: list[str] = []
         mean, p99 = _mean_s(megha), megha["alloc_s"]["p99"]
@@ -153,7 +171,7 @@ def targets(summaries: Sequence[dict[str, Any]]) -> list[str]:
                 misses.append(f"p99 {p99 * 1e3:.2f} ms")
             _speed(megha, misses)
             verdict = "ok" if not misses else "; ".join(misses)
-            lines.append(f"{workers:,} workers (light load): {verdict}")
+            lines.append(f"{workers:,} workers, {which} (light load): {verdict}")
             continue
         if central is not None and mean is not None and _mean_s(central):
             ratio = mean / _mean_s(central)
@@ -175,7 +193,7 @@ def targets(summaries: Sequence[dict[str, Any]]) -> list[str]:
             misses.append(f"{_per_task(megha):.2f} inconsistencies per task")
         _speed(megha, misses)
         verdict = "ok" if not misses else "; ".join(misses)
-        lines.append(f"{workers:,} workers (overloaded): {verdict}")
+        lines.append(f"{workers:,} workers, {which} (overloaded): {verdict}")
     return lines
 
 
@@ -206,9 +224,9 @@ def plot(summaries: Sequence[dict[str, Any]], path: Path, title: str) -> Path | 
     )
     try:
         for ax, (key, ylabel, log) in zip(axes.flat, panels, strict=True):
-            for scheduler, style in zip(SCHEDULERS, ("o-", "s--", "^:"), strict=True):
+            for scheduler, style in zip(SCHEDULERS, ("o-", "D-", "s--", "^:"), strict=True):
                 rows = sorted(
-                    (row(s) for s in summaries if s["scheduler"] == scheduler),
+                    (row(s) for s in summaries if kind(s) == scheduler),
                     key=lambda r: r["workers"],
                 )
                 points = [(r["workers"], r[key]) for r in rows if r[key] is not None]

@@ -29,6 +29,7 @@ from services.common.argtypes import (
     positive_float,
     positive_int,
 )
+from services.core.contention import CLAIMS
 from services.core.match import POLICIES
 
 
@@ -86,6 +87,13 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         help="multiply every arrival time by this (0.5: the jobs arrive in half the span, "
         "twice the load)",
     )
+    parser.add_argument(
+        "--claims",
+        choices=CLAIMS,
+        default=defaults.claims,
+        help="who has the first claim on room a finished task freed: the node's owner GM "
+        "(default) or the GM whose work waited oldest (backlogs reported every heartbeat)",
+    )
     parser.add_argument("--policy", choices=sorted(POLICIES), default=defaults.policy)
     parser.add_argument("--probe-ratio", type=positive_float, default=defaults.probe_ratio)
     parser.add_argument(
@@ -138,6 +146,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         policy=args.policy,
         probe_ratio=args.probe_ratio,
         arrival_scale=args.arrival_scale,
+        claims=args.claims,
         fair_share=args.fair_share or args.queues is not None,
         queues=load_queues(args.queues) if args.queues is not None else (),
         seed=args.seed,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from loadgen.queues import QueueFileError, check_gms
 from services.common.config import QueueConfig
-from services.core.contention import OWNER_GRACE_S
+from services.core.contention import CLAIMS, OWNER_GRACE_S
 from services.core.scheduler import MAX_REJECTIONS, ROUND_PER_QUEUE
 from services.core.vdc import Vdc, VdcError
 
@@ -76,6 +76,10 @@ class SimConfig:
     owner_grace_s: float = OWNER_GRACE_S
     """Room freed on a GM's partition is left to that GM this long before others
     repartition onto it (``services.core.contention.OwnerFirst``; 0: no such rule)."""
+    claims: str = "owner"
+    """Who has the first claim on room an end freed (``services.core.contention.CLAIMS``):
+    the node's ``owner`` (``OwnerFirst``), or the GM whose work waited ``oldest``
+    (``OldestFirst``: every GM reports its backlog to all every heartbeat interval)."""
     arrival_scale: float = 1.0
     """Multiplies every job's arrival time since the first (0.5: arrivals compressed into
     half the span, so the same trace loads the cluster twice as hard)."""
@@ -108,6 +112,8 @@ class SimConfig:
     def check(self) -> None:
         if self.scheduler not in SCHEDULERS:
             raise SimConfigError(f"unknown scheduler {self.scheduler!r}; use one of {SCHEDULERS}")
+        if self.claims not in CLAIMS:
+            raise SimConfigError(f"claims must be one of {CLAIMS}, got {self.claims!r}")
         if self.finish_notify not in FINISH_NOTIFY:
             raise SimConfigError(f"finish_notify must be one of {FINISH_NOTIFY}")
         for name in ("workers", "gms", "lms", "cores_per_worker", "memory_per_worker_mb"):

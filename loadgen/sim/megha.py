@@ -76,6 +76,7 @@ class TaskRun:
     tasks: list[int]
     shape: int
     specs: list[TaskSpec | None]  # every task's spec, by task index (the simulator's)
+    enqueued: float = 0.0  # when its tasks were queued (virtual seconds)
     pos: int = 0
     rejections: int = 0
     lease: int = 0
@@ -259,6 +260,7 @@ class MeghaSim:
                         make_policy(config.policy),
                         num_constraints,
                         owner_grace_s=config.owner_grace_s,
+                        claims=config.claims,
                     ),
                     UserQueues(n for n, at in zip(names, self.queue_gm, strict=True) if at == g),
                     self.fair if config.fair_share else None,
@@ -325,6 +327,25 @@ class MeghaSim:
             engine.at(phase or self.heartbeat_ns, self._heartbeat, lm)
         for job in range(self.workload.jobs):
             engine.at(int(self.workload.arrival_ns[job]), self._arrive, job)
+        if self.config.claims == "oldest" and len(self.gms) > 1:
+            engine.at(self.heartbeat_ns, self._report_backlogs, ())
+
+    def _report_backlogs(self, last: tuple) -> None:
+        """Every heartbeat interval each GM reports its oldest waiting work to every GM,
+        itself too (``OldestFirst``); while none has any, and none had, nothing is sent."""
+        if self.engine.stopped:
+            return
+        # Work younger than a report interval claims nothing (``OldestFirst``).
+        before = (self.engine.now - self.heartbeat_ns) / 1e9
+        reports = tuple(gm.scheduler.backlog(before) for gm in self.gms)
+        if any(reports) or any(last):
+            self.engine.at(self.engine.now + self.delay, self._learn_backlogs, reports)
+        self.engine.at(self.engine.now + self.heartbeat_ns, self._report_backlogs, reports)
+
+    def _learn_backlogs(self, reports: tuple) -> None:
+        for gm in self.gms:
+            for source, runs in zip(self.gms, reports, strict=True):
+                gm.scheduler.heard_backlog(source.gm_id, runs)
 
     # ------------------------------------------------------------- job arrival
     def _arrive(self, job: int) -> None:
@@ -365,7 +386,7 @@ class MeghaSim:
                 continue
             run = runs.get(q)
             if run is None or run.shape != shape:
-                run = runs[q] = TaskRun([], shape, self.specs)
+                run = runs[q] = TaskRun([], shape, self.specs, now / 1e9)
                 gm.scheduler.submit(queue, run)
             run.tasks.append(task)
             woken[gm.index] = gm
@@ -754,7 +775,8 @@ class MeghaSim:
     def _requeued(self, gm: SimGM, task: int) -> None:
         spec = self.specs[task]
         assert spec is not None
-        run = TaskRun([task], int(self.workload.shape_of[task]), self.specs)
+        queued = self.log.stamps["queued"][task] / 1e9
+        run = TaskRun([task], int(self.workload.shape_of[task]), self.specs, queued)
         gm.scheduler.submit(spec.queue, run)
         self._wake(gm)
 
@@ -800,7 +822,8 @@ class MeghaSim:
 
     def _rejected(self, gm: SimGM, task: int, status: PlacementStatus) -> None:
         log = self.log
-        run = TaskRun([task], int(self.workload.shape_of[task]), self.specs)
+        queued = log.stamps["queued"][task] / 1e9
+        run = TaskRun([task], int(self.workload.shape_of[task]), self.specs, queued)
         run.rejections = int(log.rejections[task])
         spec = self.specs[task]
         assert spec is not None

@@ -25,7 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.common.config import BROKER_ROLES, ConfigError, FederationConfig, read_secret
-from services.common.names import CANCEL_EXCHANGE, EVENT_EXCHANGE, HEARTBEAT_EXCHANGE
+from services.common.names import (
+    BACKLOG_EXCHANGE,
+    CANCEL_EXCHANGE,
+    EVENT_EXCHANGE,
+    HEARTBEAT_EXCHANGE,
+)
 
 _CTL_TIMEOUT_S = 60.0
 
@@ -50,6 +55,7 @@ def role_permissions(prefix: str) -> dict[str, Permissions]:
     heartbeats = f"{p}\\.{re.escape(HEARTBEAT_EXCHANGE)}"
     events = f"{p}\\.{re.escape(EVENT_EXCHANGE)}"
     cancels = f"{p}\\.{re.escape(CANCEL_EXCHANGE)}"
+    backlogs = f"{p}\\.{re.escape(BACKLOG_EXCHANGE)}"
     user_queues = f"{p}\\.queue\\.user\\..+"  # names.user_queue
     cancel_queues = f"{p}\\.queue\\.cancels\\..+"  # names.cancel_queue, kept per process
     # A subscriber's exclusive queue: aio-pika's robust channels name it amq_<uuid hex>
@@ -57,13 +63,16 @@ def role_permissions(prefix: str) -> dict[str, Permissions]:
     server_named = "amq_[0-9a-f]{32}|amq\\.gen-.*"
     default = "amq\\.default"
     return {
-        # Consume and queue jobs; hear heartbeats and events; publish events and cancels.
+        # Consume and queue jobs; hear heartbeats and events; publish events and cancels;
+        # tell and hear the GMs' backlogs.
         "gm": Permissions(
             configure=_any_of(
-                heartbeats, events, cancels, user_queues, cancel_queues, server_named
+                heartbeats, events, cancels, backlogs, user_queues, cancel_queues, server_named
             ),
-            write=_any_of(default, events, cancels, cancel_queues, server_named),
-            read=_any_of(heartbeats, events, cancels, user_queues, cancel_queues, server_named),
+            write=_any_of(default, events, cancels, backlogs, cancel_queues, server_named),
+            read=_any_of(
+                heartbeats, events, cancels, backlogs, user_queues, cancel_queues, server_named
+            ),
         ),
         # Publish heartbeats and events; hear peers' heartbeats and cancels; queue tasks
         # again (declaring the user queue first, so configure on it, but never read it).

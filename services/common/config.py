@@ -402,6 +402,14 @@ class FederationConfig(_Model):
         "freed on another GM's partition is left to that GM until a snapshot of the LM "
         "shows it, at most this long; 0 turns the rule off (every GM races for it).",
     )
+    claims: Literal["owner", "oldest"] = Field(
+        "owner",
+        description="Contention (issue 29, services/core/contention.py): who has the first "
+        "claim on room a task's end frees: the node's owner GM (OwnerFirst), or the GM "
+        "whose work waited longest (OldestFirst: every GM tells every GM its oldest waiting "
+        "work every heartbeat interval, so a full federation serves its GMs' work in "
+        "arrival order, as one queue would). Holds last owner_grace_s at most.",
+    )
     heartbeat_interval_s: float = Field(1.0, gt=0, le=60, description="LM state broadcast.")
     full_state_every: int = Field(10, ge=1, description="Every Nth heartbeat is a full state.")
     worker_heartbeat_interval_s: float = Field(

@@ -29,17 +29,30 @@ know it yet (at 5,000 workers 0.60 inconsistencies per task instead of 0.70).
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from bitarray import bitarray
 from bitarray.util import zeros
+
+from services.core.recent import RecentInts
 
 # The longest a hold lasts when no snapshot of the LM comes (lost heartbeats): a
 # snapshot ends it first, one heartbeat interval at most after the end. A node whose owner
 # had nothing to place there idles that long; tasks run minutes (Yahoo: 11 on average),
 # and an owner with nothing to place is an owner whose partition has idle room anyway.
 OWNER_GRACE_S = 30.0
+# Who has the first claim on room an end freed (``GlobalView(claims=...)``).
+CLAIMS = ("owner", "oldest")
+# The oldest runs of waiting work a GM's backlog report names (``OldestFirst``): more
+# than the ends a federation hears between two reports at full load on the sweep's sizes.
+BACKLOG_RUNS = 32
+Run = tuple[float, int, str]  # waiting work: (enqueued, tasks, queue)
+# Ends remembered as counted (``OldestFirst.first_heard``): an end's event and the
+# snapshot showing it come within a heartbeat or two of each other.
+COUNTED_ENDS = 100_000
 
 
 class OwnerFirst:
@@ -128,9 +141,136 @@ class OwnerFirst:
     def next_due(self) -> float | None:
         return self._due[0][0] if self._due else None
 
+    def claimant(self) -> str | None:
+        """Who has the first claim on the room the next end frees: None, its node's
+        owner. Called once for every end this GM hears, in the order heard."""
+        return None
+
+    def first_heard(self, task_id: str, attempt: int) -> bool:
+        """Whether this is the first time this GM hears of the end of ``task_id``'s
+        attempt ``attempt`` (an end comes as an event and in a snapshot, in either
+        order): only then does it count a claim. Under ``OwnerFirst``, always."""
+        return True
+
     def forget(self, lm_id: str) -> None:
         """The LM restarted (its node rows may be other nodes now) or was dropped."""
         if self._held.pop(lm_id, None) is not None:
             self._until = {k: v for k, v in self._until.items() if k[0] != lm_id}
             self._due = deque(d for d in self._due if d[1] != lm_id)
             self.epoch += 1
+
+
+class OldestFirst(OwnerFirst):
+    """Freed room goes to the GM whose work has waited longest: a federation-wide FIFO
+    without a coordinator (issue 29, item 2: the idea ``OwnerFirst`` left open).
+
+    With ``OwnerFirst`` a full federation is ten clusters of a tenth each: a burst on one
+    GM waits for its own partition while the others serve younger work. Here every GM
+    reports its backlog (``backlog``: the oldest runs of its waiting work as (enqueued,
+    tasks, queue), every heartbeat interval, to every GM), and every GM hears every end in
+    the same order, so each names the same claimant for each end without asking anyone:
+
+        end heard ──▶ claimant = the GM whose oldest unclaimed run is oldest, of the
+                      queues not over their share (``shares``); ties: the lower GM id;
+                      that run is one task shorter
+            claimant is this GM ──▶ its to take now (as its own partition's room)
+            another GM ──▶ held for it: excluded from this GM's search, internal too,
+                           until a snapshot shows the node or ``grace_s`` passes
+            no GM reports waiting work ──▶ the owner's (``OwnerFirst``)
+        a GM's report ──▶ replaces what it reported before (claims on it start over)
+
+    An end is heard twice, as an event and in the LM's next snapshot, in either order
+    (live, the snapshot often comes first): the first counts its claim, the second
+    nothing (``first_heard``), so room a snapshot shows freed is held as an event's is.
+
+    Only work that has waited a report interval is reported: younger work may be placed
+    before the next report reaches anyone (a claim for it would leave a node idle until a
+    snapshot shows it), and until some work waits that long the owner rule serves a
+    light load as before.
+
+    With user-queue shares (Alg. 2) a queue over its share claims nothing: room goes to
+    the oldest work within its share, and fairness preempts for a queue under it as
+    before. Assumptions: an end frees room for one task of the claimant's (true of
+    one-slot traces; a bigger task waits for the next snapshot, as under
+    ``OwnerFirst``); a GM reports its own backlog to itself as to the others, so all
+    count the same claims; GMs judge shares on views that differ by a heartbeat at most.
+    Stale reports cost idle room, never a double booking: a claimant with nothing that
+    fits leaves the node, which a snapshot then offers to all.
+    """
+
+    def __init__(self, gm_id: str, grace_s: float = OWNER_GRACE_S):
+        super().__init__(grace_s)
+        self.gm_id = gm_id
+        # Per GM: its last report, the index of its oldest run with tasks unclaimed, and
+        # the tasks of that run claimed so far.
+        self._runs: dict[str, tuple[Sequence[Run], int, int]] = {}
+        self._heads: list[tuple[float, str]] = []  # (enqueued of its oldest run, GM)
+        self._over: frozenset[str] = frozenset()  # queues over their share: no claims
+        # Task id -> the newest attempt whose end was counted (``first_heard``).
+        self._counted = RecentInts(COUNTED_ENDS)
+
+    def first_heard(self, task_id: str, attempt: int) -> bool:
+        counted = self._counted.get(task_id)
+        if counted is not None and counted >= attempt:
+            return False
+        self._counted.put_max(task_id, attempt)
+        return True
+
+    def backlog(self, gm_id: str, runs: Iterable[Run]) -> None:
+        """``gm_id`` reported its waiting work: runs of (enqueued, tasks, queue), oldest
+        first."""
+        report = tuple((float(at), int(n), queue) for at, n, queue in runs if n > 0)
+        if not report and gm_id not in self._runs:
+            return
+        self._runs[gm_id] = (report, 0, 0)
+        self._heap()
+
+    def shares(self, over: Iterable[str]) -> None:
+        """The queues over their share now: their runs claim nothing until they are not."""
+        over = frozenset(over)
+        if over != self._over:
+            self._over = over
+            self._heap()
+
+    def _heap(self) -> None:
+        heads = []
+        for gm_id, (runs, index, _used) in self._runs.items():
+            skipped = self._skip(runs, index)
+            if skipped != index:
+                self._runs[gm_id] = (runs, skipped, 0)
+            if skipped < len(runs):
+                heads.append((runs[skipped][0], gm_id))
+        heapq.heapify(heads)
+        self._heads = heads
+
+    def _skip(self, runs: Sequence[Run], index: int) -> int:
+        while index < len(runs) and runs[index][2] in self._over:
+            index += 1
+        return index
+
+    def claimant(self) -> str | None:
+        """Who the next end's room is for (one task of its oldest run), or None."""
+        if not self._heads:
+            return None
+        _, gm_id = self._heads[0]
+        runs, index, used = self._runs[gm_id]
+        used += 1
+        if used < runs[index][1]:
+            self._runs[gm_id] = (runs, index, used)
+        else:
+            index = self._skip(runs, index + 1)
+            self._runs[gm_id] = (runs, index, 0)
+            if index < len(runs):
+                heapq.heapreplace(self._heads, (runs[index][0], gm_id))
+            else:
+                heapq.heappop(self._heads)
+        return gm_id
+
+
+def contention_rule(claims: str, gm_id: str, grace_s: float) -> OwnerFirst | None:
+    """The rule ``claims`` (``CLAIMS``) names, for ``gm_id``; None when ``grace_s`` is 0."""
+    if claims not in CLAIMS:
+        raise ValueError(f"claims must be one of {CLAIMS}, got {claims!r}")
+    if grace_s <= 0:
+        return None
+    return OldestFirst(gm_id, grace_s) if claims == "oldest" else OwnerFirst(grace_s)

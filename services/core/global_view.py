@@ -21,7 +21,13 @@ from bitarray import bitarray
 from bitarray.util import ones
 
 from services.core.constraints import DEFAULT_NUM_CONSTRAINTS
-from services.core.contention import OWNER_GRACE_S, OwnerFirst
+from services.core.contention import (
+    OWNER_GRACE_S,
+    OldestFirst,
+    OwnerFirst,
+    Run,
+    contention_rule,
+)
 from services.core.fairness import FairShare, Victims, pick_victims
 from services.core.gpa import task_usage
 from services.core.match import NO_NODE, FirstFit, PlacementPolicy, assess, match
@@ -218,12 +224,16 @@ class GlobalView:
         constraint_labels: Mapping[int, str] | None = None,
         silent_after_s: float = math.inf,
         owner_grace_s: float = OWNER_GRACE_S,
+        claims: str = "owner",
     ):
-        """``owner_grace_s``: room freed on another GM's partition is left to that GM for
-        this long before this one repartitions onto it (``OwnerFirst``; 0: no rule)."""
+        """``owner_grace_s``: room an end freed is left to the GM with the first claim
+        on it for this long before this one takes it (0: no rule). ``claims``: who has
+        that claim (``services.core.contention.CLAIMS``): the node's ``owner``
+        (``OwnerFirst``) or the GM whose work waited longest (``oldest``,
+        ``OldestFirst``: fed by ``backlog``)."""
         self.gm_id = gm_id
         self.silent_after_s = silent_after_s  # see ``silent``
-        self.owner_first = OwnerFirst(owner_grace_s) if owner_grace_s > 0 else None
+        self.owner_first: OwnerFirst | None = contention_rule(claims, gm_id, owner_grace_s)
         self.policy: PlacementPolicy = policy or FirstFit()
         self.num_constraints = num_constraints
         self.constraint_labels = dict(constraint_labels or {})  # id -> name, for reasons
@@ -256,12 +266,19 @@ class GlobalView:
                 view.updated_at = now  # nothing changed, but the LM is alive and current
             return ApplyResult.STALE
         if snapshot.full:
+            heard = []
+            if view is not None:
+                listed = {a.task_id for a in snapshot.allocations}
+                gone = (t for t in view.allocations if t not in listed and t not in view.inflight)
+                heard = self._first_heard(view, gone)
             self._apply_full(snapshot, now)
             if self.owner_first is not None:
                 self.owner_first.seen(snapshot.lm_id, None)
+            self._claim(self.lms[snapshot.lm_id], heard, now)
             return ApplyResult.APPLIED
         if view is None or view.version < snapshot.base_version:
             return ApplyResult.NEEDS_FULL
+        heard = self._first_heard(view, snapshot.ended_task_ids)
         if len(snapshot.nodes):
             view.table.set_columns(snapshot.nodes)
             view.refresh_masks()
@@ -277,7 +294,34 @@ class GlobalView:
         self._reconcile(view, snapshot, now)
         if self.owner_first is not None:
             self.owner_first.seen(snapshot.lm_id, snapshot.free_indices)
+        self._claim(view, heard, now)
         return ApplyResult.APPLIED
+
+    def _first_heard(self, view: LMView, ended: Iterable[str]) -> list[Allocation]:
+        """Of the tasks a snapshot shows ended, those whose end this GM hears of first
+        there (not by event): their claims count (``OldestFirst``; live, a heartbeat
+        often comes before the event)."""
+        rule = self.owner_first
+        if not isinstance(rule, OldestFirst):
+            return []
+        heard = []
+        for task_id in ended:
+            known = view.allocations.get(task_id)
+            if known is not None and rule.first_heard(task_id, known.attempt):
+                heard.append(known)
+        return heard
+
+    def _claim(self, view: LMView, heard: list[Allocation], now: float) -> None:
+        """Count the claims of ends first heard in a snapshot (``_first_heard``), after
+        its ``seen``: no GM had a chance at these nodes yet, so they are held as an
+        event's would be."""
+        rule = self.owner_first
+        for ended in heard:
+            assert rule is not None
+            claimant = rule.claimant()
+            owned = view.internal is not None and bool(view.internal[ended.node])
+            if not (owned if claimant is None else claimant == self.gm_id):
+                rule.freed(view.lm_id, view.table.size, ended.node, now)
 
     def _reconcile(self, view: LMView, snapshot: Snapshot, now: float) -> None:
         """Re-apply what this GM learnt after the LM took ``snapshot``.
@@ -499,6 +543,12 @@ class GlobalView:
         its room is this GM's to use now: room an end freed on another GM's partition is
         left to that GM (``OwnerFirst``) until a snapshot shows the node, which wakes the
         GM then; waking every GM for every end was most of an overloaded run's work."""
+        # Every GM counts every end's claim, in the order heard, known here or not, so
+        # that all of them name the same claimant (``OldestFirst``).
+        claimant = None
+        rule = self.owner_first
+        if ended and now is not None and rule is not None and rule.first_heard(task_id, attempt):
+            claimant = rule.claimant()
         view = self.lms.get(lm_id)
         if view is None:
             return False
@@ -525,7 +575,8 @@ class GlobalView:
             back = allocation.resources if evicted is None else allocation.resources - evicted[1]
             view.table.give_back(allocation.node, back, allocation.usage_mean, allocation.usage_var)
             owned = view.internal is not None and view.internal[allocation.node]
-            if ended and now is not None and self.owner_first is not None and not owned:
+            mine = owned if claimant is None else claimant == self.gm_id
+            if ended and now is not None and self.owner_first is not None and not mine:
                 self.owner_first.freed(lm_id, view.table.size, allocation.node, now)
                 held = True
         # A preemption that ended (the task ran) killed its victims; one that was refused
@@ -546,7 +597,8 @@ class GlobalView:
     def _search(self, task: TaskSpec, internal: bool, now: float | None) -> Placement | None:
         count = len(self._order)
         start = self._rr_internal if internal else self._rr_external
-        owner_first = None if internal or now is None else self.owner_first
+        # Holds are on other GMs' nodes, and with ``OldestFirst`` on this GM's own too.
+        owner_first = None if now is None else self.owner_first
         if owner_first is not None:
             owner_first.expire(now)
         # Everything a policy's verdict depends on besides the table (and the holds).
@@ -584,6 +636,15 @@ class GlobalView:
                     self._rr_external = slot + 1
                 return Placement(view.lm_id, node, view.table.node_ids[node], not internal)
         return None
+
+    def backlog(self, gm_id: str, runs: Iterable[Run], over: Iterable[str] = ()) -> None:
+        """``gm_id`` (this GM too) reported its oldest waiting work, as (enqueued, tasks,
+        queue) runs oldest first (``Scheduler.backlog``): the claims ``OldestFirst``
+        counts; ``over``: the queues over their share now, which claim nothing. Nothing
+        to do under the other rules."""
+        if isinstance(self.owner_first, OldestFirst):
+            self.owner_first.shares(over)
+            self.owner_first.backlog(gm_id, runs)
 
     def held_until(self) -> float | None:
         """When the next node held for its owner (``OwnerFirst``) is anyone's again."""

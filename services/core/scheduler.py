@@ -29,12 +29,14 @@ tasks must cost one park, not a million). Time comes in as ``now`` (seconds, mon
 from __future__ import annotations
 
 import enum
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from services.core.cancels import CancelledJobs
+from services.core.contention import BACKLOG_RUNS, OldestFirst, Run
 from services.core.fairness import FairShare
 from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
 from services.core.limits import LimitLedger, QueueLimits
@@ -82,6 +84,11 @@ class Work(Protocol):
     @property
     def lease(self) -> int:
         """The lease it was last sent under (0: never)."""
+        ...
+
+    @property
+    def enqueued(self) -> float:
+        """When its next task was queued (the driver's clock, seconds)."""
         ...
 
 
@@ -174,12 +181,13 @@ class Scheduler(Generic[W]):
         ``withdrawn``: work the driver took back (a submission the broker refused).
         ``explain=False`` skips the reasons given to waiting tasks (the simulator)."""
         self.view = view
-        if fair is not None and len(fair.queues) > 1:
+        shared = fair is not None and len(fair.queues) > 1
+        if shared and not isinstance(view.owner_first, OldestFirst):
             # With shares, Alg. 2 decides who gets room: a partition-first claim
             # (``OwnerFirst``) hands a GM its partition beyond its queues' shares (the
             # fairness test: a 10 % queue held 32 %; exempting under-share queues from
-            # over-share GMs' holds still left it at 15 %). Off until a share-aware
-            # hold is designed (issue 29).
+            # over-share GMs' holds still left it at 15 %). ``OldestFirst`` stays: a
+            # queue over its share claims nothing (``heard_backlog``).
             view.owner_first = None
         self.queues = queues
         self.fair = fair
@@ -395,6 +403,27 @@ class Scheduler(Generic[W]):
         self._last_parked.clear()
         self._blind = False
         return self.queues.unpark() > 0
+
+    def backlog(self, before: float = math.inf, most: int = BACKLOG_RUNS) -> list[Run]:
+        """The oldest waiting work queued before ``before``, as up to ``most`` runs of
+        (enqueued, tasks, queue), oldest first: what this GM reports to every GM (itself
+        too) for ``OldestFirst``. A queue's work of one enqueued time is one run. Cost:
+        O(queues x lanes x ``most``)."""
+        tasks: dict[tuple[float, str], int] = defaultdict(int)
+        for queue in self.queues.names:
+            for work in self.queues.oldest(queue, most):
+                if work.enqueued < before:
+                    tasks[(work.enqueued, queue)] += len(work)
+        return [(at, n, queue) for (at, queue), n in sorted(tasks.items())[:most]]
+
+    def heard_backlog(self, gm_id: str, runs: Iterable[Run]) -> None:
+        """``gm_id``'s report (``backlog``) came: the claims ``OldestFirst`` counts. With
+        shares, the queues this view finds over theirs claim nothing meanwhile."""
+        over: list[str] = []
+        if self.fair is not None and len(self.fair.queues) > 1:
+            usage, total = self.view.queue_usage(), self.view.total_capacity()
+            over = [q for q in usage if self.fair.is_over_share(q, usage, total)]
+        self.view.backlog(gm_id, runs, over)
 
     # ----------------------------------------------------------------- replies
     def accepted(self, lm_id: str, task_id: str) -> None:

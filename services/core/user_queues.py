@@ -18,6 +18,7 @@ from __future__ import annotations
 from bisect import insort
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -165,6 +166,15 @@ class UserQueues(Generic[T]):
             for negated in ready.order:
                 yield from ready.lanes[-negated]
         yield from self._parked.get(queue, ())
+
+    def oldest(self, queue: str, most: int) -> Iterator[T]:
+        """The first ``most`` items of each lane of ``queue`` and of its parked ones: its
+        oldest items are among them (each lane, and the parked, are in arrival order)."""
+        ready = self._ready.get(queue)
+        if ready is not None:
+            for lane in ready.lanes.values():
+                yield from islice(lane, most)
+        yield from islice(self._parked.get(queue, ()), most)
 
     def ready(self, queue: str) -> int:
         ready = self._ready.get(queue)

@@ -47,6 +47,7 @@ from services.common.convert import (
     snapshot_from_proto,
 )
 from services.common.names import (
+    BACKLOG_EXCHANGE,
     CANCEL_EXCHANGE,
     EVENT_EXCHANGE,
     EVERY_TASK_EVENT,
@@ -223,6 +224,13 @@ class Pending:
     def lease(self) -> int:
         return self.task.lease
 
+    @property
+    def enqueued(self) -> float:
+        """When the task was queued, on the wall clock every GM shares (for
+        ``OldestFirst``: GMs compare it)."""
+        stamps = self.task.timestamps
+        return (stamps.queued_unix_nanos or stamps.submitted_unix_nanos) / 1e9
+
 
 @dataclass
 class RecentAllocations:
@@ -252,6 +260,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             config.constraint_labels,
             silent_after_s=silent_after(config.heartbeat_interval_s),
             owner_grace_s=config.owner_grace_s,
+            claims=config.claims,
         )
         self.fair = FairShare([q.as_share() for q in config.effective_queues()])
         self.failover = config.queue_failover
@@ -360,6 +369,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 CANCEL_EXCHANGE, self._on_cancel_message, keep_as=cancel_queue(self.gm_id)
             )
         )
+        if self.config.claims == "oldest":
+            self._subscriptions.append(
+                await self.bus.subscribe_fanout(
+                    BACKLOG_EXCHANGE, self._on_backlog, ttl_s=self.config.heartbeat_interval_s
+                )
+            )
+            self._loops.append(asyncio.create_task(self._backlog_loop(), name="gm-backlog"))
         if self.bus.signing_key is None and self.config.tls is not None:
             log.warning(
                 "tls is set but broker.queue_signing_key is not: this GM schedules any "
@@ -1406,6 +1422,35 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self._unstarted.pop(task_id, None)
             self._event(task, common_pb2.TASK_STATE_LOST, f"{lm_id} restarted before it started")
             log.warning("re-queued a task its LM lost", extra={"lm": lm_id, "task_id": task_id})
+
+    async def _backlog_loop(self) -> None:
+        """Tell every GM (this one too, through the broker, so that all count the same
+        claims) this GM's oldest waiting work, every heartbeat interval (``OldestFirst``)."""
+        interval = self.config.heartbeat_interval_s
+        while True:
+            # Work younger than a report interval claims nothing (``OldestFirst``).
+            runs = self.scheduler.backlog(before=time.time() - interval)
+            msg = common_pb2.GmBacklog(
+                gm_id=self.gm_id,
+                enqueued_unix_s=[at for at, _, _ in runs],
+                tasks=[n for _, n, _ in runs],
+                queues=[queue for _, _, queue in runs],
+                sent_unix_nanos=time.time_ns(),
+            )
+            try:
+                await self.bus.publish_fanout(
+                    BACKLOG_EXCHANGE,
+                    msg.SerializeToString(),
+                    ttl_s=self.config.heartbeat_interval_s,
+                )
+            except Exception as err:  # the next one will do; holds end by themselves
+                log.warning("could not publish the backlog", extra={"error": repr(err)})
+            await asyncio.sleep(self.config.heartbeat_interval_s)
+
+    async def _on_backlog(self, body: bytes) -> None:
+        msg = common_pb2.GmBacklog.FromString(body)
+        runs = zip(msg.enqueued_unix_s, msg.tasks, msg.queues, strict=False)
+        self.scheduler.heard_backlog(msg.gm_id, runs)
 
     async def _gauge_loop(self) -> None:
         """Queue gauges for Prometheus: this GM's queues' pending tasks and usage share,

@@ -108,12 +108,20 @@ class Events:
         return {e.task_id: e.node_id for e in self.events if e.state == state}
 
     async def wait_succeeded(self, task_ids: set[str], timeout_s: float) -> None:
+        await self.wait_state(task_ids, common_pb2.TASK_STATE_SUCCEEDED, timeout_s)
+
+    async def wait_running(self, task_ids: set[str], timeout_s: float) -> None:
+        await self.wait_state(task_ids, common_pb2.TASK_STATE_RUNNING, timeout_s)
+
+    async def wait_state(self, task_ids: set[str], state: int, timeout_s: float) -> None:
+        """Until every task of ``task_ids`` has had an event of ``state``."""
         deadline = time.monotonic() + timeout_s
-        while not task_ids <= set(self.succeeded()):
+        while not task_ids <= set(self.states(state)):
             left = deadline - time.monotonic()
             if left <= 0:
-                missing = sorted(task_ids - set(self.succeeded()))
-                raise AssertionError(f"{len(missing)} tasks never succeeded, e.g. {missing[:5]}")
+                missing = sorted(task_ids - set(self.states(state)))
+                name = common_pb2.TaskState.Name(state)
+                raise AssertionError(f"{len(missing)} tasks never {name}, e.g. {missing[:5]}")
             self.changed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.changed.wait(), min(left, 1.0))

@@ -78,9 +78,11 @@ def test_compare_shows_the_per_gm_spread(tmp_path):
 
 def test_contention_experiment_sweeps_the_sizes_and_checks_the_targets():
     configs = EXPERIMENTS["contention"].runs()
-    assert {(c.scheduler, c.workers) for c in configs.values()} == {
-        (s, w) for s in SCHEDULERS for w in SIZES
+    kinds = {
+        (c.scheduler + ("-oldest" if c.claims == "oldest" else ""), c.workers)
+        for c in configs.values()
     }
+    assert kinds == {(s, w) for s in SCHEDULERS for w in SIZES}
 
     def summary(scheduler, mean, p99, spread_means=(1.0, 1.0), incons=0, p50=0.001):
         per_gm = {
@@ -100,12 +102,17 @@ def test_contention_experiment_sweeps_the_sizes_and_checks_the_targets():
         }
 
     fair = [summary("megha", 10, 100), summary("central", 10, 100), summary("sparrow", 20, 200)]
-    assert targets(fair) == ["3,000 workers (overloaded): ok"]
+    assert targets(fair) == ["3,000 workers, megha (overloaded): ok"]
+    oldest = {**fair[0], "model": {"claims": "oldest"}}
+    assert targets([*fair, oldest]) == [
+        "3,000 workers, megha (overloaded): ok",
+        "3,000 workers, megha-oldest (overloaded): ok",
+    ]
     unfair = [summary("megha", 20, 300, (1.0, 3.0), incons=50), *fair[1:]]
     (line,) = targets(unfair)
     assert "mean 2.00x central's" in line and "p99 3.00x central's" in line
     assert "p99 1.50x Sparrow's" in line and "GM spread 3.00" in line
     assert "0.50 inconsistencies per task" in line
     light = [summary("megha", 0.001, 0.03, p50=0.004), summary("central", 0.001, 0.02)]
-    assert targets(light) == ["3,000 workers (light load): p50 4.00 ms; p99 30.00 ms"]
+    assert targets(light) == ["3,000 workers, megha (light load): p50 4.00 ms; p99 30.00 ms"]
     assert "| 3,000 | megha | 100/100 | 20.0 | 300.0 | 3.00 | - | 0.500 |" in markdown_table(unfair)

@@ -98,6 +98,7 @@ class One:
 
     rejections = 0
     lease = 0
+    enqueued = 0.0
 
     def __init__(self, spec):
         self.spec = spec
@@ -179,3 +180,130 @@ def test_with_shares_alg2_decides_and_no_room_is_held():
     Scheduler(view, UserQueues(["qa"]), fair, QueueLimits.parse([]))
     assert view.owner_first is None
     assert view.match(task("a2", queue="qa"), now=1.0).node == 1
+
+
+# --------------------------------------------------------------------- OldestFirst
+def oldest_views(state: ClusterState, grace_s: float = 5.0) -> tuple[GlobalView, GlobalView]:
+    views = []
+    for gm in GMS:
+        view = GlobalView(gm, owner_grace_s=grace_s, claims="oldest")
+        assert view.apply(state.snapshot(), now=0.0) is ApplyResult.APPLIED
+        views.append(view)
+    return views[0], views[1]
+
+
+def test_freed_room_goes_to_the_gm_whose_work_waited_longest():
+    state = one_lm()
+    state.launch("gm-a", task("a1"), 0)
+    state.launch("gm-b", task("b1"), 1)
+    a, b = oldest_views(state)
+    # gm-b's one task waits since t = 2, gm-a's since t = 1: both GMs hear both reports.
+    for view in (a, b):
+        view.backlog("gm-a", [(1.0, 1, "qa")])
+        view.backlog("gm-b", [(2.0, 1, "qb")])
+    state.release("b1")
+    for view in (a, b):
+        view.release("lm-0", "b1", ended=True, now=3.0)
+    # gm-b's own node goes to gm-a: its owner does not take it, gm-a does.
+    assert b.match(task("b2"), now=3.0) is None
+    assert a.match(task("a2"), now=3.0).node == 1
+    # The next end is gm-b's (gm-a's run is claimed), on gm-a's own node.
+    state.release("a1")
+    for view in (a, b):
+        view.release("lm-0", "a1", ended=True, now=4.0)
+    assert b.match(task("b2"), now=4.0).node == 0
+
+
+def test_with_no_backlog_reported_the_owner_has_the_claim():
+    state = one_lm()
+    state.launch("gm-a", task("a1"), 0)
+    state.launch("gm-b", task("b1"), 1)
+    a, b = oldest_views(state)
+    state.release("b1")
+    for view in (a, b):
+        view.release("lm-0", "b1", ended=True, now=1.0)
+    assert a.match(task("a2"), now=1.0) is None
+    assert b.match(task("b2"), now=1.0).node == 1
+
+
+@given(
+    reports=st.lists(
+        st.lists(st.tuples(st.integers(0, 20), st.integers(0, 4)), max_size=5),
+        min_size=3,
+        max_size=3,
+    ),
+    ends=st.integers(0, 40),
+    order=st.permutations(["gm-0", "gm-1", "gm-2"]),
+)
+def test_every_gm_names_the_same_claimants_and_in_age_order(reports, ends, order):
+    """Heard in any order of reports, every GM names the same claimant for each end: the
+    oldest unclaimed task's GM (ties: the lower id), each reported task claimed once."""
+    from services.core.contention import OldestFirst
+
+    gms = ["gm-0", "gm-1", "gm-2"]
+    runs = {g: sorted((at, n, "q") for at, n in r) for g, r in zip(gms, reports, strict=True)}
+    rules = [OldestFirst(g) for g in gms]
+    for rule in rules:
+        for g in order:
+            rule.backlog(g, runs[g])
+    named = [[rule.claimant() for _ in range(ends)] for rule in rules]
+    assert named[0] == named[1] == named[2]
+    tasks = sorted((at, g) for g in gms for at, n, _ in runs[g] for _ in range(n))
+    expected = [g for _, g in tasks[:ends]] + [None] * max(0, ends - len(tasks))
+    assert named[0] == expected
+
+
+def test_a_new_report_replaces_the_claims_on_the_old():
+    from services.core.contention import OldestFirst
+
+    rule = OldestFirst("gm-0")
+    rule.backlog("gm-1", [(1.0, 1, "q")])
+    assert rule.claimant() == "gm-1"
+    assert rule.claimant() is None
+    rule.backlog("gm-1", [(1.0, 1, "q"), (3.0, 1, "q")])  # the claimed one waits still
+    rule.backlog("gm-0", [(2.0, 1, "q")])
+    assert [rule.claimant() for _ in range(4)] == ["gm-1", "gm-0", "gm-1", None]
+    rule.backlog("gm-1", [])
+    assert rule.claimant() is None
+
+
+def test_the_backlog_is_the_oldest_waiting_work_by_enqueued_time():
+    state = one_lm()
+    view = full_view(state, "gm-a", 5.0)
+    scheduler = Scheduler(view, UserQueues(["q1", "q2"]), None, QueueLimits.parse([]))
+    for queue, at, n in (("q1", 5.0, 2), ("q2", 1.0, 3), ("q1", 9.0, 1), ("q2", 5.0, 1)):
+        work = One(task(f"{queue}-{at}", queue=queue))
+        work.left, work.enqueued = n, at
+        scheduler.submit(queue, work)
+    assert scheduler.backlog() == [(1.0, 3, "q2"), (5.0, 2, "q1"), (5.0, 1, "q2"), (9.0, 1, "q1")]
+    assert scheduler.backlog(most=2) == [(1.0, 3, "q2"), (5.0, 2, "q1")]
+
+
+def test_a_queue_over_its_share_claims_nothing_while_it_is():
+    from services.core.contention import OldestFirst
+
+    rule = OldestFirst("gm-0")
+    rule.backlog("gm-0", [(1.0, 2, "big"), (2.0, 1, "small")])
+    rule.backlog("gm-1", [(3.0, 1, "small2")])
+    rule.shares(["big"])
+    assert rule.claimant() == "gm-0"  # small's run, not big's older one
+    assert rule.claimant() == "gm-1"
+    assert rule.claimant() is None
+    rule.shares([])  # big is within its share again: its run is claimed
+    rule.backlog("gm-0", [(1.0, 2, "big")])
+    assert [rule.claimant() for _ in range(3)] == ["gm-0", "gm-0", None]
+
+
+def test_with_shares_the_oldest_rule_stays_on():
+    state = one_lm()
+    view = GlobalView("gm-a", owner_grace_s=5.0, claims="oldest")
+    fair = FairShare([QueueShare("qa", 0.5), QueueShare("qb", 0.5)])
+    scheduler = Scheduler(view, UserQueues(["qa"]), fair, QueueLimits.parse([]))
+    assert view.owner_first is not None
+    state.launch("gm-b", task("b1", queue="qb"), 1)
+    state.repartition("gm-b", task("b2", queue="qb"), 0)
+    view.apply(state.snapshot(), now=0.0)
+    # qb holds every node (over its half): its older work claims nothing.
+    scheduler.heard_backlog("gm-b", [(1.0, 1, "qb")])
+    scheduler.heard_backlog("gm-a", [(2.0, 1, "qa")])
+    assert view.owner_first.claimant() == "gm-a"

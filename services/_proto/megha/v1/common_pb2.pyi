@@ -1133,3 +1133,44 @@ class GetTaskOutputResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetTaskOutputResponse: _TypeAlias = GetTaskOutputResponse  # noqa: Y015
+
+@_typing.final
+class GmBacklog(_message.Message):
+    """A GM's oldest waiting work, sent to every GM (BACKLOG_EXCHANGE) every heartbeat
+    interval when the federation's contention rule is claims: oldest: room a task's end
+    frees goes to the GM whose work waited longest (services/core/contention.py,
+    OldestFirst). Runs oldest first: enqueued_unix_s[i], tasks[i] and queues[i] are one
+    run (a queue's tasks queued at one time).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GM_ID_FIELD_NUMBER: _builtins.int
+    ENQUEUED_UNIX_S_FIELD_NUMBER: _builtins.int
+    TASKS_FIELD_NUMBER: _builtins.int
+    SENT_UNIX_NANOS_FIELD_NUMBER: _builtins.int
+    QUEUES_FIELD_NUMBER: _builtins.int
+    gm_id: _builtins.str
+    sent_unix_nanos: _builtins.int
+    @_builtins.property
+    def enqueued_unix_s(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        gm_id: _builtins.str = ...,
+        enqueued_unix_s: _abc.Iterable[_builtins.float] | None = ...,
+        tasks: _abc.Iterable[_builtins.int] | None = ...,
+        sent_unix_nanos: _builtins.int = ...,
+        queues: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enqueued_unix_s", b"enqueued_unix_s", "gm_id", b"gm_id", "queues", b"queues", "sent_unix_nanos", b"sent_unix_nanos", "tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GmBacklog: _TypeAlias = GmBacklog  # noqa: Y015
