@@ -94,6 +94,13 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         help="who has the first claim on room a finished task freed: the node's owner GM "
         "(default) or the GM whose work waited oldest (backlogs reported every heartbeat)",
     )
+    parser.add_argument(
+        "--preemption-slack",
+        type=non_negative_float,
+        default=defaults.preemption_slack,
+        help="with --queues: a queue preempts only when more than this below its share "
+        "(0.01 = 1 pp; pairs with --claims oldest)",
+    )
     parser.add_argument("--policy", choices=sorted(POLICIES), default=defaults.policy)
     parser.add_argument("--probe-ratio", type=positive_float, default=defaults.probe_ratio)
     parser.add_argument(
@@ -147,6 +154,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         probe_ratio=args.probe_ratio,
         arrival_scale=args.arrival_scale,
         claims=args.claims,
+        preemption_slack=args.preemption_slack,
         fair_share=args.fair_share or args.queues is not None,
         queues=load_queues(args.queues) if args.queues is not None else (),
         seed=args.seed,

@@ -80,6 +80,8 @@ class SimConfig:
     """Who has the first claim on room an end freed (``services.core.contention.CLAIMS``):
     the node's ``owner`` (``OwnerFirst``), or the GM whose work waited ``oldest``
     (``OldestFirst``: every GM reports its backlog to all every heartbeat interval)."""
+    preemption_slack: float = 0.0
+    """Alg. 2: a queue preempts only when more than this below its share (0.01 = 1 pp)."""
     arrival_scale: float = 1.0
     """Multiplies every job's arrival time since the first (0.5: arrivals compressed into
     half the span, so the same trace loads the cluster twice as hard)."""
@@ -112,6 +114,8 @@ class SimConfig:
     def check(self) -> None:
         if self.scheduler not in SCHEDULERS:
             raise SimConfigError(f"unknown scheduler {self.scheduler!r}; use one of {SCHEDULERS}")
+        if not 0 <= self.preemption_slack < 1:
+            raise SimConfigError(f"preemption_slack must be in [0, 1), got {self.preemption_slack}")
         if self.claims not in CLAIMS:
             raise SimConfigError(f"claims must be one of {CLAIMS}, got {self.claims!r}")
         if self.finish_notify not in FINISH_NOTIFY:

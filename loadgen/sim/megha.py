@@ -249,7 +249,7 @@ class MeghaSim:
         self.queue_gm = np.array([gm_index(q.gm) for q in self.queues], dtype=np.int32)
         self.queue_names = names
         self.limits = QueueLimits.parse((q.name, q.limit) for q in self.queues)
-        self.fair = FairShare([q.as_share() for q in self.queues])
+        self.fair = FairShare([q.as_share() for q in self.queues], slack=config.preemption_slack)
         self.gms = [
             SimGM(
                 index=g,
@@ -605,7 +605,7 @@ class MeghaSim:
         if gm.recheck_at != at:
             return  # an earlier recheck took its place
         gm.recheck_at = None
-        if gm.scheduler.unpark():
+        if gm.scheduler.recheck():
             self._wake(gm)
 
     # ------------------------------------------------------------- LM requests

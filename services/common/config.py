@@ -410,6 +410,16 @@ class FederationConfig(_Model):
         "work every heartbeat interval, so a full federation serves its GMs' work in "
         "arrival order, as one queue would). Holds last owner_grace_s at most.",
     )
+    preemption_slack: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Fairness (Alg. 2): a queue preempts only when it is more than this "
+        "below its share (a fraction of the federation, dominant share: 0.01 = 1 pp). With "
+        "claims: oldest, freed room goes to queues within their share first, so small "
+        "deficits close without preempting (docs/results.md, Fairness: 0.01 cut the "
+        "preemptions of the paper's run fivefold, shares within 1 pp).",
+    )
     heartbeat_interval_s: float = Field(1.0, gt=0, le=60, description="LM state broadcast.")
     full_state_every: int = Field(10, ge=1, description="Every Nth heartbeat is a full state.")
     worker_heartbeat_interval_s: float = Field(

@@ -190,8 +190,12 @@ class OldestFirst(OwnerFirst):
 
     With user-queue shares (Alg. 2) a queue over its share claims nothing: room goes to
     the oldest work within its share, and fairness preempts for a queue under it as
-    before. Assumptions: an end frees room for one task of the claimant's (true of
-    one-slot traces; a bigger task waits for the next snapshot, as under
+    before. And a queue over its share takes no room at all while some GM reports work
+    of a queue under its share waiting (``Scheduler`` asks ``waiting_queues``): room it
+    took then is room Alg. 2 would preempt back.
+
+    Assumptions: an end frees room for one task of the claimant's (true of one-slot
+    traces; a bigger task waits for the next snapshot, as under
     ``OwnerFirst``); a GM reports its own backlog to itself as to the others, so all
     count the same claims; GMs judge shares on views that differ by a heartbeat at most.
     Stale reports cost idle room, never a double booking: a claimant with nothing that
@@ -206,6 +210,7 @@ class OldestFirst(OwnerFirst):
         self._runs: dict[str, tuple[Sequence[Run], int, int]] = {}
         self._heads: list[tuple[float, str]] = []  # (enqueued of its oldest run, GM)
         self._over: frozenset[str] = frozenset()  # queues over their share: no claims
+        self._waiting: frozenset[str] = frozenset()  # queues with work reported waiting
         # Task id -> the newest attempt whose end was counted (``first_heard``).
         self._counted = RecentInts(COUNTED_ENDS)
 
@@ -223,7 +228,12 @@ class OldestFirst(OwnerFirst):
         if not report and gm_id not in self._runs:
             return
         self._runs[gm_id] = (report, 0, 0)
+        self._waiting = frozenset(q for runs, _, _ in self._runs.values() for _, _, q in runs)
         self._heap()
+
+    def waiting_queues(self) -> frozenset[str]:
+        """The queues some GM last reported waiting work of."""
+        return self._waiting
 
     def shares(self, over: Iterable[str]) -> None:
         """The queues over their share now: their runs claim nothing until they are not."""

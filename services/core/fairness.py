@@ -65,7 +65,15 @@ def dominant_share(usage: np.ndarray, total: np.ndarray) -> float:
 class FairShare:
     """The configured shares, and the questions Alg. 2 asks of them."""
 
-    def __init__(self, queues: Sequence[QueueShare]):
+    def __init__(self, queues: Sequence[QueueShare], slack: float = 0.0):
+        """``slack``: how far below its share (a fraction of the federation, dominant
+        share) a queue must be before it may preempt (``may_preempt``); 0: any amount.
+        Room that ends free reaches an under-share queue without preempting when freed
+        room goes to it first (``claims: oldest``): the slack leaves the small deficits to
+        that, and preempts for the large ones."""
+        if not 0 <= slack < 1:
+            raise ValueError(f"slack must be in [0, 1), got {slack}")
+        self.slack = slack
         names = [q.name for q in queues]
         if len(set(names)) != len(names):
             raise ValueError(f"queue names must be unique, got {names}")
@@ -93,6 +101,10 @@ class FairShare:
     def is_over_share(self, queue: str, usage: dict[str, np.ndarray], total: np.ndarray) -> bool:
         return self.share_violation(queue, usage, total) > 0
 
+    def may_preempt(self, queue: str, usage: dict[str, np.ndarray], total: np.ndarray) -> bool:
+        """Alg. 2: ``queue`` is under its share by more than ``slack``."""
+        return self.share_violation(queue, usage, total) < -self.slack
+
     def most_over_share(
         self, usage: dict[str, np.ndarray], total: np.ndarray, exclude: str = ""
     ) -> str | None:
@@ -110,8 +122,14 @@ class FairShare:
         """``"over share (32 % of 25 %)"`` or ``"under share (10 % of 25 %)"``."""
         held = usage.get(queue)
         used = dominant_share(held, total) if held is not None else 0.0
-        side = "over" if used > self.share_of(queue) else "under"
-        return f"{side} share ({used:.0%} of {self.share_of(queue):.0%})"
+        share = self.share_of(queue)
+        if used <= share and share - used <= self.slack:
+            return (
+                f"under share by no more than the preemption slack ({used:.1%} of "
+                f"{share:.0%}; it preempts below {share - self.slack:.1%})"
+            )
+        side = "over" if used > share else "under"
+        return f"{side} share ({used:.0%} of {share:.0%})"
 
 
 def pick_victims(table: NodeTable, task: TaskSpec, running: Sequence[Allocation]) -> Victims | None:

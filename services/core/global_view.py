@@ -727,7 +727,7 @@ class GlobalView:
         a silent LM (``silent``): it could not be asked.
         """
         usage, total = self.queue_usage(), self.total_capacity()
-        if not fair.is_under_share(task.queue, usage, total):
+        if not fair.may_preempt(task.queue, usage, total):
             return f"queue {task.queue} is {fair.describe(task.queue, usage, total)}"
         victim_queue = fair.most_over_share(usage, total, exclude=task.queue)
         if victim_queue is None:

@@ -241,7 +241,13 @@ class Scheduler(Generic[W]):
         failed: dict[tuple[str, int, bytes], str] = {}
         ledger = self._ledger(now, plan)
         launches: dict[tuple[str, bool], list[Decided]] = defaultdict(list)
+        yielding = self._yielding()
         for queue in self.queues.rotation():
+            if queue in yielding:
+                # Over its share while a queue under its share waits somewhere: room it
+                # took now, Alg. 2 would preempt back. Looked at again next round.
+                plan.recheck_in = BLIND_RECHECK_S
+                continue
             budget = self.round_per_queue
             while budget > 0:
                 work = self.queues.take(queue)
@@ -250,7 +256,7 @@ class Scheduler(Generic[W]):
                 plan.taken.append(work)
                 budget -= self._place(queue, work, budget, now, ledger, failed, launches, plan)
         plan.launches = dict(launches)
-        plan.more = self.ready()
+        plan.more = any(self.queues.ready(q) for q in self.queues.names if q not in yielding)
         held = self.view.held_until()
         if plan.waiting and held is not None and now is not None:
             # Nodes held for their owners (``OwnerFirst``) are anyone's then: parked
@@ -260,6 +266,21 @@ class Scheduler(Generic[W]):
         if self._blind and (plan.recheck_in is None or plan.recheck_in > BLIND_RECHECK_S):
             plan.recheck_in = BLIND_RECHECK_S
         return plan
+
+    def _yielding(self) -> frozenset[str]:
+        """The queues served here that wait this round: over their share while some GM
+        reports waiting work of a queue under its share (``OldestFirst`` only: the
+        reports are its)."""
+        rule = self.view.owner_first
+        if self.fair is None or len(self.fair.queues) < 2 or not isinstance(rule, OldestFirst):
+            return frozenset()
+        waiting = rule.waiting_queues()
+        if not waiting:
+            return frozenset()
+        usage, total = self.view.queue_usage(), self.view.total_capacity()
+        if not any(self.fair.is_under_share(q, usage, total) for q in waiting):
+            return frozenset()
+        return frozenset(q for q in self.queues.names if self.fair.is_over_share(q, usage, total))
 
     def _place(
         self,
@@ -397,6 +418,13 @@ class Scheduler(Generic[W]):
             self._last_parked[queue] = work
         else:
             self._last_parked.pop(queue, None)
+
+    def recheck(self) -> bool:
+        """A round's ``recheck_in`` is due: parked work is tried again. True when a round
+        should run: work was parked, or is ready in a queue a round passed over (it
+        yielded: ``_yielding``)."""
+        unparked = self.unpark()
+        return unparked or self.ready()
 
     def unpark(self) -> bool:
         """The view changed: parked work is tried again. True if there was any."""

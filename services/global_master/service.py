@@ -262,7 +262,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             owner_grace_s=config.owner_grace_s,
             claims=config.claims,
         )
-        self.fair = FairShare([q.as_share() for q in config.effective_queues()])
+        self.fair = FairShare(
+            [q.as_share() for q in config.effective_queues()], slack=config.preemption_slack
+        )
         self.failover = config.queue_failover
         self.preferred = [q.name for q in config.queues_of(gm_id)]
         # The queues this GM consumes: its own; with queue failover every queue, which the
@@ -1525,7 +1527,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
     def _unpark_all(self) -> None:
         self._settle_timer = None
-        if self.scheduler.unpark():
+        if self.scheduler.recheck():
             self._wake.set()
 
     def _spawn(self, coro) -> asyncio.Task:

@@ -156,7 +156,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             incarnation=time.time_ns(),  # a restart is a new life, told apart by GMs
             ended_kept=config.lm_ended_kept,
         )
-        self.fair = FairShare([q.as_share() for q in config.effective_queues()])
+        self.fair = FairShare(
+            [q.as_share() for q in config.effective_queues()], slack=config.preemption_slack
+        )
         self.sessions: dict[int, WorkerSession] = {}
         # GetTaskOutput calls waiting for their worker's SendTaskOutput, by request id.
         self._output_waiters: dict[int, asyncio.Future] = {}

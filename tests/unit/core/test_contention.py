@@ -307,3 +307,24 @@ def test_with_shares_the_oldest_rule_stays_on():
     scheduler.heard_backlog("gm-b", [(1.0, 1, "qb")])
     scheduler.heard_backlog("gm-a", [(2.0, 1, "qa")])
     assert view.owner_first.claimant() == "gm-a"
+
+
+def test_a_queue_over_its_share_yields_while_a_queue_under_its_share_waits():
+    state = one_lm()
+    state.launch("gm-a", task("a1", queue="qa"), 0)
+    state.repartition("gm-a", task("a2", queue="qa"), 1)
+    state.release("a2")  # qa holds one node of two: at its half
+    view = GlobalView("gm-a", owner_grace_s=5.0, claims="oldest")
+    view.apply(state.snapshot(), now=0.0)
+    fair = FairShare([QueueShare("qa", 0.25), QueueShare("qb", 0.75)])
+    scheduler = Scheduler(view, UserQueues(["qa"]), fair, QueueLimits.parse([]))
+    scheduler.submit("qa", One(task("a3", queue="qa")))
+    # qa is over its quarter while gm-b reports qb's work waiting: qa waits, though a
+    # node is free (it would be preempted back), and the round asks to look again.
+    scheduler.heard_backlog("gm-b", [(1.0, 1, "qb")])
+    plan = scheduler.round(2.0)
+    assert plan.placed == 0 and not plan.more and plan.recheck_in is not None
+    assert scheduler.recheck()  # its work is ready still: the driver runs a round
+    # qb's work is no longer reported waiting: qa takes the room.
+    scheduler.heard_backlog("gm-b", [])
+    assert scheduler.round(3.0).placed == 1

@@ -91,3 +91,17 @@ def test_pick_victims_agrees_with_brute_force(rng):
             assert got is not None and len(got.task_ids) == best
             freed = sum(int(a.resources[0]) for a in running if a.task_id in got.task_ids)
             assert int(table.free[0, got.node]) + freed >= need
+
+
+def test_a_queue_preempts_only_below_its_share_less_the_slack():
+    fair = FairShare([QueueShare("q1", 0.5), QueueShare("q2", 0.5)], slack=0.05)
+    cpu = int(TOTAL[0])
+    usage = {"q1": resources(cpu * 46 // 100, 0), "q2": resources(cpu * 54 // 100, 0)}
+    assert fair.is_under_share("q1", usage, TOTAL)
+    assert not fair.may_preempt("q1", usage, TOTAL)  # 4 pp under: within the slack
+    assert "no more than the preemption slack" in fair.describe("q1", usage, TOTAL)
+    usage["q1"] = resources(cpu * 44 // 100, 0)
+    assert fair.may_preempt("q1", usage, TOTAL)
+    assert FairShare([QueueShare("q1", 0.5)]).may_preempt("q1", usage, TOTAL)
+    with pytest.raises(ValueError, match="slack"):
+        FairShare([QueueShare("q1", 0.5)], slack=1.0)
