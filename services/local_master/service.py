@@ -75,6 +75,7 @@ from services.core.lm_lifecycle import (
     Lifecycle,
     Owe,
     Publish,
+    ReportOutcome,
     ReportVerdict,
     Requeue,
     Start,
@@ -851,11 +852,22 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
 
     async def _on_heartbeat(self, session: WorkerSession, beat) -> None:
         now = time.monotonic()
-        self.life.heard(session.node, now)
-        for report in beat.reports:
-            await self._on_report(session.node, report)
-        if beat.leaving and self.state.table.is_alive(session.node):
-            await self.mark_dead(session.node, f"its worker {session.node_id} shut down", left=True)
+        node = session.node
+        self.life.heard(node, now)
+        # The whole heartbeat is decided before any of it is carried out: its reports on
+        # the books, then, if its worker leaves, its node taken out. Carried out report by
+        # report, a leaving worker's node took tasks while a report's re-queue waited for
+        # the broker: the GM placed that very next attempt back on the node (its room
+        # just freed), and the node's loss ended it LOST again a moment later (two LOST
+        # events for one graceful stop, the attempt run elsewhere only after that).
+        outcomes = [self._judge(node, report) for report in beat.reports]
+        loss: list[Action] | None = None
+        if beat.leaving and self.state.table.is_alive(node):
+            loss = self._take_out(node, f"its worker {session.node_id} shut down", left=True)
+        for outcome in outcomes:
+            await self._follow(outcome)
+        if loss is not None:
+            await self._carry_out(loss)
         elif beat.want_ack and now - session.acked_at >= ACK_EVERY_S:
             # Queued after the commands this heartbeat caused: what the worker reads
             # before it is what the LM decided knowing the heartbeat.
@@ -866,6 +878,12 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
 
     async def _on_report(self, node: int, report) -> bool:
         """A worker's report: what it does is the lifecycle's (``ReportVerdict``)."""
+        outcome = self._judge(node, report)
+        await self._follow(outcome)
+        return outcome.verdict.accepted
+
+    def _judge(self, node: int, report) -> ReportOutcome[common_pb2.Task]:
+        """A worker's report on the books (``Lifecycle.report``); nothing carried out yet."""
         outcome = self.life.report(node, report)
         if outcome.task is not None:  # the report counts: its times are the task's
             outcome.task.timestamps.MergeFrom(report.timestamps)
@@ -875,14 +893,17 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         elif verdict is ReportVerdict.ENDED:
             state_name = common_pb2.TaskState.Name(report.state).removeprefix("TASK_STATE_")
             metrics.TASKS_FINISHED.labels(self.lm_id, state_name.lower()).inc()
-        if verdict is ReportVerdict.STOPPED:
+        return outcome
+
+    async def _follow(self, outcome: ReportOutcome[common_pb2.Task]) -> None:
+        """Carry out what a judged report (``_judge``) decided."""
+        if outcome.verdict is ReportVerdict.STOPPED:
             # A killed attempt's next one: not awaited here, where a broker that is away
             # would hold back every later report of this worker (the preempting task's
             # start among them).
             self._in_background(self._carry_out(outcome.actions))
         elif outcome.actions:
             await self._carry_out(outcome.actions)
-        return verdict.accepted
 
     # --------------------------------------------------------------- helpers
     async def _spec(self, task: common_pb2.Task, context) -> TaskSpec:
@@ -1327,6 +1348,11 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         """Take ``node`` out and re-queue its tasks; ``left``: its worker said it shuts
         down (an operator's stop, a scale-down), which is no fault: said at info level
         when it ran nothing, so that stopping a federation is quiet."""
+        await self._carry_out(self._take_out(node, reason, left))
+
+    def _take_out(self, node: int, reason: str, left: bool = False) -> list[Action]:
+        """``mark_dead`` up to its plan, which is returned to be carried out: from here
+        on the node takes no task."""
         loss = self.life.node_lost(node, reason, time.monotonic())
         lost = loss.lost
         self._count_workers()
@@ -1341,4 +1367,4 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             "worker left" if left else "worker lost",
             extra={"node_id": self.state.table.node_ids[node], "tasks": len(lost), "why": reason},
         )
-        await self._carry_out(loss.actions)
+        return loss.actions
