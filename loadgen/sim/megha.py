@@ -344,8 +344,11 @@ class MeghaSim:
 
     def _learn_backlogs(self, reports: tuple) -> None:
         for gm in self.gms:
+            wake = False
             for source, runs in zip(self.gms, reports, strict=True):
-                gm.scheduler.heard_backlog(source.gm_id, runs)
+                wake |= gm.scheduler.heard_backlog(source.gm_id, runs)
+            if wake:
+                self._wake(gm)
 
     # ------------------------------------------------------------- job arrival
     def _arrive(self, job: int) -> None:

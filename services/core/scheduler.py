@@ -444,14 +444,17 @@ class Scheduler(Generic[W]):
                     tasks[(work.enqueued, queue)] += len(work)
         return [(at, n, queue) for (at, queue), n in sorted(tasks.items())[:most]]
 
-    def heard_backlog(self, gm_id: str, runs: Iterable[Run]) -> None:
+    def heard_backlog(self, gm_id: str, runs: Iterable[Run]) -> bool:
         """``gm_id``'s report (``backlog``) came: the claims ``OldestFirst`` counts. With
-        shares, the queues this view finds over theirs claim nothing meanwhile."""
+        shares, the queues this view finds over theirs claim nothing meanwhile. True when
+        a round should run: with shares, a queue that yielded (``_yielding``) may not now."""
         over: list[str] = []
-        if self.fair is not None and len(self.fair.queues) > 1:
+        shared = self.fair is not None and len(self.fair.queues) > 1
+        if self.fair is not None and shared:
             usage, total = self.view.queue_usage(), self.view.total_capacity()
             over = [q for q in usage if self.fair.is_over_share(q, usage, total)]
         self.view.backlog(gm_id, runs, over)
+        return shared and self.ready()
 
     # ----------------------------------------------------------------- replies
     def accepted(self, lm_id: str, task_id: str) -> None:

@@ -1452,7 +1452,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
     async def _on_backlog(self, body: bytes) -> None:
         msg = common_pb2.GmBacklog.FromString(body)
         runs = zip(msg.enqueued_unix_s, msg.tasks, msg.queues, strict=False)
-        self.scheduler.heard_backlog(msg.gm_id, runs)
+        if self.scheduler.heard_backlog(msg.gm_id, runs):
+            self._wake.set()
 
     async def _gauge_loop(self) -> None:
         """Queue gauges for Prometheus: this GM's queues' pending tasks and usage share,
