@@ -10,12 +10,10 @@ from __future__ import annotations
 import asyncio
 
 from services._proto.megha.v1 import common_pb2
-from services.common.bus import InMemoryBroker, make_bus
-from services.common.config import parse_config
 from services.common.names import user_queue
 from services.core.lm_lifecycle import Requeue
 from services.local_master import service
-from services.local_master.service import LocalMaster
+from tests.unit.lm.one_lm import lm_without_broker
 
 
 def _task(task_id: str) -> common_pb2.Task:
@@ -26,17 +24,7 @@ def _task(task_id: str) -> common_pb2.Task:
 
 async def test_every_requeue_of_a_plan_goes_out_though_its_caller_is_cancelled(monkeypatch):
     monkeypatch.setattr(service, "EVENT_RETRY_S", 0.01)
-    config = parse_config(
-        {
-            "gms": [{"id": "gm-1", "port": 1}],
-            "lms": [{"id": "lm-1", "port": 2}],
-            "workers": [{"lm": "lm-1", "count": 1, "capacity": "cpu=4,mem=8Gi"}],
-        },
-        env={},
-    )
-    broker = InMemoryBroker()
-    bus = make_bus("memory://", broker=broker)  # not connected yet: the broker is away
-    master = LocalMaster(config, "lm-1", bus)
+    master, bus = lm_without_broker()  # not connected: the broker is away
     caller = asyncio.create_task(master._carry_out([Requeue(_task(f"t{i}")) for i in range(3)]))
     await asyncio.sleep(0.05)  # the first re-queue is trying the broker again and again
     caller.cancel()  # the registration that carried the plan out gave up

@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 
 from services._proto.megha.v1 import common_pb2, local_master_pb2
-from services.common.bus import InMemoryBroker, make_bus
-from services.common.config import parse_config
 from services.common.names import user_queue
 from services.local_master import service
 from services.local_master.service import LocalMaster
+from tests.unit.lm.one_lm import lm_without_broker
 
 LOST = common_pb2.TASK_STATE_LOST
 
@@ -47,16 +46,7 @@ async def test_a_leaving_workers_node_takes_no_task_while_its_reports_are_carrie
     monkeypatch,
 ):
     monkeypatch.setattr(service, "EVENT_RETRY_S", 0.01)
-    config = parse_config(
-        {
-            "gms": [{"id": "gm-1", "port": 1}],
-            "lms": [{"id": "lm-1", "port": 2}],
-            "workers": [{"lm": "lm-1", "count": 1, "capacity": "cpu=4,mem=8Gi"}],
-        },
-        env={},
-    )
-    bus = make_bus("memory://", broker=InMemoryBroker())  # not connected: re-queues wait
-    master = LocalMaster(config, "lm-1", bus)
+    master, bus = lm_without_broker()  # not connected: the broker is away
     register = local_master_pb2.RegisterWorkerRequest(node_id="lm-1-w0")
     register.capacity.cpu_milli, register.capacity.memory_mb = 4000, 8192
     await master.RegisterWorker(register, Context())
