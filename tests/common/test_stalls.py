@@ -39,7 +39,10 @@ async def test_a_blocked_loop_is_logged_with_the_collections_that_ran_meanwhile(
     assert _count(stalls.GC_PAUSE_SECONDS, generation="2") == gen2_before + 1
     assert not any(isinstance(c, stalls.GcTimer) for c in gc.callbacks)  # removed on cancel
     counted = tally.as_dict()
-    assert counted["stalls"] == 1 and counted["worst_lag_le_s"] == 0.512
+    # The worst lag's bucket (powers of two from 1 ms): 0.512 s for the 0.3 s block,
+    # the next one up when a loaded machine stretched the block and the collection.
+    assert counted["stalls"] == 1
+    assert counted["worst_lag_le_s"] / 2 < record.lag_s <= counted["worst_lag_le_s"]
     assert counted["loop_lags"] >= 3 and counted["gc"]["2"][0] == 1
 
 
