@@ -135,3 +135,38 @@ async def test_preempted_tasks_run_again_and_complete_exactly_once(tmp_path):
             assert trail[-1] == (common_pb2.TASK_STATE_SUCCEEDED, 1), trail
         await asyncio.sleep(0.5)
         await fed.assert_books_balanced()
+
+
+async def shares_and_preemptions(tmp_path, **overrides) -> tuple[dict[str, float], int]:
+    groups = [{"lm": f"lm-{i}", "count": 10, "capacity": "cpu=1,mem=1Gi"} for i in (1, 2)]
+    async with Federation(
+        tmp_path, gms=3, lms=2, worker_groups=groups, queues=QUEUES, **overrides
+    ) as fed:
+        for q in QUEUES:
+            await fed.gm(q["gm"]).submit(sim_tasks(400, 1.0), queue=q["name"])
+        shares = await measure_shares(fed, seconds=12, warmup=4)
+        return shares, len(fed.events.states(common_pb2.TASK_STATE_PREEMPTED))
+
+
+@pytest.mark.slow  # ~45 s: two federations, one after the other
+@pytest.mark.xfail(
+    strict=False,
+    reason="live, with 1 s tasks and 0.25 s heartbeats, holds for claimants that cannot use "
+    "the room idle up to a heartbeat per end: measured 20 % of the slots idle, shares "
+    "missed by up to 9 pp, preemptions not fewer (156 against 145); the simulator's "
+    "minutes-long tasks hide that cost (issue 29)",
+)
+async def test_claims_oldest_with_a_slack_keeps_shares_with_fewer_preemptions(tmp_path):
+    # Issue 29, item 3: freed room goes to queues within their share first, a queue over
+    # its share yields while one under it waits, and Alg. 2 preempts only 2 pp below.
+    (tmp_path / "rule").mkdir()
+    (tmp_path / "default").mkdir()
+    shares, preempted = await shares_and_preemptions(
+        tmp_path / "rule", claims="oldest", preemption_slack=0.02
+    )
+    _, before = await shares_and_preemptions(tmp_path / "default")
+    measured = {q: round(s, 3) for q, s in shares.items()}
+    print(f"\n{measured}: {preempted} preempted, {before} without the rule")
+    for queue, share in SHARES.items():
+        assert abs(shares[queue] - share) <= 0.05, f"{queue}: {shares[queue]:.3f} vs {share}"
+    assert preempted < before / 2, (preempted, before)
