@@ -236,7 +236,8 @@ class OldestFirst(OwnerFirst):
         return self._waiting
 
     def shares(self, over: Iterable[str]) -> None:
-        """The queues over their share now: their runs claim nothing until they are not."""
+        """The queues over their share now: their runs claim nothing (a run passed over
+        stays passed until its GM's next report)."""
         over = frozenset(over)
         if over != self._over:
             self._over = over
