@@ -319,9 +319,15 @@ class GlobalView:
         for ended in heard:
             assert rule is not None
             claimant = rule.claimant()
-            owned = view.internal is not None and bool(view.internal[ended.node])
-            if not (owned if claimant is None else claimant == self.gm_id):
+            if not self._mine(view, ended.node, claimant):
                 rule.freed(view.lm_id, view.table.size, ended.node, now)
+
+    def _mine(self, view: LMView, node: int, claimant: str | None) -> bool:
+        """Whether room freed on ``node`` is this GM's to take now: the claimant's, or
+        with none named, the node's owner's."""
+        if claimant is not None:
+            return claimant == self.gm_id
+        return view.internal is not None and bool(view.internal[node])
 
     def _reconcile(self, view: LMView, snapshot: Snapshot, now: float) -> None:
         """Re-apply what this GM learnt after the LM took ``snapshot``.
@@ -574,8 +580,7 @@ class GlobalView:
         if allocation is not None:
             back = allocation.resources if evicted is None else allocation.resources - evicted[1]
             view.table.give_back(allocation.node, back, allocation.usage_mean, allocation.usage_var)
-            owned = view.internal is not None and view.internal[allocation.node]
-            mine = owned if claimant is None else claimant == self.gm_id
+            mine = self._mine(view, allocation.node, claimant)
             if ended and now is not None and self.owner_first is not None and not mine:
                 self.owner_first.freed(lm_id, view.table.size, allocation.node, now)
                 held = True
