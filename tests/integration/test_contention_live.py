@@ -66,10 +66,11 @@ async def test_two_gms_with_backlogs_share_freed_workers_within_1_5x(tmp_path):
     assert ratio <= RATIO, seen
 
 
-async def older_starts_on_freed_workers(tmp_path, claims: str) -> tuple[int, int]:
+async def older_starts_on_freed_workers(tmp_path, claims: str) -> str:
     """Both queues at their share on a full federation (``WIDE // 2`` long tasks each);
     then queue a's second job, and a second later queue b's, wait for room. The long
-    tasks end: how many of the freed workers a's older job gets, of the first ``WIDE``."""
+    tasks end: who got the first ``WIDE`` freed workers, in order of start ('A' the older
+    job, 'b' the younger)."""
     async with Federation(
         tmp_path, gms=2, lms=2, workers_per_lm=WIDE // 2, capacity="cpu=1,mem=2Gi",
         queues=QUEUES, claims=claims,
@@ -89,8 +90,8 @@ async def older_starts_on_freed_workers(tmp_path, claims: str) -> tuple[int, int
             for e in fed.events.events
             if e.state == common_pb2.TASK_STATE_RUNNING and e.task_id in second
         )
-        first = [task_id for _, task_id in starts[:WIDE]]
-        return sum(1 for t in first if t in set(older.task_ids)), len(first)
+        mine = set(older.task_ids)
+        return "".join("A" if task_id in mine else "b" for _, task_id in starts[:WIDE])
 
 
 WIDE = 16  # slots: twice the other test's, so that one late report moves the share less
@@ -102,13 +103,16 @@ WAITING = 32  # tasks of each second job
 async def test_with_claims_oldest_freed_workers_serve_the_older_work_first(tmp_path):
     (tmp_path / "oldest").mkdir()
     (tmp_path / "owner").mkdir()
-    oldest, n = await older_starts_on_freed_workers(tmp_path / "oldest", "oldest")
-    owner, _ = await older_starts_on_freed_workers(tmp_path / "owner", "owner")
-    print(f"\nof the first {n} freed workers, the older job got: oldest {oldest}, owner {owner}")
-    # Both queues are within their share, so no preemption: under the owner rule (off
-    # with shares: the GMs race) the older job gets half or a little more; under oldest,
-    # all but what a report or an end heard late lets the other GM take (a snapshot that
-    # shows a freed node before the claimant's launch lands offers it to all). Measured
-    # (16 slots, one sitting): oldest 16, 16, 12 against owner 12, 8, 8; with 8 slots
-    # oldest 8, 8, 8, 6 against owner 4, 6, 4, 4. The bound leaves room for that noise.
-    assert oldest >= WIDE // 2 + 2 and oldest >= owner, (oldest, owner)
+    oldest = await older_starts_on_freed_workers(tmp_path / "oldest", "oldest")
+    owner = await older_starts_on_freed_workers(tmp_path / "owner", "owner")
+    print(f"\nthe first {WIDE} freed workers (A older, b younger): oldest {oldest}, owner {owner}")
+    # Both queues are at their share (no preemption), and every slot frees within some
+    # 20 ms. Under the owner rule (off with shares: the GMs race) the older job gets about
+    # half of them. Under oldest it gets all until its queue is over its share; past
+    # that, a GM's report that finds it so (every heartbeat) rightly hands the rest to the
+    # younger job of the queue under its share (issue 29, item 3). So only the first
+    # WIDE // 2 are the older job's by rule: all but one, allowing one node a snapshot
+    # offered to both GMs before the claimant's launch landed. Measured (one sitting, also
+    # with three CPU hogs): oldest AAAAAAAAAAAAAAAA x6; owner bbbbAAAAbbbbAAAA,
+    # bbbbbbbbbbbbAAAA, AAAAbbbbAAAAbbbb, AAAAbAbbbAAAAAAA; a CI run's oldest: 9 of 16.
+    assert oldest[: WIDE // 2].count("A") >= WIDE // 2 - 1, (oldest, owner)
