@@ -51,7 +51,15 @@ from services.common.config import QueueConfig
 from services.core.cluster_state import ClusterState
 from services.core.constraints import DEFAULT_NUM_CONSTRAINTS
 from services.core.fairness import FairShare, usage_by_queue
-from services.core.gang import Gang, GangPiece, GangPlan, book, plan_gang, unbook
+from services.core.gang import (
+    Gang,
+    GangPiece,
+    GangPlan,
+    book,
+    gang_never_fits,
+    plan_gang,
+    unbook,
+)
 from services.core.global_view import ApplyResult, GlobalView, PreemptionPlan
 from services.core.limits import QueueLimits
 from services.core.lm_lifecycle import Lifecycle
@@ -358,6 +366,8 @@ class MeghaSim:
         if self.queue_of is None:
             queue_of = [job % len(self.gms)] * (hi - lo)
         else:
+            if self.config.gangs:  # a gang is one job of one queue: its first task's
+                self.queue_of[lo:hi] = self.queue_of[lo]
             queue_of = self.queue_of[lo:hi].tolist()
         log.stamps["submitted"][lo:hi] = now
         log.stamps["queued"][lo:hi] = now
@@ -414,8 +424,8 @@ class MeghaSim:
         return specs
 
     def _arrive_gang(self, job: int, lo: int, hi: int, queue_of: list[int]) -> None:
-        """A job as one gang (one per VDC of at most ``peak_vdc`` tasks, with a VDC),
-        served by the GM of its first task's queue."""
+        """A job as one gang (one per VDC of at most ``peak_vdc`` tasks, with a VDC) of
+        its first task's queue, planned by that queue's GM within its limit."""
         gm = self.gms[self.queue_gm[queue_of[0]]]
         self.log.gm[lo:hi] = gm.index
         specs = self._specs(job, lo, hi, queue_of)
@@ -428,7 +438,9 @@ class MeghaSim:
             gang = Gang(gang_id, members, 0, self.vdc)
             first = lo + start
             never = plan_gang(gang, self._empty)
-            if isinstance(never, Verdict) and never.schedulability is Schedulability.INFEASIBLE:
+            if gang_never_fits(gang, members[0].queue, self.limits) is not None or (
+                isinstance(never, Verdict) and never.schedulability is Schedulability.INFEASIBLE
+            ):
                 self.counters.gangs_infeasible += 1
                 self.log.infeasible[first : first + len(members)] = True
                 for _ in members:
@@ -452,7 +464,8 @@ class MeghaSim:
                 break
             t += self.match_ns * len(wait.gang.members)
             # Judged "never" at arrival (the simulated nodes never change).
-            outcome = plan_gang(wait.gang, view, t / 1e9, judge_never=False)
+            queue = wait.gang.members[0].queue
+            outcome = gm.scheduler.plan_gang(queue, wait.gang, t / 1e9, judge_never=False)
             if not isinstance(outcome, GangPlan):
                 wait.missed = stamp
                 break

@@ -7,9 +7,10 @@
       ├──Alg. 2──▶ PREEMPTS on lm/node (an under-share queue, victims found)
       └──assess──▶ WAITS, with the reason the task would be given in its queue
 
-    a gang (``dry_run_gang``) ──plan_gang──▶ every member PLACED where the GM would
+    a gang (``dry_run_gang``) ──Scheduler.plan_gang──▶ every member PLACED where the GM would
       reserve it now (with ``min_tasks``, the others WAITS: they start one by one after),
-      or every member WAITS (no room for the whole gang now) or NEVER (it never fits)
+      or every member WAITS (no room for the whole gang now, or not within its queue's
+      limit) or NEVER (it never fits, or asks more than the limit)
 
 The same decisions a scheduling round makes (``Scheduler``: never_runs, the queue's
 ``LimitLedger``, ``GlobalView.match``, ``preemption_plan``, ``assess``), on the GM's own
@@ -25,7 +26,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.core.gang import Gang, plan_gang
+from services.core.gang import Gang, gang_never_fits
 from services.core.global_view import PreemptionPlan
 from services.core.gpa import task_usage
 from services.core.scheduler import WAITING_FOR_RESOURCES, RoundPlan, Scheduler
@@ -86,7 +87,12 @@ def dry_run_gang(
         i, why = next((i, why) for i, why in enumerate(never) if why is not None)
         whole = f"its gang can never start whole: task {i} can never run here ({why})"
         return [TaskOutlook(Outcome.NEVER, reason=why or whole) for why in never]
-    outcome = plan_gang(gang, scheduler.view, now, judge_never=True)
+    over = gang_never_fits(gang, queue, scheduler.limits)
+    if over is not None:
+        return [TaskOutlook(Outcome.NEVER, reason=f"its gang can never start: {over}")] * len(
+            gang.members
+        )
+    outcome = scheduler.plan_gang(queue, gang, now, judge_never=True)
     if isinstance(outcome, Verdict):
         if outcome.schedulability is Schedulability.INFEASIBLE:
             verdict = TaskOutlook(

@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from services.core.global_view import GlobalView, Placement
+from services.core.limits import LimitLedger, QueueLimits
 from services.core.match import candidates
 from services.core.node_table import bools_from_bits
 from services.core.resources import CPU, NUM_RESOURCES
@@ -172,6 +173,43 @@ def _slots(view: GlobalView, mask: int, now: float | None, alive_only: bool) -> 
         np.concatenate(free, axis=1),
         np.concatenate(capacity, axis=1),
     )
+
+
+def limit_gang(gang: Gang, queue: str, ledger: LimitLedger | None) -> Gang | Verdict:
+    """The members of ``gang`` (of ``queue``) that its queue's limit lets start now: all
+    of them, the first ones of a ``min_tasks`` gang (the rest start one by one later,
+    each within the limit), or a Verdict (UNSCHEDULABLE, with the ledger's reason) when
+    fewer than ``gang.needed`` fit what the queue holds. Members are taken in order, as
+    the packer places them; the whole plan is then booked at once, so the next round's
+    ledger counts it."""
+    limit = ledger.limits.get(queue) if ledger is not None else None
+    if ledger is None or limit is None:
+        return gang
+    if ledger.unknown is not None:
+        return Verdict(Schedulability.UNSCHEDULABLE, ledger.unknown)
+    held = ledger.held(queue)
+    assert held is not None  # every limited queue has a row
+    requests = np.stack([m.resources for m in gang.members]).astype(np.int64)
+    fits = np.all(np.cumsum(requests, axis=0) <= limit - held, axis=1)
+    k = len(fits) if fits.all() else int(np.argmin(fits))
+    if k < gang.needed:
+        why = ledger.check(queue, requests[: gang.needed].sum(axis=0))
+        return Verdict(Schedulability.UNSCHEDULABLE, f"{gang.needed} tasks together: {why}")
+    return gang if k == len(gang.members) else replace(gang, members=gang.members[:k])
+
+
+def gang_never_fits(gang: Gang, queue: str, limits: QueueLimits) -> str | None:
+    """Why ``gang`` can never start in ``queue`` however little the queue holds: the
+    ``needed`` smallest requests, resource by resource, add up past its limit (a bound:
+    a gang whose members differ may still never fit, and then waits), or None."""
+    if queue not in limits:
+        return None
+    requests = np.stack([m.resources for m in gang.members]).astype(np.int64)
+    least = np.sort(requests, axis=0)[: gang.needed].sum(axis=0)
+    why = limits.never_fits(queue, least)
+    if why is None:
+        return None
+    return f"the {gang.needed} tasks that start together ask {why[len('it asks ') :]}"
 
 
 def plan_gang(

@@ -38,10 +38,11 @@ from typing import Any, Generic, Protocol, TypeVar
 from services.core.cancels import CancelledJobs
 from services.core.contention import BACKLOG_RUNS, OldestFirst, Run
 from services.core.fairness import FairShare
+from services.core.gang import Gang, GangPlan, gang_never_fits, limit_gang, plan_gang
 from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
 from services.core.limits import LimitLedger, QueueLimits
 from services.core.snapshot import Snapshot
-from services.core.status import PlacementStatus
+from services.core.status import PlacementStatus, Verdict
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
 
@@ -344,7 +345,16 @@ class Scheduler(Generic[W]):
         return None
 
     def _ledger(self, now: float | None, plan: RoundPlan[W]) -> LimitLedger | None:
-        """What the limited queues served here hold, for one round (None: no limit here).
+        """``ledger``, for one round: while what the queues hold is not known, the
+        round is planned again once it may be."""
+        ledger = self.ledger(now)
+        if ledger is not None and ledger.unknown is not None and now is not None:
+            # nothing may change in the view meanwhile
+            plan.recheck_in = self.started_at + self.limit_settle_s - now + 0.05
+        return ledger
+
+    def ledger(self, now: float | None) -> LimitLedger | None:
+        """What the limited queues served here hold now (None: no limit here).
 
         Until every LM has been heard from, what a queue holds is not known: a GM that
         just started would count only part of it and overshoot. So its limited queues
@@ -361,8 +371,30 @@ class Scheduler(Generic[W]):
                 f"this GM has not heard from {', '.join(unheard)} yet, so it does not know "
                 f"what the queue holds against its limit; waiting at most {left:.0f} s more"
             )
-            plan.recheck_in = left + 0.05  # nothing may change in the view meanwhile
         return LimitLedger(self.limits, self.view.queue_usage(), unknown)
+
+    # ------------------------------------------------------------------ gangs
+    def plan_gang(
+        self, queue: str, gang: Gang, now: float | None, judge_never: bool = False
+    ) -> GangPlan | Verdict:
+        """A gang job of ``queue``, planned whole over the view (``plan_gang``) with the
+        members its queue's limit lets start now (``limit_gang``). Nothing is booked: the
+        driver books the plan (``book``) before it asks the LMs."""
+        limited = limit_gang(gang, queue, self.ledger(now))
+        if isinstance(limited, Verdict):
+            return limited
+        return plan_gang(limited, self.view, now, judge_never=judge_never)
+
+    def gang_never_runs(self, queue: str, gang: Gang, now: float | None) -> str | None:
+        """Why ``gang`` can never start whole in ``queue`` (refused at submission): a
+        member that could never run alone, or the members that start together asking
+        for more than the queue's limit; None if it may. (Whether some set of nodes
+        could ever hold it whole is ``plan_gang``'s INFEASIBLE.)"""
+        for i, member in enumerate(gang.members):
+            why = self.never_runs(queue, member, now)
+            if why is not None:
+                return f"task {i} can never run here ({why})"
+        return gang_never_fits(gang, queue, self.limits)
 
     def _preemption(self, queue: str, spec: TaskSpec, now: float | None) -> PreemptionPlan | str:
         """No node internal or external: fairness (Alg. 2) picks victims, booked into

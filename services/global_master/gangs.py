@@ -13,7 +13,10 @@
 
 The decisions are the core's (``services.core.gang``, ``services.core.gang_restart``;
 the LMs' ``Reservations`` and ``Lifecycle``); this module only carries them out over
-gRPC. What it does not do (issue 33, out of scope here): a waiting gang never preempts
+gRPC. A gang of a queue with a limit starts only within it (``Scheduler.plan_gang``:
+the members that start together fit what the queue holds; with ``min_tasks`` the rest
+are queued one by one, each within the limit). What it does not do (issue 33): a waiting
+gang never preempts
 (fair share does not weigh it as a unit; its started tasks are never victims:
 ``Allocation.gang``). A commit that fails on one LM after another committed (only a node
 lost or a cancel between reserve and commit can do that) leaves the committed part
@@ -37,7 +40,16 @@ import grpc
 
 from services._proto.megha.v1 import common_pb2, local_master_pb2
 from services.common.convert import placement_status_from_proto
-from services.core.gang import Gang, GangError, GangPiece, GangPlan, book, plan_gang, unbook
+from services.core.gang import (
+    Gang,
+    GangError,
+    GangPiece,
+    GangPlan,
+    book,
+    gang_never_fits,
+    plan_gang,
+    unbook,
+)
 from services.core.gang_restart import Standing, Stop, kill_reason, regather
 from services.core.scheduler import RESTART_SETTLE_S, Drop
 from services.core.states import TaskState
@@ -94,16 +106,22 @@ class Gangs:
         self.waiting: dict[str, GangJob] = {}  # job id -> its gang, until it started
         self.regathering: dict[str, Regathering] = {}  # job id -> its restart, until placed
 
-    def never(self, job_id: str, specs: Sequence[TaskSpec], min_tasks: int) -> str | None:
-        """Why the gang of ``specs`` can never start whole on the federation as the view
-        knows it (its nodes' capacities, dead ones too), or None. Not judged while an LM
-        of the federation was not heard yet or restarted lately (its nodes are coming
-        back): the gang then waits."""
+    def never(
+        self, job_id: str, queue: str, specs: Sequence[TaskSpec], min_tasks: int
+    ) -> str | None:
+        """Why the gang of ``specs`` can never start whole in ``queue``: it asks more
+        than the queue's limit, or the federation as the view knows it (its nodes'
+        capacities, dead ones too) could never hold it; or None. The latter is not judged
+        while an LM of the federation was not heard yet or restarted lately (its nodes
+        are coming back): the gang then waits."""
         try:
             gang = gang_of(job_id or "gang", specs, min_tasks)
         except GangError as err:
             return str(err)
-        view, now = self.gm.view, time.monotonic()
+        scheduler, view, now = self.gm.scheduler, self.gm.view, time.monotonic()
+        over = gang_never_fits(gang, queue, scheduler.limits)
+        if over is not None:
+            return over
         if set(self.gm._stubs) - set(view.lms) or view.restarted(now, RESTART_SETTLE_S):
             return None
         outcome = plan_gang(gang, view, now, judge_never=True)
@@ -260,12 +278,15 @@ class Gangs:
                 try:
                     specs = [item.spec for item in job.items]
                     gang = gang_of(job.job_id, specs, job.min_tasks)
-                    outcome = plan_gang(gang, gm.view, time.monotonic(), judge_never=False)
+                    outcome = gm.scheduler.plan_gang(job.queue, gang, time.monotonic())
                     if isinstance(outcome, Verdict):
                         for item in job.items:
                             why = f"its gang waits: {outcome.reason}"
                             gm.jobs.set_reason(job.job_id, item.task.task_id, why)
-                        await changed.wait()
+                        # Bounded: a limit's ledger may be waiting for time alone
+                        # (LMs not heard from, up to ``limit_settle_s``).
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(changed.wait(), GANG_RETRY_S)
                         continue
                     if await self._place(job, outcome):
                         return

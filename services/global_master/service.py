@@ -62,7 +62,7 @@ from services.common.request_stream import Launcher
 from services.common.requeue import RESTART_GRACE_S, enqueue_next_attempt
 from services.common.server import channel
 from services.core.autoscale import waiting_shapes
-from services.core.dry_run import Outcome, TaskOutlook, dry_run, dry_run_gang
+from services.core.dry_run import dry_run, dry_run_gang
 from services.core.fairness import FairShare, dominant_share
 from services.core.gang import GangError
 from services.core.global_view import (
@@ -237,10 +237,6 @@ class RecentAllocations:
     """Recent allocation times (seconds) of tasks this GM scheduled."""
 
     values: deque = field(default_factory=lambda: deque(maxlen=10_000))
-
-
-def _limited_gang(queue: str) -> str:
-    return f"queue {queue!r} has a limit; gang jobs are not supported in limited queues yet"
 
 
 def _too_few_tasks(request) -> str:
@@ -594,10 +590,6 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 f"job {shown(job_id)} is {known.owner}'s: name your job otherwise",
             )
         gang = request.gang or request.min_tasks > 0
-        if gang and queue in self.limits:
-            # A gang is planned whole, outside the scheduler's round, which is where a
-            # queue's limit is enforced: not yet done for gangs, so refused, not ignored.
-            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, _limited_gang(queue))
         if request.min_tasks > len(request.tasks):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, _too_few_tasks(request))
         batch = common_pb2.TaskBatch(
@@ -626,7 +618,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         ids = [t.task_id for t in batch.tasks]
         if len(set(ids)) != len(ids):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "task ids must be unique")
-        if gang and (never := self.gangs.never(job_id, specs, request.min_tasks)) is not None:
+        never = self.gangs.never(job_id, queue, specs, request.min_tasks) if gang else None
+        if never is not None:
             raise Refused(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"gang job {shown(job_id)} can never start whole here: {never} (a gang "
@@ -957,8 +950,6 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             outlooks = dry_run(self.scheduler, queue, specs, now)
         elif request.min_tasks > len(specs):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _too_few_tasks(request))
-        elif queue in self.limits:  # refused at submission (``_queue_job``)
-            outlooks = [TaskOutlook(Outcome.NEVER, reason=_limited_gang(queue))] * len(specs)
         else:
             try:
                 gang = gang_of("dry-run", specs, request.min_tasks)

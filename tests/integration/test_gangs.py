@@ -349,3 +349,51 @@ async def test_a_member_retried_after_failing_restarts_the_whole_gang(tmp_path, 
         ]
         assert len(restarted) == 4
         await fed.assert_books_balanced()
+
+
+@pytest.mark.slow  # ~10 s; run apart by .ci/run (MEGHA_SLOW_TESTS=1)
+async def test_a_gang_in_a_limited_queue_starts_whole_within_the_limit(tmp_path):
+    """A queue capped at 3 CPUs on 4 CPUs: a gang of 2 waits, saying why, while the
+    queue's other tasks hold 2; starts whole once they end; the queue never holds more
+    than 3; a gang of 4 is refused at submission with the numbers."""
+    from tests.integration.test_queue_limits import most_at_once
+
+    queues = [{"name": "capped", "share": 1.0, "gm": "gm-1", "limit": "cpu=3"}]
+    async with two_lms(tmp_path, queues=queues) as fed:
+        gm = fed.gm()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await gm.submit(sim_tasks(4, 1.0), queue="capped", job_id="g4", gang=True)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert err.value.details().startswith("gang job g4 can never start whole here: the 4 ")
+        assert "may ever hold (cpu 4 > 3)" in err.value.details()
+
+        plain = await gm.submit(sim_tasks(2, 2.0), queue="capped", job_id="plain")
+        await fed.events.wait_running(set(plain.task_ids), timeout_s=10)
+        reply = await gm.submit(sim_tasks(2, 1.0), queue="capped", job_id="g2", gang=True)
+        deadline = time.monotonic() + 5
+        while True:
+            job = await gm.job("g2")
+            reasons = {t.pending_reason for t in job.tasks}
+            if any("is at its limit" in r for r in reasons):
+                break
+            assert time.monotonic() < deadline, job
+            await asyncio.sleep(0.05)
+        assert reasons == {
+            "its gang waits: 2 tasks together: queue 'capped' is at its limit (cpu 2 of 3 "
+            "held, needs 2); waiting for its tasks to end"
+        }, reasons
+        assert not started(fed, reply.task_ids)
+        await fed.events.wait_succeeded({*plain.task_ids, *reply.task_ids}, timeout_s=20)
+        first = min(
+            e.timestamps.started_unix_nanos
+            for e in started(fed, reply.task_ids)
+            if e.timestamps.started_unix_nanos
+        )
+        ends = [
+            e.timestamps.finished_unix_nanos
+            for e in fed.events.events
+            if e.task_id in set(plain.task_ids) and e.state == SUCCEEDED
+        ]
+        assert first >= min(ends), "the gang started while the queue was at its limit"
+        assert most_at_once(fed.events.events, {*plain.task_ids, *reply.task_ids}) <= 3
+        assert set(fed.events.runs().values()) == {1}

@@ -4,6 +4,7 @@ Reservations in virtual time."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -117,3 +118,31 @@ def test_simulate_gangs_from_the_command_line(tmp_path):
     assert summaries["per_task"]["infeasible"] == 12 and summaries["per_task"]["completed"] == 0
     assert summaries["vdc"]["completed"] == 12
     assert summaries["vdc"]["gangs"] == {"started": 1, "refused_attempts": 0, "infeasible": 0}
+
+
+def test_gangs_in_a_limited_queue_start_whole_within_the_limit():
+    """The simulator plans gangs as the GM does (``Scheduler.plan_gang``): a queue capped
+    at 6 cores holds at most 6 however many gangs wait, a gang of more than 6 tasks is
+    refused at arrival, and every other gang still starts whole."""
+    from services.common.config import QueueConfig
+
+    queues = (
+        QueueConfig(name="capped", share=0.5, gm="gm-1", limit="cpu=6"),
+        QueueConfig(name="open", share=0.5, gm="gm-2"),
+    )
+    trace = jobs(40, gap_s=0.05, most=8)
+    config = SimConfig(workers=24, gms=2, lms=3, gangs=True, queues=queues, seed=3)
+    result = simulate(config, trace)
+    s = result.summary
+    capped = s["queues"]["capped"]
+    assert capped["limit"] == "cpu=6" and 0 < capped["peak_cpu_milli"] <= 6_000
+    assert s["queues"]["open"]["peak_cpu_milli"] > 6_000
+    refused = int(result.log.infeasible.sum())
+    assert refused > 0 and s["completed"] == s["tasks"] - refused
+    starts = np.cumsum([0] + [len(j.tasks) for j in trace])
+    for lo, (first, last, first_end) in zip(starts, spans(result, trace), strict=False):
+        if not result.log.infeasible[lo]:  # started whole
+            assert last - first < 1_000_000 and last < first_end
+    unlimited = tuple(q.model_copy(update={"limit": ""}) for q in queues)
+    free = simulate(replace(config, queues=unlimited), trace).summary
+    assert free["queues"]["capped"]["peak_cpu_milli"] > 6_000
