@@ -19,9 +19,11 @@ Model and assumptions:
   once the kill took effect (``Lifecycle.stopping``), a lost one's once its worker is
   gone, so a restart that waits for every member's next attempt never runs two attempts
   of a member at once, and each attempt is placed once (reserve/commit, by attempt).
-- A member that already ended for good (SUCCEEDED, FAILED, CANCELLED, REJECTED) is not
-  run again: the gang restarts with the others. (A gang whose work needs every member to
-  the end would fail whole instead; that is not done.)
+- A member that already ended for good (SUCCEEDED, CANCELLED, REJECTED) is not run
+  again: the gang restarts with the others. A member that FAILED for good (no retry
+  left) ends its whole gang instead (``ends_gang``): a gang's work needs every member, so
+  the GM serving its queue cancels the job (``gang_failed``), and its other members end
+  CANCELLED wherever they run or wait.
 - The LMs' word is needed whole: while an LM has not answered (or no LM knows a member,
   its ending forgotten), nothing is stopped on its word and nothing starts; the driver
   asks again.
@@ -125,3 +127,14 @@ def regather(
 def kill_reason(lost: str) -> str:
     """The reason a member stopped for its gang's restart ends LOST with."""
     return f"gang member {lost} lost: its gang restarts whole"
+
+
+def ends_gang(state: TaskState) -> bool:
+    """Whether a started gang's member ending in ``state`` ends the whole gang: FAILED
+    for good (a failure with a retry left ends RETRYING and restarts the gang whole)."""
+    return state is TaskState.FAILED
+
+
+def gang_failed(task_id: str, reason: str) -> str:
+    """The reason the job of a gang whose member ``task_id`` FAILED is cancelled with."""
+    return f"gang member {task_id} failed ({reason or 'no reason given'}): its gang is cancelled"

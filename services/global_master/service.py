@@ -65,6 +65,7 @@ from services.core.autoscale import waiting_shapes
 from services.core.dry_run import dry_run, dry_run_gang
 from services.core.fairness import FairShare, dominant_share
 from services.core.gang import GangError
+from services.core.gang_restart import ends_gang, gang_failed
 from services.core.global_view import (
     ApplyResult,
     GlobalView,
@@ -83,11 +84,11 @@ from services.core.scheduler import (
     RoundPlan,
     Scheduler,
 )
-from services.core.states import RELEASED, TERMINAL
+from services.core.states import RELEASED, TERMINAL, TaskState
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
-from services.global_master.gangs import GangJob, Gangs, gang_fields, gang_of
+from services.global_master.gangs import GANG_RETRY_S, GangJob, Gangs, gang_fields, gang_of
 from services.global_master.jobs import JobBook, status_event
 from services.global_master.predictions import LifetimePredictions
 
@@ -849,14 +850,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
     async def CancelJob(self, request, context):
         if not request.job_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "job_id is required")
-        msg = common_pb2.JobCancel(
-            job_id=request.job_id,
-            reason=request.reason or "cancelled",
-            gm_id=self.gm_id,
-            cancelled_unix_nanos=time.time_ns(),
-        )
         try:
-            await self.bus.publish_fanout(CANCEL_EXCHANGE, msg.SerializeToString())
+            await self._publish_cancel(request.job_id, request.reason or "cancelled")
         except Exception as err:
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,
@@ -864,7 +859,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             )
         job = self.jobs.get(request.job_id)
         unfinished = 0 if job is None else job.unfinished
-        self._cancel(msg.job_id, msg.reason)  # at once here; the broadcast finds it done
+        self._cancel(request.job_id, request.reason or "cancelled")  # at once here
         log.info(
             "job cancelled",
             extra={"job_id": request.job_id, "known": job is not None, "unfinished": unfinished},
@@ -1206,6 +1201,37 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 return None
             await asyncio.sleep(FENCE_RETRY_S)
 
+    async def _publish_cancel(self, job_id: str, reason: str) -> None:
+        """Tell every GM and LM that ``job_id`` is cancelled (the cancels fan-out); this
+        GM's own queues are ``_cancel``'s (the broadcast finds them done)."""
+        msg = common_pb2.JobCancel(
+            job_id=job_id, reason=reason, gm_id=self.gm_id, cancelled_unix_nanos=time.time_ns()
+        )
+        await self.bus.publish_fanout(CANCEL_EXCHANGE, msg.SerializeToString())
+
+    def _end_gang(self, event: common_pb2.TaskEvent) -> None:
+        """A started gang's member FAILED for good (``ends_gang``): its job is cancelled
+        here at once and then everywhere, so its other members end CANCELLED wherever
+        they run or wait. Published until the broker takes it (a GM that dies first
+        leaves the rest to run out: its members end by themselves)."""
+        reason = gang_failed(event.task_id, event.reason)
+        log.warning(
+            "a gang member failed: cancelling its gang",
+            extra={"job_id": event.job_id, "task_id": event.task_id, "why": event.reason},
+        )
+        self._cancel(event.job_id, reason)
+
+        async def publish() -> None:
+            while not self._closed:
+                try:
+                    await self._publish_cancel(event.job_id, reason)
+                    return
+                except Exception as err:
+                    log.warning("could not publish a gang's cancel", extra={"error": repr(err)})
+                    await asyncio.sleep(GANG_RETRY_S)
+
+        self._spawn(publish())
+
     async def _on_cancel_message(self, body: bytes) -> None:
         msg = common_pb2.JobCancel.FromString(body)
         self._cancel(msg.job_id, msg.reason or "cancelled")
@@ -1293,6 +1319,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     and event.job_id == unstarted[2].job_id  # not another job's, refused
                 ):
                     del self._unstarted[event.task_id]
+            if (
+                event.gang
+                and ends_gang(TaskState(event.state))
+                and self.serves(event.queue)
+                and self.cancelled.reason(event.job_id) is None
+            ):
+                self._end_gang(event)
             if event.state in RELEASED:
                 ends.append((event.lm_id, event.task_id, event.attempt))
             elif event.state == common_pb2.TASK_STATE_RUNNING and self.serves(event.queue):

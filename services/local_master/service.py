@@ -1137,6 +1137,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             reason=reason,
             timestamps=task.timestamps,
             attempt=task.attempt,
+            gang=bool(task.gang_task_ids),
         )
 
     def _event(

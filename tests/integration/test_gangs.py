@@ -397,3 +397,34 @@ async def test_a_gang_in_a_limited_queue_starts_whole_within_the_limit(tmp_path)
         assert first >= min(ends), "the gang started while the queue was at its limit"
         assert most_at_once(fed.events.events, {*plain.task_ids, *reply.task_ids}) <= 3
         assert set(fed.events.runs().values()) == {1}
+
+
+@pytest.mark.slow  # ~10 s; run apart by .ci/run (MEGHA_SLOW_TESTS=1)
+async def test_a_member_that_fails_for_good_cancels_its_whole_gang(tmp_path):
+    """A member that FAILED with no retry left ends its gang: the GM serving the queue
+    cancels the job, and the three others, still running their 30 s, end CANCELLED
+    within seconds, each saying which member failed; nothing runs again."""
+    tasks = [shell_task("sleep 0.5; exit 3"), *(shell_task("sleep 30") for _ in range(3))]
+    async with two_lms(tmp_path) as fed:
+        reply = await fed.gm().submit(tasks, job_id="gf", gang=True)
+        ids = set(reply.task_ids)
+        first = reply.task_ids[0]
+        started_at = time.monotonic()
+        await fed.events.wait_state({first}, common_pb2.TASK_STATE_FAILED, timeout_s=15)
+        await fed.events.wait_state(ids - {first}, common_pb2.TASK_STATE_CANCELLED, timeout_s=10)
+        assert time.monotonic() - started_at < 20, "the others ran out instead"
+        cancelled = [
+            e
+            for e in fed.events.events
+            if e.task_id in ids - {first} and e.state == common_pb2.TASK_STATE_CANCELLED
+        ]
+        assert {e.task_id for e in cancelled} == ids - {first}
+        assert all(f"gang member {first} failed (" in e.reason for e in cancelled), cancelled
+        assert all(e.reason.endswith("its gang is cancelled") for e in cancelled)
+        job = await fed.gm().job("gf")
+        states = {t.task_id: t.state for t in job.tasks}
+        assert states[first] == common_pb2.TASK_STATE_FAILED
+        assert all(states[t] == common_pb2.TASK_STATE_CANCELLED for t in ids - {first}), states
+        await asyncio.sleep(0.5)
+        assert set(fed.events.runs().values()) == {1}
+        await fed.assert_books_balanced()

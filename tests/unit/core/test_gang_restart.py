@@ -133,3 +133,14 @@ def test_a_restart_never_starts_beside_a_running_or_awaited_member(standing, arr
     assert set(step.ready).isdisjoint(step.launched)
     for task_id in step.ready:  # no attempt is ready beside an older one still running
         assert task_id not in standing or not standing[task_id].running
+
+
+def test_only_a_member_failed_for_good_ends_its_gang():
+    from services.core.gang_restart import ends_gang, gang_failed
+    from services.core.states import TaskState
+
+    assert [s for s in TaskState if ends_gang(s)] == [TaskState.FAILED]
+    assert gang_failed("j.2", "exit code 3") == (
+        "gang member j.2 failed (exit code 3): its gang is cancelled"
+    )
+    assert "(no reason given)" in gang_failed("j.2", "")

@@ -898,6 +898,7 @@ class TaskEvent(_message.Message):
     TIMESTAMPS_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     PEAK_MEMORY_MB_FIELD_NUMBER: _builtins.int
+    GANG_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     job_id: _builtins.str
     queue: _builtins.str
@@ -909,6 +910,10 @@ class TaskEvent(_message.Message):
     attempt: _builtins.int
     peak_memory_mb: _builtins.int
     """An ended process task's peak resident memory (TaskReport.peak_memory_mb); 0: not seen."""
+    gang: _builtins.bool
+    """The task is a member of a gang started together (Task.gang_task_ids is set): a
+    member that FAILED for good ends its gang (the GM serving the queue cancels the job).
+    """
     @_builtins.property
     def timestamps(self) -> Global___TaskTimestamps: ...
     def __init__(
@@ -924,10 +929,11 @@ class TaskEvent(_message.Message):
         timestamps: Global___TaskTimestamps | None = ...,
         attempt: _builtins.int = ...,
         peak_memory_mb: _builtins.int = ...,
+        gang: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timestamps", b"timestamps"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "job_id", b"job_id", "lm_id", b"lm_id", "node_id", b"node_id", "peak_memory_mb", b"peak_memory_mb", "queue", b"queue", "reason", b"reason", "state", b"state", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "gang", b"gang", "job_id", b"job_id", "lm_id", b"lm_id", "node_id", b"node_id", "peak_memory_mb", b"peak_memory_mb", "queue", b"queue", "reason", b"reason", "state", b"state", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
