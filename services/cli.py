@@ -31,6 +31,25 @@ _job_limit = bounded(int, "limit", 1, high=1000)
 _retries = bounded(int, "retries", 0, high=100)
 _min_tasks = bounded(int, "min-tasks", 0, high=100_000)
 _priority = bounded(int, "priority", -(2**31), high=2**31 - 1)
+
+
+def _vdc(text: str):
+    """``--vdc 100,1000``: bandwidth per core and vlink cap, Mbit/s (a ``Vdc`` message)."""
+    from services._proto.megha.v1 import common_pb2
+    from services.core.vdc import Vdc, VdcError
+
+    parts = text.split(",")
+    try:
+        bpc, cap = (float(p) for p in parts) if len(parts) == 2 else (None, None)
+        Vdc(bpc, cap)  # type: ignore[arg-type]
+    except (ValueError, TypeError) as err:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected BPC,CAP (Mbit/s per core, vlink cap in Mbit/s), e.g. 100,1000"
+            + (f" ({err})" if isinstance(err, VdcError) else "")
+        ) from None
+    return common_pb2.Vdc(bandwidth_per_core_mbps=bpc, vlink_cap_mbps=cap)
+
+
 # 0 = back to back
 _rates = number_list(bounded(float, "rate", 0, high=100_000))
 
@@ -231,6 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="a gang of at least this many of the tasks: as many as fit start together, "
         "the others as room frees",
+    )
+    submit.add_argument(
+        "--vdc",
+        type=_vdc,
+        metavar="BPC,CAP",
+        help="the gang is a Gridiron VDC (implies --gang): each two members' vlink is BPC "
+        "Mbit/s per core of the smaller, capped at CAP Mbit/s, and must fit the nodes' "
+        "uplinks (their net capacity); members on one node send nothing over it",
     )
     submit.add_argument("--wait", action="store_true", help="follow the job until it ends")
     submit.add_argument(

@@ -389,6 +389,7 @@ async def _queue_job(
         on_busy=busy,
         gang=getattr(args, "gang", False),
         min_tasks=getattr(args, "min_tasks", 0) or 0,
+        vdc=getattr(args, "vdc", None),
     )
     if getattr(args, "json", False):
         _print_json({"job_id": reply.job_id, "task_ids": list(reply.task_ids)})
@@ -412,7 +413,11 @@ async def _dry_run(
     (placed, or by preemption), 1 if some would wait, 2 if some could never run."""
     target = client.target if args.gm else (_queue_gm(config, queue) or client.target)
     tasks = [t.build() for t in templates]
-    gang = {"gang": getattr(args, "gang", False), "min_tasks": getattr(args, "min_tasks", 0) or 0}
+    gang = {
+        "gang": getattr(args, "gang", False),
+        "min_tasks": getattr(args, "min_tasks", 0) or 0,
+        "vdc": getattr(args, "vdc", None),
+    }
     if target == client.target:
         plan = await client.plan(tasks, queue, **gang)
     else:

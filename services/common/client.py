@@ -114,15 +114,16 @@ class GlobalMasterClient:
         on_busy: Callable[[float], None] | None = None,
         gang: bool = False,
         min_tasks: int = 0,
+        vdc: common_pb2.Vdc | None = None,
     ) -> global_master_pb2.SubmitJobResponse:
         """Queue a job (``gang``: all its tasks start together, or ``min_tasks`` of
-        them; SubmitJobRequest.gang). A GM too busy to take it (RESOURCE_EXHAUSTED:
-        nothing of it was queued) is asked again up to ``busy_tries`` times after the
-        pauses it asks for (``busy_pauses``), each announced to ``on_busy``; then its
-        refusal is raised."""
+        them; SubmitJobRequest.gang; ``vdc``: a gang that is a Gridiron VDC). A GM too
+        busy to take it (RESOURCE_EXHAUSTED: nothing of it was queued) is asked again up
+        to ``busy_tries`` times after the pauses it asks for (``busy_pauses``), each
+        announced to ``on_busy``; then its refusal is raised."""
         for pause in [*busy_pauses(busy_tries), None]:
             try:
-                return await self._submit_once(tasks, queue, job_id, gang, min_tasks)
+                return await self._submit_once(tasks, queue, job_id, gang, min_tasks, vdc)
             except grpc.aio.AioRpcError as err:
                 if pause is None or err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                     raise
@@ -138,6 +139,7 @@ class GlobalMasterClient:
         job_id: str,
         gang: bool = False,
         min_tasks: int = 0,
+        vdc: common_pb2.Vdc | None = None,
     ) -> global_master_pb2.SubmitJobResponse:
         stamped = []
         now = time.time_ns()
@@ -147,7 +149,7 @@ class GlobalMasterClient:
                 task.timestamps.submitted_unix_nanos = now
             stamped.append(task)
         request = global_master_pb2.SubmitJobRequest(
-            job_id=job_id, queue=queue, tasks=stamped, gang=gang, min_tasks=min_tasks
+            job_id=job_id, queue=queue, tasks=stamped, gang=gang, min_tasks=min_tasks, vdc=vdc
         )
         if self._submitter is not None:
             return await self._submitter.request(request, timeout=30)
@@ -271,10 +273,11 @@ class GlobalMasterClient:
         queue: str = "",
         gang: bool = False,
         min_tasks: int = 0,
+        vdc: common_pb2.Vdc | None = None,
     ) -> global_master_pb2.PlanJobResponse:
         """Where each task would go now, or why not; nothing is queued (``PlanJob``).
-        ``gang``/``min_tasks``: judged whole, as ``submit`` would queue it."""
+        ``gang``/``min_tasks``/``vdc``: judged whole, as ``submit`` would queue it."""
         request = global_master_pb2.PlanJobRequest(
-            queue=queue, tasks=tasks, gang=gang, min_tasks=min_tasks
+            queue=queue, tasks=tasks, gang=gang, min_tasks=min_tasks, vdc=vdc
         )
         return await self.stub.PlanJob(request, timeout=10)

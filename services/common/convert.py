@@ -30,12 +30,14 @@ import numpy as np
 from services._proto.megha.v1 import common_pb2, local_master_pb2
 from services.core.cluster_state import ClusterState
 from services.core.constraints import from_mask, to_mask
+from services.core.gang import VdcLayout
 from services.core.ids import id_problem, shown
 from services.core.node_table import NodeColumns
 from services.core.resources import NUM_RESOURCES, RESOURCE_NAMES
 from services.core.snapshot import Allocation, Snapshot
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
+from services.core.vdc import Vdc
 
 # Resources and FreeColumns name their fields exactly like RESOURCE_NAMES (pinned by a
 # test), so one tuple of names maps vectors, messages and columns onto each other.
@@ -375,3 +377,33 @@ def placement_status_from_proto(value: int) -> PlacementStatus:
         raise ValueError(
             f"placement status {value} has no meaning here (UNSPECIFIED, or from a newer LM)"
         ) from None
+
+
+def vdc_from_proto(msg: common_pb2.Vdc) -> Vdc:
+    """``Vdc`` of the wire's; ``VdcError`` (a ValueError) if its numbers are not."""
+    return Vdc(float(msg.bandwidth_per_core_mbps), float(msg.vlink_cap_mbps))
+
+
+def vdc_to_proto(vdc: Vdc) -> common_pb2.Vdc:
+    return common_pb2.Vdc(
+        bandwidth_per_core_mbps=vdc.bandwidth_per_core, vlink_cap_mbps=vdc.vlink_cap
+    )
+
+
+def layout_to_proto(layout: VdcLayout) -> local_master_pb2.VdcLayout:
+    return local_master_pb2.VdcLayout(
+        vdc=vdc_to_proto(layout.vdc),
+        member_cpus=layout.cpu_milli.tolist(),
+        member_slots=layout.slots.tolist(),
+    )
+
+
+def layout_from_proto(msg: local_master_pb2.VdcLayout) -> VdcLayout:
+    """``VdcLayout`` of a ReserveGang; ``ValueError`` if malformed (the LM refuses it)."""
+    if len(msg.member_cpus) != len(msg.member_slots) or not len(msg.member_slots):
+        raise ValueError("a VDC layout needs one cpu and one slot per member")
+    return VdcLayout(
+        vdc_from_proto(msg.vdc),
+        np.asarray(msg.member_cpus, dtype=np.int64),
+        np.asarray(msg.member_slots, dtype=np.int64),
+    )

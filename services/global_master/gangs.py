@@ -39,22 +39,25 @@ from typing import TYPE_CHECKING
 import grpc
 
 from services._proto.megha.v1 import common_pb2, local_master_pb2
-from services.common.convert import placement_status_from_proto
+from services.common.convert import layout_to_proto, placement_status_from_proto, vdc_from_proto
 from services.core.gang import (
     Gang,
     GangError,
     GangPiece,
     GangPlan,
+    VdcLayout,
     book,
     gang_never_fits,
     plan_gang,
     unbook,
 )
 from services.core.gang_restart import Standing, Stop, kill_reason, regather
+from services.core.resources import NET
 from services.core.scheduler import RESTART_SETTLE_S, Drop
 from services.core.states import TaskState
 from services.core.status import Schedulability, Verdict
 from services.core.task import TaskSpec
+from services.core.vdc import Vdc, VdcError
 
 if TYPE_CHECKING:
     from services.global_master.service import GlobalMaster, Pending
@@ -70,9 +73,21 @@ GANG_RETRY_S = 1.0
 REGATHER_RETRY_S = 0.5
 
 
-def gang_of(job_id: str, specs: Sequence[TaskSpec], min_tasks: int) -> Gang:
+def gang_of(job_id: str, specs: Sequence[TaskSpec], min_tasks: int, vdc: Vdc | None = None) -> Gang:
     """The gang of a job's tasks (``GangError`` if malformed); a new id per attempt."""
-    return Gang(f"{job_id}/{uuid.uuid4().hex[:8]}", tuple(specs), min(min_tasks, len(specs)))
+    return Gang(f"{job_id}/{uuid.uuid4().hex[:8]}", tuple(specs), min(min_tasks, len(specs)), vdc)
+
+
+def vdc_of(task: common_pb2.Task) -> Vdc | None:
+    """The VDC a gang's member carries (``Task.vdc``), if any. Checked at submission; one
+    that is not valid now (it is not sealed: a forged re-queue) is left out, said."""
+    if not task.HasField("vdc"):
+        return None
+    try:
+        return vdc_from_proto(task.vdc)
+    except VdcError as err:
+        log.warning("a gang member's VDC is not valid; left out", extra={"error": str(err)})
+        return None
 
 
 @dataclass(eq=False)
@@ -107,7 +122,12 @@ class Gangs:
         self.regathering: dict[str, Regathering] = {}  # job id -> its restart, until placed
 
     def never(
-        self, job_id: str, queue: str, specs: Sequence[TaskSpec], min_tasks: int
+        self,
+        job_id: str,
+        queue: str,
+        specs: Sequence[TaskSpec],
+        min_tasks: int,
+        vdc: Vdc | None = None,
     ) -> str | None:
         """Why the gang of ``specs`` can never start whole in ``queue``: it asks more
         than the queue's limit, or the federation as the view knows it (its nodes'
@@ -115,7 +135,7 @@ class Gangs:
         while an LM of the federation was not heard yet or restarted lately (its nodes
         are coming back): the gang then waits."""
         try:
-            gang = gang_of(job_id or "gang", specs, min_tasks)
+            gang = gang_of(job_id or "gang", specs, min_tasks, vdc)
         except GangError as err:
             return str(err)
         scheduler, view, now = self.gm.scheduler, self.gm.view, time.monotonic()
@@ -277,7 +297,7 @@ class Gangs:
                 changed = self._changed
                 try:
                     specs = [item.spec for item in job.items]
-                    gang = gang_of(job.job_id, specs, job.min_tasks)
+                    gang = gang_of(job.job_id, specs, job.min_tasks, vdc_of(job.items[0].task))
                     outcome = gm.scheduler.plan_gang(job.queue, gang, time.monotonic())
                     if isinstance(outcome, Verdict):
                         for item in job.items:
@@ -317,7 +337,10 @@ class Gangs:
             item.batch.launching()
         try:
             reserved = await asyncio.gather(
-                *(self._reserve(lm, plan.gang_id, pieces, items) for lm, pieces in by_lm.items())
+                *(
+                    self._reserve(lm, plan.gang_id, pieces, items, plan.layout)
+                    for lm, pieces in by_lm.items()
+                )
             )
             refusals = [why for why in reserved if why is not None]
             committed: set[str] = set()
@@ -378,7 +401,12 @@ class Gangs:
         return lmv.version if lmv is not None else 0
 
     async def _reserve(
-        self, lm_id: str, gang_id: str, pieces: list[GangPiece], items: dict[str, Pending]
+        self,
+        lm_id: str,
+        gang_id: str,
+        pieces: list[GangPiece],
+        items: dict[str, Pending],
+        layout: VdcLayout | None = None,
     ) -> str | None:
         """ReserveGang on ``lm_id``: None if held, else why not."""
         gm = self.gm
@@ -389,6 +417,8 @@ class Gangs:
             known_version=self._known(lm_id),
             expires_unix_nanos=gm._expiry(lm_id),
         )
+        if layout is not None:
+            request.layout.CopyFrom(layout_to_proto(layout))
         for piece in pieces:
             request.placements.add(
                 task=items[piece.task.task_id].task,
@@ -396,6 +426,8 @@ class Gangs:
                 node_id=piece.node_id,
                 repartition=piece.repartition,
                 member=piece.member,
+                # With a VDC: the member's uplink share, booked as its net_mbps.
+                net_mbps=int(piece.task.resources[NET]) if layout is not None else 0,
             )
         try:
             reply = await gm._stubs[lm_id].ReserveGang(request, timeout=gm.config.lm_call_timeout_s)

@@ -45,6 +45,7 @@ from services.common.convert import (
     placement_status_from_proto,
     resources_to_proto,
     snapshot_from_proto,
+    vdc_from_proto,
 )
 from services.common.names import (
     BACKLOG_EXCHANGE,
@@ -88,6 +89,7 @@ from services.core.states import RELEASED, TERMINAL, TaskState
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
+from services.core.vdc import Vdc, VdcError
 from services.global_master.gangs import GANG_RETRY_S, GangJob, Gangs, gang_fields, gang_of
 from services.global_master.jobs import JobBook, status_event
 from services.global_master.predictions import LifetimePredictions
@@ -238,6 +240,17 @@ class RecentAllocations:
     """Recent allocation times (seconds) of tasks this GM scheduled."""
 
     values: deque = field(default_factory=lambda: deque(maxlen=10_000))
+
+
+def _vdc_of(request) -> Vdc | None:
+    """A request's VDC (``SubmitJobRequest.vdc``, ``PlanJobRequest.vdc``), or ``Refused``
+    (INVALID_ARGUMENT) saying what is wrong with it."""
+    if not request.HasField("vdc"):
+        return None
+    try:
+        return vdc_from_proto(request.vdc)
+    except VdcError as err:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"vdc: {err}") from None
 
 
 def _too_few_tasks(request) -> str:
@@ -590,7 +603,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"job {shown(job_id)} is {known.owner}'s: name your job otherwise",
             )
-        gang = request.gang or request.min_tasks > 0
+        vdc = _vdc_of(request)
+        gang = request.gang or request.min_tasks > 0 or vdc is not None
         if request.min_tasks > len(request.tasks):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, _too_few_tasks(request))
         batch = common_pb2.TaskBatch(
@@ -602,6 +616,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             task.task_id = task.task_id or f"{job_id}.{i}"
             task.job_id, task.queue, task.index = job_id, queue, i
             task.owner = owner  # the caller's, whatever the client wrote
+            task.ClearField("vdc")  # the job's, whatever the client wrote
+            if vdc is not None:
+                task.vdc.CopyFrom(request.vdc)
             try:
                 check_submitted(task)
                 spec = parse_task(task, self.config.num_constraints)
@@ -619,7 +636,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         ids = [t.task_id for t in batch.tasks]
         if len(set(ids)) != len(ids):
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "task ids must be unique")
-        never = self.gangs.never(job_id, queue, specs, request.min_tasks) if gang else None
+        never = self.gangs.never(job_id, queue, specs, request.min_tasks, vdc) if gang else None
         if never is not None:
             raise Refused(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -941,13 +958,17 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             gm_id=self.gm_id, queue=queue, served_here=self.serves(queue)
         )
         now = time.monotonic()
-        if not (request.gang or request.min_tasks):
+        try:
+            vdc = _vdc_of(request)
+        except Refused as refused:
+            await context.abort(refused.code, refused.details)
+        if not (request.gang or request.min_tasks or vdc is not None):
             outlooks = dry_run(self.scheduler, queue, specs, now)
         elif request.min_tasks > len(specs):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _too_few_tasks(request))
         else:
             try:
-                gang = gang_of("dry-run", specs, request.min_tasks)
+                gang = gang_of("dry-run", specs, request.min_tasks, vdc)
             except GangError as err:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
             outlooks = dry_run_gang(self.scheduler, queue, gang, now)

@@ -43,6 +43,7 @@ from services.common.bus import Bus
 from services.common.config import FederationConfig
 from services.common.convert import (
     InvalidTask,
+    layout_from_proto,
     next_attempt,
     parse_task,
     partition_totals,
@@ -82,6 +83,7 @@ from services.core.lm_lifecycle import (
 )
 from services.core.reservations import Reservations
 from services.core.resources import (
+    NET,
     ResourceError,
     above_bound,
     format_resources,
@@ -411,9 +413,19 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             late = self._refuse_late(request, received, "gang reservation")
             reply.status, reply.reason = placement_status_to_proto(late.status), late.reason
             return reply
+        layout = None
+        if request.HasField("layout"):
+            try:
+                layout = layout_from_proto(request.layout)
+            except ValueError as err:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"layout: {err}")
         pieces = []
         for p in request.placements:
             spec = replace(await self._spec(p.task, context), gang=True)
+            if layout is not None:  # the member's uplink share is what it books
+                booked = spec.resources.copy()
+                booked[NET] = p.net_mbps
+                spec = replace(spec, resources=booked)
             refused = self.life.refusal(spec.job_id)
             if refused is not None:  # a cancelled job's gang holds nothing
                 reply.status = placement_status_to_proto(refused.status)
@@ -424,7 +436,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             )
         ttl_s = min(max(request.ttl_s or 5.0, GANG_TTL_MIN_S), GANG_TTL_MAX_S)
         verdict = self.gangs.reserve(
-            request.gang_id, pieces, time.monotonic(), ttl_s, gm_id=request.gm_id
+            request.gang_id, pieces, time.monotonic(), ttl_s, gm_id=request.gm_id, layout=layout
         )
         reply.status = placement_status_to_proto(verdict.status)
         reply.reason = verdict.reason

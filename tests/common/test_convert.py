@@ -453,3 +453,22 @@ def test_a_submitted_task_may_not_set_what_the_federation_sets(field: str, value
     submitted = common_pb2.Task(task_id="t", **{field: value})
     with pytest.raises(InvalidTask, match=f"^task t: {field} is {value}, but .*: leave it 0$"):
         check_submitted(submitted)
+
+
+def test_a_vdc_layout_crosses_the_wire_whole_and_a_bad_one_is_refused():
+    from services.common.convert import layout_from_proto, layout_to_proto, vdc_from_proto
+    from services.core.gang import VdcLayout
+    from services.core.vdc import Vdc, VdcError
+
+    layout = VdcLayout(Vdc(100.0, 250.0), np.array([1000, 2000, 500]), np.array([0, 0, -1]))
+    back = layout_from_proto(local_master_pb2.VdcLayout.FromString(
+        layout_to_proto(layout).SerializeToString()
+    ))  # fmt: skip
+    assert back.vdc == layout.vdc
+    assert back.cpu_milli.tolist() == [1000, 2000, 500] and back.slots.tolist() == [0, 0, -1]
+    uneven = layout_to_proto(layout)
+    del uneven.member_slots[-1]
+    with pytest.raises(ValueError, match="one cpu and one slot per member"):
+        layout_from_proto(uneven)
+    with pytest.raises(VdcError, match="vlink_cap must be finite"):
+        vdc_from_proto(common_pb2.Vdc(bandwidth_per_core_mbps=1, vlink_cap_mbps=float("inf")))

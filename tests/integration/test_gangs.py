@@ -8,7 +8,7 @@ import calendar
 import json
 import statistics
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import grpc
 import pytest
@@ -428,3 +428,65 @@ async def test_a_member_that_fails_for_good_cancels_its_whole_gang(tmp_path):
         await asyncio.sleep(0.5)
         assert set(fed.events.runs().values()) == {1}
         await fed.assert_books_balanced()
+
+
+@pytest.mark.slow  # ~10 s; run apart by .ci/run (MEGHA_SLOW_TESTS=1)
+async def test_a_vdc_gang_is_placed_and_checked_by_its_uplinks_over_the_wire(tmp_path):
+    """Gridiron's VDC on the live federation (SubmitJobRequest.vdc): two nodes of 3 CPUs
+    with 1,000 Mbit/s uplinks, a gang of 4 one-CPU members. With 100 Mbit/s vlinks it
+    must split 3 + 1: each node carries 3 x 1 vlinks (300 Mbit/s), booked as each
+    member's uplink share on the LMs. With 400 Mbit/s vlinks no split fits (1,200), so
+    it is refused at submission. An LM refuses a reservation whose pieces disagree with
+    the VDC layout it is sent (it checks the uplinks itself)."""
+    from services._proto.megha.v1 import common_pb2 as pb
+
+    async with Federation(
+        tmp_path, gms=1, lms=2, workers_per_lm=1, capacity="cpu=3,mem=4Gi,net=1000"
+    ) as fed:
+        gm = fed.gm()
+        narrow = pb.Vdc(bandwidth_per_core_mbps=400, vlink_cap_mbps=1000)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await gm.submit(sim_tasks(4, 1.0), job_id="v400", vdc=narrow)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "can never start whole" in err.value.details(), err.value.details()
+        bad = pb.Vdc(bandwidth_per_core_mbps=-1, vlink_cap_mbps=1000)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await gm.submit(sim_tasks(4, 1.0), job_id="vbad", vdc=bad)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "vdc: bandwidth_per_core must be finite and >= 0" in err.value.details()
+
+        wide = pb.Vdc(bandwidth_per_core_mbps=100, vlink_cap_mbps=1000)
+        reply = await gm.submit(sim_tasks(4, 3.0), job_id="v100", vdc=wide)
+        job = await job_in_state(gm, "v100", RUNNING, timeout_s=10)
+        per_lm = sorted(Counter(t.lm_id for t in job.tasks).values())
+        assert per_lm == [1, 3], per_lm
+        for state in (await fed.books()).values():
+            net = [a.resources.net_mbps for a in state.allocations]
+            assert sorted(net) in ([100, 100, 100], [300]), net
+            assert list(state.free.net_mbps) == [700]
+        await fed.events.wait_succeeded(set(reply.task_ids), timeout_s=20)
+
+        # The LM's own check: a piece booking less than its share of the layout.
+        state = await fed.lm_state("lm-1")
+        task = sim_tasks(1, 1.0)[0]
+        task.task_id, task.job_id = "w.0", "w"
+        task.queue = fed.config.effective_queues()[0].name
+        layout = local_master_pb2.VdcLayout(vdc=wide, member_cpus=[1000, 1000], member_slots=[0, 1])
+        placement = local_master_pb2.GangPlacement(
+            task=task, node_index=0, node_id=state.nodes[0].node_id, member=0, net_mbps=0
+        )
+        request = local_master_pb2.ReserveGangRequest(
+            gm_id="gm-1", gang_id="w/1", placements=[placement], ttl_s=5.0, layout=layout
+        )
+        async with channel(fed.config.lm("lm-1").target) as ch:
+            stub = local_master_pb2_grpc.LocalMasterStub(ch)
+            refused = await stub.ReserveGang(request, timeout=5)
+            assert refused.status == local_master_pb2.PLACEMENT_STATUS_REJECTED_INVALID
+            assert "disagrees with gang w/1's VDC layout" in refused.reason
+            placement.net_mbps = 100  # its vlink to member 1, on another node
+            request.placements[0].CopyFrom(placement)
+            held = await stub.ReserveGang(request, timeout=5)
+            assert held.status == local_master_pb2.PLACEMENT_STATUS_ACCEPTED, held.reason
+            release = local_master_pb2.ReleaseGangRequest(gm_id="gm-1", gang_id="w/1")
+            assert (await stub.ReleaseGang(release, timeout=5)).released
+        assert set(fed.events.runs().values()) == {1}

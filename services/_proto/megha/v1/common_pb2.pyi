@@ -371,6 +371,7 @@ class Task(_message.Message):
     OWNER_FIELD_NUMBER: _builtins.int
     SEAL_FIELD_NUMBER: _builtins.int
     GANG_TASK_IDS_FIELD_NUMBER: _builtins.int
+    VDC_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     """Unique across the federation; placements are idempotent by this id. At
     most 256 characters.
@@ -452,6 +453,13 @@ class Task(_message.Message):
         starts all their next attempts again as one gang (issue 33).
         """
 
+    @_builtins.property
+    def vdc(self) -> Global___Vdc:
+        """A gang's Gridiron VDC (SubmitJobRequest.vdc), set by the GM on every member, so
+        that a restarted gang is planned with it again. Not sealed: it only shapes where
+        the members go (their vlinks must fit the nodes' net_mbps uplinks).
+        """
+
     def __init__(
         self,
         *,
@@ -478,16 +486,45 @@ class Task(_message.Message):
         owner: _builtins.str = ...,
         seal: _builtins.bytes = ...,
         gang_task_ids: _abc.Iterable[_builtins.str] | None = ...,
+        vdc: Global___Vdc | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["docker", b"docker", "executor", b"executor", "process", b"process", "resources", b"resources", "sim", b"sim", "timestamps", b"timestamps"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["docker", b"docker", "executor", b"executor", "process", b"process", "resources", b"resources", "sim", b"sim", "timestamps", b"timestamps", "vdc", b"vdc"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "constraints", b"constraints", "cpu_usage_mean_milli", b"cpu_usage_mean_milli", "cpu_usage_std_milli", b"cpu_usage_std_milli", "docker", b"docker", "executor", b"executor", "expected_duration_s", b"expected_duration_s", "failures", b"failures", "gang_task_ids", b"gang_task_ids", "index", b"index", "job_id", b"job_id", "lease", b"lease", "lifetime_features", b"lifetime_features", "max_retries", b"max_retries", "owner", b"owner", "predicted_lifetime_s", b"predicted_lifetime_s", "priority", b"priority", "process", b"process", "queue", b"queue", "resources", b"resources", "seal", b"seal", "sim", b"sim", "task_id", b"task_id", "timestamps", b"timestamps"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "constraints", b"constraints", "cpu_usage_mean_milli", b"cpu_usage_mean_milli", "cpu_usage_std_milli", b"cpu_usage_std_milli", "docker", b"docker", "executor", b"executor", "expected_duration_s", b"expected_duration_s", "failures", b"failures", "gang_task_ids", b"gang_task_ids", "index", b"index", "job_id", b"job_id", "lease", b"lease", "lifetime_features", b"lifetime_features", "max_retries", b"max_retries", "owner", b"owner", "predicted_lifetime_s", b"predicted_lifetime_s", "priority", b"priority", "process", b"process", "queue", b"queue", "resources", b"resources", "seal", b"seal", "sim", b"sim", "task_id", b"task_id", "timestamps", b"timestamps", "vdc", b"vdc"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_executor: _TypeAlias = _typing.Literal["sim", "process", "docker"]  # noqa: Y015
     _WhichOneofArgType_executor: _TypeAlias = _typing.Literal["executor", b"executor"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_executor) -> _WhichOneofReturnType_executor | None: ...
 
 Global___Task: _TypeAlias = Task  # noqa: Y015
+
+@_typing.final
+class Vdc(_message.Message):
+    """Gridiron's virtual datacenter over a gang: the vlink between two members is
+    bandwidth_per_core_mbps x the smaller one's cores, capped at vlink_cap_mbps; a node
+    hosting D of the P members carries D x (P - D) vlinks over its uplink (the node's
+    net_mbps), so colocated members send nothing over it (services/core/vdc.py).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BANDWIDTH_PER_CORE_MBPS_FIELD_NUMBER: _builtins.int
+    VLINK_CAP_MBPS_FIELD_NUMBER: _builtins.int
+    bandwidth_per_core_mbps: _builtins.float
+    vlink_cap_mbps: _builtins.float
+    def __init__(
+        self,
+        *,
+        bandwidth_per_core_mbps: _builtins.float = ...,
+        vlink_cap_mbps: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bandwidth_per_core_mbps", b"bandwidth_per_core_mbps", "vlink_cap_mbps", b"vlink_cap_mbps"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Vdc: _TypeAlias = Vdc  # noqa: Y015
 
 @_typing.final
 class NodeState(_message.Message):

@@ -69,6 +69,7 @@ class SubmitJobRequest(_message.Message):
     TASKS_FIELD_NUMBER: _builtins.int
     GANG_FIELD_NUMBER: _builtins.int
     MIN_TASKS_FIELD_NUMBER: _builtins.int
+    VDC_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     """Optional; the GM generates one if empty. At most 256 characters. A
     retried submission with the same id does not queue the job twice: the GM
@@ -100,6 +101,13 @@ class SubmitJobRequest(_message.Message):
         are set to the job's.
         """
 
+    @_builtins.property
+    def vdc(self) -> _common_pb2.Vdc:
+        """The gang is a Gridiron VDC (implies gang): a placement is feasible only if every
+        node's uplink (its net_mbps) carries the vlinks between its members and the others;
+        colocation saves uplink. Written on every task (Task.vdc).
+        """
+
     def __init__(
         self,
         *,
@@ -108,10 +116,11 @@ class SubmitJobRequest(_message.Message):
         tasks: _abc.Iterable[_common_pb2.Task] | None = ...,
         gang: _builtins.bool = ...,
         min_tasks: _builtins.int = ...,
+        vdc: _common_pb2.Vdc | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["vdc", b"vdc"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang", "job_id", b"job_id", "min_tasks", b"min_tasks", "queue", b"queue", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang", "job_id", b"job_id", "min_tasks", b"min_tasks", "queue", b"queue", "tasks", b"tasks", "vdc", b"vdc"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -736,6 +745,7 @@ class PlanJobRequest(_message.Message):
     TASKS_FIELD_NUMBER: _builtins.int
     GANG_FIELD_NUMBER: _builtins.int
     MIN_TASKS_FIELD_NUMBER: _builtins.int
+    VDC_FIELD_NUMBER: _builtins.int
     queue: _builtins.str
     """The user queue (empty: the first), as in SubmitJobRequest."""
     gang: _builtins.bool
@@ -747,6 +757,8 @@ class PlanJobRequest(_message.Message):
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Task]:
         """The tasks as they would be submitted; their ids may be empty."""
 
+    @_builtins.property
+    def vdc(self) -> _common_pb2.Vdc: ...
     def __init__(
         self,
         *,
@@ -754,10 +766,11 @@ class PlanJobRequest(_message.Message):
         tasks: _abc.Iterable[_common_pb2.Task] | None = ...,
         gang: _builtins.bool = ...,
         min_tasks: _builtins.int = ...,
+        vdc: _common_pb2.Vdc | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["vdc", b"vdc"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang", "min_tasks", b"min_tasks", "queue", b"queue", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang", "min_tasks", b"min_tasks", "queue", b"queue", "tasks", b"tasks", "vdc", b"vdc"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -121,6 +121,7 @@ class GangPlacement(_message.Message):
     NODE_ID_FIELD_NUMBER: _builtins.int
     REPARTITION_FIELD_NUMBER: _builtins.int
     MEMBER_FIELD_NUMBER: _builtins.int
+    NET_MBPS_FIELD_NUMBER: _builtins.int
     node_index: _builtins.int
     """NodeState.index of the node, and its id (checked: a node row may be reused)."""
     node_id: _builtins.str
@@ -128,6 +129,10 @@ class GangPlacement(_message.Message):
     """The node is in another GM's partition (as Repartition), else the caller's (Launch)."""
     member: _builtins.int
     """The member's index in the gang."""
+    net_mbps: _builtins.int
+    """With ReserveGangRequest.layout: the member's uplink share (Mbit/s), booked as its
+    net_mbps instead of the task's own (the vlinks to members on other nodes).
+    """
     @_builtins.property
     def task(self) -> _common_pb2.Task: ...
     def __init__(
@@ -138,14 +143,48 @@ class GangPlacement(_message.Message):
         node_id: _builtins.str = ...,
         repartition: _builtins.bool = ...,
         member: _builtins.int = ...,
+        net_mbps: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["member", b"member", "node_id", b"node_id", "node_index", b"node_index", "repartition", b"repartition", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["member", b"member", "net_mbps", b"net_mbps", "node_id", b"node_id", "node_index", b"node_index", "repartition", b"repartition", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GangPlacement: _TypeAlias = GangPlacement  # noqa: Y015
+
+@_typing.final
+class VdcLayout(_message.Message):
+    """Where every member of a VDC gang goes (the GM's plan), for the LM to check its own
+    nodes' uplinks with the same function: each member's cpu (millicores) and slot
+    (-1: left out); a slot means only "the same node" (services/core/gang.py VdcLayout).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VDC_FIELD_NUMBER: _builtins.int
+    MEMBER_CPUS_FIELD_NUMBER: _builtins.int
+    MEMBER_SLOTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def vdc(self) -> _common_pb2.Vdc: ...
+    @_builtins.property
+    def member_cpus(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def member_slots(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        vdc: _common_pb2.Vdc | None = ...,
+        member_cpus: _abc.Iterable[_builtins.int] | None = ...,
+        member_slots: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["vdc", b"vdc"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["member_cpus", b"member_cpus", "member_slots", b"member_slots", "vdc", b"vdc"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___VdcLayout: _TypeAlias = VdcLayout  # noqa: Y015
 
 @_typing.final
 class ReserveGangRequest(_message.Message):
@@ -157,6 +196,7 @@ class ReserveGangRequest(_message.Message):
     TTL_S_FIELD_NUMBER: _builtins.int
     KNOWN_VERSION_FIELD_NUMBER: _builtins.int
     EXPIRES_UNIX_NANOS_FIELD_NUMBER: _builtins.int
+    LAYOUT_FIELD_NUMBER: _builtins.int
     gm_id: _builtins.str
     gang_id: _builtins.str
     """One attempt to place a gang: a GM that places it again after a refusal uses a new one."""
@@ -167,6 +207,10 @@ class ReserveGangRequest(_message.Message):
     expires_unix_nanos: _builtins.int
     @_builtins.property
     def placements(self) -> _containers.RepeatedCompositeFieldContainer[Global___GangPlacement]: ...
+    @_builtins.property
+    def layout(self) -> Global___VdcLayout:
+        """The gang is a VDC: the LM checks its nodes' uplinks against the whole layout."""
+
     def __init__(
         self,
         *,
@@ -176,10 +220,11 @@ class ReserveGangRequest(_message.Message):
         ttl_s: _builtins.float = ...,
         known_version: _builtins.int = ...,
         expires_unix_nanos: _builtins.int = ...,
+        layout: Global___VdcLayout | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["layout", b"layout"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_unix_nanos", b"expires_unix_nanos", "gang_id", b"gang_id", "gm_id", b"gm_id", "known_version", b"known_version", "placements", b"placements", "ttl_s", b"ttl_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_unix_nanos", b"expires_unix_nanos", "gang_id", b"gang_id", "gm_id", b"gm_id", "known_version", b"known_version", "layout", b"layout", "placements", b"placements", "ttl_s", b"ttl_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
