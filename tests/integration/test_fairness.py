@@ -47,6 +47,7 @@ async def measure_shares(fed: Federation, seconds: float, warmup: float) -> dict
     return {q: held[q] / samples for q in SHARES}
 
 
+@pytest.mark.slow  # ~28 s: run apart by .ci/run (MEGHA_SLOW_TESTS=1), the default's budget
 async def test_backlogged_queues_converge_to_their_shares(tmp_path):
     groups = [{"lm": f"lm-{i}", "count": 10, "capacity": "cpu=1,mem=1Gi"} for i in (1, 2)]
     async with Federation(

@@ -59,6 +59,7 @@ async def test_a_task_whose_every_event_was_lost_still_ends_in_its_job():
         assert not gm.jobs.open
 
 
+@pytest.mark.slow  # ~19 s: run apart by .ci/run (MEGHA_SLOW_TESTS=1), the default's budget
 @pytest.mark.skipif(shutil.which("rabbitmqctl") is None, reason="needs rabbitmqctl")
 async def test_a_broker_restart_mid_run_loses_no_task_end(tmp_path):
     async with Federation(tmp_path, gms=2, lms=2, workers_per_lm=4) as fed:

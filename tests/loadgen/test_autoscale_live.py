@@ -20,6 +20,7 @@ def run_cli(args: list[str], timeout_s: float) -> subprocess.CompletedProcess[st
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
 
 
+@pytest.mark.slow  # ~40 s: run apart by .ci/run (MEGHA_SLOW_TESTS=1), the default's budget
 @pytest.mark.integration
 def test_autoscale_starts_tasks_sooner_and_reports_what_the_pool_cost(tmp_path: Path) -> None:
     out = tmp_path / "out"

@@ -50,10 +50,19 @@ def test_the_checker_catches_a_planted_bug_launches_not_fenced():
     assert "started twice" in found
 
 
-def test_a_few_hundred_seeds_with_every_fault_keep_every_promise():
-    for seed in range(200):  # stops at the first failing seed (replay it with the CLI)
+def _seeds_keep_every_promise(seeds: range) -> None:
+    for seed in seeds:  # stops at the first failing seed (replay it with the CLI)
         violations = run_seed(seed, SMALL).violations
         assert not violations, f"seed {seed}: {[str(v) for v in violations[:5]]}"
+
+
+def test_fifty_seeds_with_every_fault_keep_every_promise():
+    _seeds_keep_every_promise(range(50))
+
+
+@pytest.mark.slow  # ~45 s: run apart by .ci/run (MEGHA_SLOW_TESTS=1), the default's budget
+def test_a_few_hundred_more_seeds_with_every_fault_keep_every_promise():
+    _seeds_keep_every_promise(range(50, 250))
 
 
 @pytest.mark.slow  # run apart by .ci/run (MEGHA_SLOW_TESTS=1): the default suite's budget
