@@ -34,11 +34,13 @@ it with the reason (UNSCHEDULABLE).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from services.core.fairness import FairShare
 from services.core.global_view import GlobalView, Placement
 from services.core.limits import LimitLedger, QueueLimits
 from services.core.match import candidates
@@ -279,3 +281,81 @@ def unbook(view: GlobalView, plan: GangPlan, pieces: Sequence[GangPiece] | None 
     """Undo ``book`` (an LM refused its part: the whole gang is released everywhere)."""
     for piece in plan.pieces if pieces is None else pieces:
         view.release(piece.lm_id, piece.task.task_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """Victims whose room lets a waiting gang start whole: (lm_id, task_id, attempt),
+    youngest first, all of ``queue``."""
+
+    queue: str
+    victims: tuple[tuple[str, str, int], ...]
+
+
+def gang_evictions(
+    gang: Gang,
+    queue: str,
+    view: GlobalView,
+    fair: FairShare,
+    pledged: frozenset[str] | set[str] = frozenset(),
+    now: float | None = None,
+) -> Eviction | str:
+    """Alg. 2 for a gang that found no room: whom to preempt so that it starts whole, or
+    why not. The gang is one unit: its queue must be under its share by more than the
+    slack (``may_preempt``) and stay within its share with all the members that start
+    together running; victims come from the queue most over its share only, never a
+    gang's (no half gang is preempted), and no more of them than keep that queue at or
+    above its own share; node by node (the most candidates first), youngest first on
+    each, so the room concentrates where a packing gang wants it. Victims are tasks a
+    snapshot showed running, not ``pledged`` (another preemption's) nor this GM's
+    launches not shown yet; none on a silent LM. Cost: one packing per victim added
+    (``Colocate.place``)."""
+    usage, total = view.queue_usage(), view.total_capacity()
+    if not fair.may_preempt(queue, usage, total):
+        return f"queue {queue} is {fair.describe(queue, usage, total)}"
+    requests = np.stack([m.resources for m in gang.members]).astype(np.int64)
+    least = np.sort(requests, axis=0)[: gang.needed].sum(axis=0)
+    held = usage.get(queue, np.zeros(NUM_RESOURCES, dtype=np.int64))
+    if fair.is_over_share(queue, {**usage, queue: held + least}, total):
+        return f"its {gang.needed} tasks together would take queue {queue} over its share"
+    victim_queue = fair.most_over_share(usage, total, exclude=queue)
+    if victim_queue is None:
+        return "no queue is over its share"
+    slots = _slots(view, gang.constraint_mask, now, alive_only=True)
+    pairs = zip(slots.lm_ids, slots.rows.tolist(), strict=True)
+    slot_of = {(lm_id, row): k for k, (lm_id, row) in enumerate(pairs)}
+    candidates = []
+    for lm_id in sorted(view.lms):
+        if now is not None and view.silent(lm_id, now):
+            continue
+        lmv = view.lms[lm_id]
+        for a in lmv.allocations.values():
+            slot = slot_of.get((lm_id, a.node))
+            if (
+                slot is not None
+                and a.queue == victim_queue
+                and not a.gang
+                and a.task_id not in pledged
+                and a.task_id not in lmv.evicted
+                and a.task_id not in lmv.inflight
+            ):
+                candidates.append((slot, -a.sequence, lm_id, a))
+    # Node by node, the one with the most candidates first (room concentrates: fewer
+    # nodes, fewer victims for a gang that packs), youngest first on each.
+    per_slot = Counter(c[0] for c in candidates)
+    candidates.sort(key=lambda c: (-per_slot[c[0]], c[0], c[1]))
+    free = slots.free.copy()
+    left = usage.get(victim_queue, np.zeros(NUM_RESOURCES, dtype=np.int64)).copy()
+    policy, victims = Colocate(), []
+    for slot, _, lm_id, a in candidates:
+        left = left - a.resources
+        if fair.is_under_share(victim_queue, {**usage, victim_queue: left}, total):
+            break  # no deeper than the victims' own share
+        free[:, slot] += a.resources
+        victims.append((lm_id, a.task_id, a.attempt))
+        if isinstance(policy.place(requests, free, None, gang.vdc, gang.needed), Packing):
+            return Eviction(victim_queue, tuple(victims))
+    return (
+        f"no room for its {gang.needed} tasks together even after preempting queue "
+        f"{victim_queue} down to its share"
+    )

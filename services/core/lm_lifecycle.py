@@ -357,6 +357,25 @@ class Lifecycle(Generic[T]):
         actions.append(Kill(allocation.node, task_id, attempt, reason))
         return actions
 
+    def evict(
+        self, task_id: str, attempt: int, is_over_share: Callable[[str], bool], reason: str
+    ) -> list[Action]:
+        """A GM preempts ``attempt`` of ``task_id`` for a waiting gang (which then starts
+        whole in the room once it is free): if it is the attempt held, of a queue over
+        its share and no gang's, it ends on the books now, told PREEMPTED with
+        ``reason``, and is killed; its next attempt waits for the kill (``stopping``), as
+        a preempted victim's does. Else nothing (the GM's view was stale)."""
+        allocation = self.books.allocations.get(task_id)
+        task = self.tasks.get(task_id)
+        if allocation is None or task is None or allocation.attempt != attempt:
+            return []
+        if task.attempt != attempt or allocation.gang or not is_over_share(allocation.queue):
+            return []
+        self.books.release(task_id)
+        actions = self._stop(allocation, TaskState.PREEMPTED, reason)
+        actions.append(Kill(allocation.node, task_id, attempt, reason))
+        return actions
+
     def hold(self, task: T, allocation: Allocation) -> list[Action]:
         """``task`` (the driver's own copy) is the attempt the books just accepted."""
         self.tasks[task.task_id] = task

@@ -38,7 +38,15 @@ from typing import Any, Generic, Protocol, TypeVar
 from services.core.cancels import CancelledJobs
 from services.core.contention import BACKLOG_RUNS, OldestFirst, Run
 from services.core.fairness import FairShare
-from services.core.gang import Gang, GangPlan, gang_never_fits, limit_gang, plan_gang
+from services.core.gang import (
+    Eviction,
+    Gang,
+    GangPlan,
+    gang_evictions,
+    gang_never_fits,
+    limit_gang,
+    plan_gang,
+)
 from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
 from services.core.limits import LimitLedger, QueueLimits
 from services.core.snapshot import Snapshot
@@ -384,6 +392,29 @@ class Scheduler(Generic[W]):
         if isinstance(limited, Verdict):
             return limited
         return plan_gang(limited, self.view, now, judge_never=judge_never)
+
+    def gang_evictions(self, queue: str, gang: Gang, now: float | None) -> Eviction | str:
+        """Whom to preempt so that a waiting gang of ``queue`` starts whole (Alg. 2 with
+        the gang as one unit: ``gang_evictions``, within the queue's limit), or why not.
+        The victims are pledged (no other preemption picks them) until the driver has
+        asked their LMs (``evictions_replied``); it plans the gang again once their room
+        is free."""
+        if self.fair is None or len(self.fair.queues) < 2:
+            return "one queue: nothing to preempt for fairness"
+        limited = limit_gang(gang, queue, self.ledger(now))
+        if isinstance(limited, Verdict):  # it waits for its own queue's tasks
+            return limited.reason
+        out = gang_evictions(limited, queue, self.view, self.fair, self.pledged, now)
+        if isinstance(out, Eviction):
+            self.pledged.update(task_id for _, task_id, _ in out.victims)
+            self._pledge_epoch += 1
+        return out
+
+    def evictions_replied(self, eviction: Eviction) -> None:
+        """Every LM of ``eviction`` answered (or not): its victims may be picked again.
+        Those stopped stay booked until the LMs' events or states show them gone."""
+        self.pledged.difference_update(task_id for _, task_id, _ in eviction.victims)
+        self._pledge_epoch += 1
 
     def gang_never_runs(self, queue: str, gang: Gang, now: float | None) -> str | None:
         """Why ``gang`` can never start whole in ``queue`` (refused at submission): a

@@ -2,6 +2,9 @@
 
     delivery of a gang's message ──▶ GangJob (its tasks, never in the scheduler's queues)
         plan_gang over the view ──Verdict──▶ wait (reason on each task) for a view change
+                                │  its queue under its share, entitled to it whole:
+                                └─gang_evictions─▶ StopTasks(preempt) on the victims'
+                                   LMs, their fresh states applied, planned again at once
                                 ──GangPlan──▶ book ──▶ ReserveGang on every LM (parallel)
             all ACCEPTED ──▶ CommitGang on every LM ──▶ accepted: the message is acked
             any refusal / no answer ──▶ ReleaseGang on every LM, unbook, apply their
@@ -15,14 +18,21 @@ The decisions are the core's (``services.core.gang``, ``services.core.gang_resta
 the LMs' ``Reservations`` and ``Lifecycle``); this module only carries them out over
 gRPC. A gang of a queue with a limit starts only within it (``Scheduler.plan_gang``:
 the members that start together fit what the queue holds; with ``min_tasks`` the rest
-are queued one by one, each within the limit). What it does not do (issue 33): a waiting
-gang never preempts
-(fair share does not weigh it as a unit; its started tasks are never victims:
-``Allocation.gang``). A commit that fails on one LM after another committed (only a node
-lost or a cancel between reserve and commit can do that) leaves the committed part
-running and the rest planned again as a gang; the part that runs is then stopped and
-restarted with it when the rest's next attempts come back (``Regathering``) only if a
-member of it is lost later.
+are queued one by one, each within the limit). A gang that finds no room preempts as
+one unit (``Scheduler.gang_evictions``): only if its queue is under its share and stays
+within it with the members that start together, victims of the queue most over its
+share down to that queue's share, never a gang's (``Allocation.gang``: no half gang is
+preempted); each LM ends them PREEMPTED only if it too finds their queue over its share
+(``Lifecycle.evict``), and answers with its state, so the gang is planned in the room at
+once (before the victims' next attempts come back). An LM that refused every victim (its
+word on the other LMs' usage lags by a heartbeat) is asked again after
+``GANG_RETRY_S``; a gang that preempted does not again for ``GANG_EVICT_S``.
+
+A commit that fails on one LM after another committed (only a node lost or a cancel
+between reserve and commit can do that) leaves the committed part running and the rest
+planned again as a gang; the part that runs is then stopped and restarted with it when
+the rest's next attempts come back (``Regathering``) only if a member of it is lost
+later.
 """
 
 from __future__ import annotations
@@ -41,6 +51,7 @@ import grpc
 from services._proto.megha.v1 import common_pb2, local_master_pb2
 from services.common.convert import layout_to_proto, placement_status_from_proto, vdc_from_proto
 from services.core.gang import (
+    Eviction,
     Gang,
     GangError,
     GangPiece,
@@ -69,6 +80,9 @@ log = logging.getLogger("megha.gm.gangs")
 GANG_TTL_S = 5.0
 # A gang refused by an LM is planned again on the next view change, or after this long.
 GANG_RETRY_S = 1.0
+# A gang that preempted for itself does not again for this long (its victims' room frees
+# as their kills take effect; meanwhile it is planned on every view change).
+GANG_EVICT_S = 5.0
 # A restarting gang asks the LMs again this often while it waits for its members' kills.
 REGATHER_RETRY_S = 0.5
 
@@ -98,6 +112,7 @@ class GangJob:
     queue: str
     items: list[Pending]
     min_tasks: int
+    evict_after: float = 0.0  # monotonic: no preemption for it before then
 
 
 @dataclass(eq=False)
@@ -259,29 +274,38 @@ class Gangs:
     async def _stop(self, stops: Sequence[Stop], reason: str) -> None:
         """StopTasks on each LM for its members (an LM that does not answer is asked
         again on the next turn: the members still run there)."""
-        gm = self.gm
         by_lm: dict[str, list[Stop]] = {}
         for stop in stops:
             by_lm.setdefault(stop.lm_id, []).append(stop)
 
-        async def one(lm_id: str, these: list[Stop]) -> None:
-            request = local_master_pb2.StopTasksRequest(gm_id=gm.gm_id, reason=reason)
-            for stop in these:
-                request.tasks.add(task_id=stop.task_id, attempt=stop.attempt)
-            try:
-                reply = await gm._stubs[lm_id].StopTasks(
-                    request, timeout=gm.config.lm_call_timeout_s
-                )
-            except grpc.aio.AioRpcError as err:
-                log.warning("StopTasks failed", extra={"lm": lm_id, "code": err.code().name})
-                await asyncio.sleep(REGATHER_RETRY_S)
-                return
+        await asyncio.gather(
+            *(self._stop_on(lm_id, these, reason) for lm_id, these in by_lm.items())
+        )
+
+    async def _stop_on(
+        self, lm_id: str, these: list[Stop], reason: str, preempt: bool = False
+    ) -> int:
+        """StopTasks on ``lm_id``: how many it stopped (0 if it did not answer)."""
+        gm = self.gm
+        request = local_master_pb2.StopTasksRequest(
+            gm_id=gm.gm_id, reason=reason, preempt=preempt, known_version=self._known(lm_id)
+        )
+        for stop in these:
+            request.tasks.add(task_id=stop.task_id, attempt=stop.attempt)
+        try:
+            reply = await gm._stubs[lm_id].StopTasks(request, timeout=gm.config.lm_call_timeout_s)
+        except grpc.aio.AioRpcError as err:
+            log.warning("StopTasks failed", extra={"lm": lm_id, "code": err.code().name})
+            await asyncio.sleep(REGATHER_RETRY_S)
+            return 0
+        if reply.HasField("state"):
+            await gm._apply_state(reply.state)
+        if reply.stopped_task_ids or not preempt:
             log.info(
-                "stopped a gang's members for its restart",
+                "preempted for a waiting gang" if preempt else "stopped a gang's members",
                 extra={"lm": lm_id, "tasks": list(reply.stopped_task_ids)},
             )
-
-        await asyncio.gather(*(one(lm_id, these) for lm_id, these in by_lm.items()))
+        return len(reply.stopped_task_ids)
 
     async def _run(self, job: GangJob) -> None:
         gm = self.gm
@@ -300,9 +324,15 @@ class Gangs:
                     gang = gang_of(job.job_id, specs, job.min_tasks, vdc_of(job.items[0].task))
                     outcome = gm.scheduler.plan_gang(job.queue, gang, time.monotonic())
                     if isinstance(outcome, Verdict):
+                        evicted = await self._evict(job, gang)
                         for item in job.items:
-                            why = f"its gang waits: {outcome.reason}"
-                            gm.jobs.set_reason(job.job_id, item.task.task_id, why)
+                            gm.jobs.set_reason(
+                                job.job_id,
+                                item.task.task_id,
+                                f"its gang waits: {evicted or outcome.reason}",
+                            )
+                        if evicted:  # the LMs' states show the room: planned again now
+                            continue
                         # Bounded: a limit's ledger may be waiting for time alone
                         # (LMs not heard from, up to ``limit_settle_s``).
                         with contextlib.suppress(TimeoutError):
@@ -317,6 +347,47 @@ class Gangs:
         finally:
             if self.waiting.get(job.job_id) is job:
                 del self.waiting[job.job_id]
+
+    async def _evict(self, job: GangJob, gang: Gang) -> str | None:
+        """A gang that found no room preempts for itself as one unit, if fairness lets
+        it (``Scheduler.gang_evictions``): StopTasks with ``preempt`` on the victims'
+        LMs (each checks the victim's queue is over its share, and ends it PREEMPTED).
+        At most once per ``GANG_EVICT_S`` for a gang: the room frees as the kills take
+        effect, and the gang is planned again then. What it did, or None."""
+        gm, now = self.gm, time.monotonic()
+        if now < job.evict_after:
+            return None
+        eviction = gm.scheduler.gang_evictions(job.queue, gang, now)
+        if not isinstance(eviction, Eviction):
+            return None
+        job.evict_after = now + GANG_EVICT_S
+        reason = (
+            f"preempted for gang job {job.job_id} (queue {job.queue} under its share; "
+            f"queue {eviction.queue} over)"
+        )
+        by_lm: dict[str, list[Stop]] = {}
+        for lm_id, task_id, attempt in eviction.victims:
+            by_lm.setdefault(lm_id, []).append(Stop(task_id, attempt, lm_id))
+        try:
+            stopped = await asyncio.gather(
+                *(
+                    self._stop_on(lm_id, these, reason, preempt=True)
+                    for lm_id, these in by_lm.items()
+                )
+            )
+        finally:
+            gm.scheduler.evictions_replied(eviction)
+        count = sum(stopped)
+        if not count:
+            # The LMs found none of them over-share victims (an LM's word on the other
+            # LMs' usage comes by heartbeat: it may lag this GM's): asked again soon.
+            job.evict_after = now + GANG_RETRY_S
+            return None
+        log.info(
+            "a waiting gang preempted for itself",
+            extra={"job_id": job.job_id, "victims": count, "of_queue": eviction.queue},
+        )
+        return f"preempting {count} task(s) of queue {eviction.queue} to start whole"
 
     async def _place(self, job: GangJob, plan: GangPlan) -> bool:
         """Reserve ``plan`` on its LMs, then commit it; True once it started."""

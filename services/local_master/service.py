@@ -506,14 +506,27 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         effect, by the same path as a preempted victim's."""
         reply = local_master_pb2.StopTasksResponse()
         reason = request.reason or f"stopped by {request.gm_id}"
+        over = None
+        if request.preempt:  # a waiting gang's victims: only of queues over their share
+            usage, total = self.global_usage()
+            over = lambda queue: self.fair.is_over_share(queue, usage, total)  # noqa: E731
         for known in request.tasks:
-            actions = self.life.stop(known.task_id, known.attempt, reason)
+            if over is None:
+                actions = self.life.stop(known.task_id, known.attempt, reason)
+            else:
+                actions = self.life.evict(known.task_id, known.attempt, over, reason)
             if actions:
                 reply.stopped_task_ids.append(known.task_id)
                 self._apply(actions)  # no re-queue in it: that follows the kill
+        if request.preempt:  # the GM plans its gang in the room at once
+            reply.state.CopyFrom(self._state_proto(request.known_version or None))
         if reply.stopped_task_ids:
+            if request.preempt:
+                metrics.PREEMPTIONS.labels(self.lm_id).inc(len(reply.stopped_task_ids))
             log.info(
-                "stopped tasks for their gang's restart",
+                "preempted tasks for a waiting gang"
+                if request.preempt
+                else "stopped tasks for their gang's restart",
                 extra={"gm": request.gm_id, "tasks": list(reply.stopped_task_ids)},
             )
         return reply

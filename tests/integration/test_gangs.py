@@ -490,3 +490,41 @@ async def test_a_vdc_gang_is_placed_and_checked_by_its_uplinks_over_the_wire(tmp
             release = local_master_pb2.ReleaseGangRequest(gm_id="gm-1", gang_id="w/1")
             assert (await stub.ReleaseGang(release, timeout=5)).released
         assert set(fed.events.runs().values()) == {1}
+
+
+@pytest.mark.slow  # ~12 s; run apart by .ci/run (MEGHA_SLOW_TESTS=1)
+async def test_a_waiting_gang_under_its_share_preempts_for_itself_whole(tmp_path):
+    """Fairness with a gang as one unit: queue a holds all 4 slots, queue b (share 0.5)
+    submits a gang of 2. The GM preempts two of a's tasks (youngest first on one node:
+    a keeps its share), the gang starts whole in their room, and a's victims run again
+    afterwards, each attempt once."""
+    queues = [{"name": "a", "share": 0.5, "gm": "gm-1"}, {"name": "b", "share": 0.5, "gm": "gm-1"}]
+    async with two_lms(tmp_path, queues=queues) as fed:
+        gm = fed.gm()
+        hog = await gm.submit(sim_tasks(4, 6.0), queue="a", job_id="hog")
+        await fed.events.wait_running(set(hog.task_ids), timeout_s=10)
+        gang = await gm.submit(sim_tasks(2, 1.0), queue="b", job_id="gb", gang=True)
+        submitted = time.monotonic()
+        await fed.events.wait_running(set(gang.task_ids), timeout_s=10)
+        waited = time.monotonic() - submitted
+        # Without preempting it would wait for a's tasks to end (6 s). An LM may refuse
+        # the first try while its word on the other LM's usage lags (retried each 1 s).
+        assert waited < 4.0, waited
+        preempted = [e for e in fed.events.events if e.state == common_pb2.TASK_STATE_PREEMPTED]
+        assert len(preempted) == 2 and {e.task_id for e in preempted} < set(hog.task_ids)
+        assert len({e.node_id for e in preempted}) == 1  # room on one node
+        assert all("preempted for gang job gb" in e.reason for e in preempted), preempted
+        starts = sorted(
+            e.timestamps.started_unix_nanos
+            for e in started(fed, gang.task_ids)
+            if e.timestamps.started_unix_nanos
+        )
+        assert starts[-1] - starts[0] < 1e9  # together
+        ids = {*hog.task_ids, *gang.task_ids}
+        await fed.events.wait_succeeded(ids, timeout_s=40)
+        await asyncio.sleep(0.5)
+        events = [e for e in fed.events.events if e.task_id in ids]
+        report = check(events, ids)
+        assert report.ok, report.summary() + "".join(f"\n{v}" for v in report.violations)
+        print(f"\nthe gang started {waited:.2f} s after its submission, preempting 2 of 4")
+        await fed.assert_books_balanced()

@@ -697,3 +697,26 @@ def test_a_stopped_member_whose_node_dies_is_queued_then():
     h.life.stop("g.1", 0, "x")
     loss = h.life.node_lost(0, "no heartbeat")
     assert requeued(loss.actions) == [("g.1", 0)] and not h.life.stopping
+
+
+def test_a_task_evicted_for_a_gang_ends_preempted_only_if_its_queue_is_over_share():
+    """StopTasks with ``preempt`` (a waiting gang's victims): the held attempt of a queue
+    over its share ends PREEMPTED, killed, its next attempt queued once the kill took
+    effect; one of a queue within its share, or a gang's, is left running."""
+    h = Harness(nodes=1)
+    victim, keeper = Wire("v.1", job_id="v"), Wire("k.1", job_id="k")
+    h.launch(victim)
+    h.launch(keeper)
+    reason = "preempted for gang jb/1 (queue b under its share)"
+    over = {"default"}  # the queue spec_of gives every task
+    assert h.life.evict("v.1", 0, lambda q: q not in over, reason) == []  # within share
+    actions = h.life.evict("v.1", 0, lambda q: q in over, reason)
+    assert published(actions) == [("v.1", TaskState.PREEMPTED, reason)]
+    assert actions[-1] == Kill(0, "v.1", 0, reason)
+    assert "v.1" not in h.books.allocations and set(h.life.stopping) == {("v.1", 0)}
+    assert h.life.evict("v.1", 0, lambda q: True, reason) == []  # once
+    outcome = h.report(0, victim, TaskState.CANCELLED)
+    assert outcome.verdict is ReportVerdict.STOPPED
+    assert outcome.actions == [Requeue(victim, owed=True)]
+    h.books.allocations["k.1"] = replace(h.books.allocations["k.1"], gang=True)
+    assert h.life.evict("k.1", 0, lambda q: True, reason) == []  # a gang's: never

@@ -85,8 +85,8 @@ class SubmitJobRequest(_message.Message):
     """All-or-nothing: the job's tasks start together, across LMs and partitions, or none
     starts (reserved on every LM involved, then committed). A gang no node set of the
     federation could ever hold is refused at submission (FAILED_PRECONDITION, why).
-    A gang's started tasks are never preemption victims, and a waiting gang never
-    preempts. A member lost, retried or preempted after the start restarts the gang
+    A gang's started tasks are never preemption victims; a waiting gang of a queue
+    under its share preempts for itself as one unit (issue 33). A member lost, retried or preempted after the start restarts the gang
     whole: the members still running are stopped (LOST) and every member's next
     attempt starts again together; members that ended for good are not run again.
     """

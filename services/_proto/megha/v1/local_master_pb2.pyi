@@ -381,9 +381,20 @@ class StopTasksRequest(_message.Message):
     GM_ID_FIELD_NUMBER: _builtins.int
     TASKS_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    PREEMPT_FIELD_NUMBER: _builtins.int
+    KNOWN_VERSION_FIELD_NUMBER: _builtins.int
     gm_id: _builtins.str
     reason: _builtins.str
     """Why, in words a user can act on (the LOST event's reason)."""
+    preempt: _builtins.bool
+    """The attempts are preemption victims for a waiting gang (issue 33): each is stopped
+    only if its queue is over its share and it is no gang's, and ends PREEMPTED (its
+    next attempt queued once the kill took effect); the gang starts in the room later.
+    """
+    known_version: _builtins.int
+    """As LaunchRequest.known_version: with preempt, the answer carries the LM's state
+    since it, so that the GM sees the victims' room free at once.
+    """
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___KnownTask]:
         """The attempts to stop (task_id and attempt are read; the rest is ignored)."""
@@ -394,10 +405,12 @@ class StopTasksRequest(_message.Message):
         gm_id: _builtins.str = ...,
         tasks: _abc.Iterable[Global___KnownTask] | None = ...,
         reason: _builtins.str = ...,
+        preempt: _builtins.bool = ...,
+        known_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "reason", b"reason", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "known_version", b"known_version", "preempt", b"preempt", "reason", b"reason", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -408,18 +421,24 @@ class StopTasksResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     STOPPED_TASK_IDS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def stopped_task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """The ids of the tasks whose attempt was held here and is now stopping."""
+
+    @_builtins.property
+    def state(self) -> _common_pb2.LocalMasterState:
+        """With StopTasksRequest.preempt: this LM's state (see LaunchResponse.state)."""
 
     def __init__(
         self,
         *,
         stopped_task_ids: _abc.Iterable[_builtins.str] | None = ...,
+        state: _common_pb2.LocalMasterState | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["stopped_task_ids", b"stopped_task_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["state", b"state", "stopped_task_ids", b"stopped_task_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
