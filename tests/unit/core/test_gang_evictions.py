@@ -115,3 +115,28 @@ def test_evictions_only_take_what_fairness_allows_and_then_the_gang_fits(
     assert held_a / total >= 0.5  # a keeps its share
     assert size * cpu / total <= 0.5  # b is entitled to the whole gang
     assert isinstance(plan_gang(gang, view_of(books)), GangPlan)
+
+
+def test_the_scheduler_pledges_the_victims_and_a_limited_queue_waits_for_its_own():
+    from services.core.limits import QueueLimits
+    from services.core.scheduler import Scheduler
+    from services.core.user_queues import UserQueues
+
+    lms = full_of_a()
+    view = view_of(lms)
+    sched = Scheduler(view, UserQueues(["a", "b"]), FAIR, QueueLimits.parse([]))
+    out = sched.gang_evictions("b", gang_of_b(2), 0.0)
+    first = {t for _, t, _ in out.victims}
+    assert isinstance(out, Eviction) and sched.pledged == first
+    again = sched.gang_evictions("b", gang_of_b(2), 0.0)  # the pledged are not picked twice
+    assert isinstance(again, Eviction) and not first & {t for _, t, _ in again.victims}
+    sched.evictions_replied(out)
+    sched.evictions_replied(again)
+    assert not sched.pledged
+    capped = Scheduler(view, UserQueues(["a", "b"]), FAIR, QueueLimits.parse([("b", "cpu=1")]))
+    capped.lm_ids = set(lms)
+    why = capped.gang_evictions("b", gang_of_b(2), 0.0)
+    assert (
+        why == "2 tasks together: queue 'b' is at its limit (cpu 0 of 1 held, needs 2); "
+        "waiting for its tasks to end"
+    )
