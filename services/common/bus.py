@@ -8,7 +8,8 @@ Three kinds of traffic use it (DESIGN.md §3, "Messaging"):
 - **Topic** (task lifecycle events): routing keys such as ``task.<lm_id>``; binding keys may
   use the AMQP wildcards ``*`` (exactly one word) and ``#`` (zero or more words).
 - **Durable work queues** (user queues): ``enqueue`` returns only once the broker has
-  confirmed the message is stored, and a delivery leaves the queue only when ``ack()`` is
+  confirmed the message is stored (a nacked publish is tried again on a new channel for
+  up to ``NACK_RETRY_S``), and a delivery leaves the queue only when ``ack()`` is
   called. A consumer that goes away (cancelled, bus closed, process killed) gives its
   unacked deliveries back; the next consumer sees them with ``redelivered=True``.
 
@@ -125,6 +126,13 @@ _CLOSE_TIMEOUT_S = 5.0
 # An enqueue not confirmed within this fails (TimeoutError): its caller retries or
 # tells its client (see RabbitBus.enqueue).
 ENQUEUE_TIMEOUT_S = 10.0
+# A nacked publish is tried again on a new channel for this long, the pauses between tries
+# doubling from _NACK_PAUSE_S up to _NACK_PAUSE_MAX_S; then the nack goes to the caller.
+# Long enough for a quorum queue's new leader to be elected and written into the queue
+# record after its node died (0.3-2 s measured), short of ENQUEUE_TIMEOUT_S.
+NACK_RETRY_S = 4.0
+_NACK_PAUSE_S = 0.1
+_NACK_PAUSE_MAX_S = 1.0
 # Errors that mean "this channel or connection is gone"; the broker requeues what we held.
 _GONE = (AMQPError, ChannelInvalidStateError, ConnectionError, asyncio.TimeoutError)
 # Pause between reconnection attempts with several broker URLs. Each attempt tries the next
@@ -620,24 +628,41 @@ class RabbitBus(Bus):
         # caller's retry may then store it twice, which consumers tell apart by task id.
         async with asyncio.timeout(ENQUEUE_TIMEOUT_S):
             await self._work_queue(name)
-            channel = self._confirmed
-            try:
-                await self._publish_persistent(name, body)
-            except PublishError:
-                # Returned as unroutable: the queue was deleted since we declared it.
-                self._work_queues.discard(name)
+            give_up = time.monotonic() + NACK_RETRY_S
+            pause = _NACK_PAUSE_S
+            returned = False
+            while True:
+                channel = self._confirmed
+                assert channel is not None
+                try:
+                    await self._publish_persistent(channel, name, body)
+                    return
+                except PublishError:
+                    # Returned as unroutable: the queue was deleted since we declared it.
+                    if returned:
+                        raise
+                    returned = True
+                    self._work_queues.discard(name)
+                except DeliveryError:
+                    # Nacked: not stored, so trying again stores it at most once more.
+                    # After a cluster node died, a channel whose first publish to a
+                    # quorum queue came while the queue record still named the dead
+                    # leader has every later publish to it nacked (issue #30): on a
+                    # channel's first publish, RabbitMQ 3.10's rabbit_fifo_client asks
+                    # the record's leader node, rejects on nodedown and keeps no other
+                    # leader, so each later publish asks the dead node again (fixed
+                    # upstream in 3.11/3.12: rabbitmq-server #9221, #9241). A new channel
+                    # reads the record afresh: once the new leader is in it, the publish
+                    # goes through. So: a new channel, a pause (one opened at once would
+                    # read the same stale record), and again, for a while.
+                    if time.monotonic() + pause > give_up:
+                        raise
+                    await self._new_confirmed_channel(channel)
+                    await asyncio.sleep(pause)
+                    pause = min(2 * pause, _NACK_PAUSE_MAX_S)
                 await self._work_queue(name)
-                await self._publish_persistent(name, body)
-            except DeliveryError:
-                # Nacked: not stored. Seen after a cluster node died: a channel whose first
-                # publish found the quorum queue without a leader had every later publish
-                # nacked for as long as the load lasted (issue #30, tests/multihost), so
-                # the publish is tried once more on a new channel.
-                await self._new_confirmed_channel(channel)
-                await self._work_queue(name)
-                await self._publish_persistent(name, body)
 
-    async def _new_confirmed_channel(self, old: AbstractChannel | None) -> None:
+    async def _new_confirmed_channel(self, old: AbstractChannel) -> None:
         """Replace the publisher-confirms channel ``old`` (once for a burst of nacks:
         publishes that failed on it find the new one already there)."""
         async with self._declare_lock:
@@ -648,12 +673,10 @@ class RabbitBus(Bus):
                 publisher_confirms=True, on_return_raises=True
             )
             self._work_queues.clear()
-        if old is not None:
-            with contextlib.suppress(*_GONE):
-                await old.close()
+        with contextlib.suppress(*_GONE):
+            await old.close()
 
-    async def _publish_persistent(self, name: str, body: bytes) -> None:
-        assert self._confirmed is not None
+    async def _publish_persistent(self, channel: AbstractChannel, name: str, body: bytes) -> None:
         message = aio_pika.Message(
             body,
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
@@ -662,7 +685,7 @@ class RabbitBus(Bus):
         )
         # With publisher confirms this returns once the broker has stored the message, and
         # raises DeliveryError if the broker nacks it.
-        await self._confirmed.default_exchange.publish(message, name, mandatory=True)
+        await channel.default_exchange.publish(message, name, mandatory=True)
 
     async def enqueue_many(self, queue: str, bodies: Sequence[bytes]) -> None:
         self._require()

@@ -200,7 +200,37 @@ async def test_a_broker_node_killed_mid_load_loses_nothing_and_runs_nothing_twic
         assert report.ok, "\n".join(str(v) for v in report.violations[:20])
         assert all(leader != victim for _, leader in after_kill.values() if leader)
         if worst > RECOVERY_TARGET_S:
-            # Known and open (issue #30): in about half the runs one GM's publishes are
-            # nacked by the broker after the failover until the load ends. Nothing is
-            # lost or run twice (asserted above); the target is shown, not hidden.
+            # Issue #30: a GM whose publishing channel first published while the queue
+            # record still named the dead leader had its publishes nacked to the end of
+            # the load (multihost runs: 8 of 13). The bus now retries a nack on new
+            # channels for NACK_RETRY_S (the test below races that case on purpose), and
+            # this branch was not reached in 9 runs on one 2-core host (5 before that
+            # change, where the GMs' reconnects rarely met the race, 4 after). Kept, not
+            # strict: a failover slower than that retry would still miss the target.
+            # Nothing is lost or run twice (asserted above); the target is shown.
             pytest.xfail(f"recovery {recovery_s} s > {RECOVERY_TARGET_S} s; refused: {refused[:3]}")
+
+
+async def test_a_first_publish_racing_the_leader_election_is_confirmed(cluster, caplog):
+    """Issue #30's nacks, alone: a bus on node 2 publishes to a quorum queue for the first
+    time just after the node holding its leader (node 1) was killed, while the queue
+    record still names the dead leader. RabbitMQ 3.10 nacks that publish and every later
+    one on the same channel; the bus must get it stored through new channels within a
+    few seconds (it used to retry once, at once, and be nacked again)."""
+    env, urls, name = cluster
+    prefix = f"nack-{uuid.uuid4().hex[:8]}"
+    declarer = RabbitBus(urls[0], prefix=prefix)
+    publisher = RabbitBus(urls[1], prefix=prefix)
+    async with declarer, publisher:
+        await declarer.queue_depth("q")  # declared through node 1: its leader is there
+        leaders = _leaders(env, f"{name}3@localhost", prefix)
+        assert leaders[declarer.queue_name("q")] == ("quorum", f"{name}1@localhost"), leaders
+        await publisher.queue_depth("q")  # declared on the publisher's channel, no publish
+        _cluster("kill", "1", env=env)
+        began = time.monotonic()
+        await publisher.enqueue("q", b"after the kill")
+        took = time.monotonic() - began
+        nacks = sum(r.name == "megha.bus" and "nacked" in r.msg for r in caplog.records)
+        print(f"\nfirst publish after the kill confirmed in {took:.2f} s, {nacks} new channels")
+        assert took < 5.0
+        assert await publisher.queue_depth("q") == 1

@@ -668,9 +668,9 @@ async def test_a_broker_list_out_of_reach_names_every_node():
 
 async def test_a_nacked_publish_is_tried_again_on_a_new_channel():
     """A full quorum queue that rejects publishes (a policy: max-length 1, overflow
-    reject-publish) nacks them: the bus tries once more on a new publishing channel (a
-    channel left unable to publish after a node died is replaced so), then lets the
-    nack through; the new channel publishes once there is room."""
+    reject-publish) nacks them: the bus tries again on new publishing channels (a
+    channel left unable to publish after a node died is replaced so) for NACK_RETRY_S,
+    then lets the nack through; the new channel publishes once there is room."""
     if subprocess.run(["which", "rabbitmqctl"], capture_output=True).returncode != 0:
         pytest.skip("needs rabbitmqctl")
     prefix = f"test-{uuid.uuid4().hex[:12]}"
