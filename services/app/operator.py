@@ -432,7 +432,9 @@ async def _dry_run(
         for outcome, group in _runs(rows):
             first, last = group[0]["index"], group[-1]["index"]
             which = f"task {first}" if first == last else f"tasks {first}-{last}"
-            if outcome in ("placed", "preempts"):
+            if outcome == "preempts" and not group[0]["lm_id"]:  # a gang, as a whole
+                print(f"  {which:<10} would start by preemption: {group[0]['reason']}")
+            elif outcome in ("placed", "preempts"):
                 for row in group:  # one line each: each goes to its own node
                     how = " (repartition)" if row["repartition"] else ""
                     why = f": {row['reason']}" if outcome == "preempts" else ""

@@ -9,8 +9,10 @@
 
     a gang (``dry_run_gang``) ──Scheduler.plan_gang──▶ every member PLACED where the GM would
       reserve it now (with ``min_tasks``, the others WAITS: they start one by one after),
-      or every member WAITS (no room for the whole gang now, or not within its queue's
-      limit) or NEVER (it never fits, or asks more than the limit)
+      or every member PREEMPTS (no room now; its queue would preempt for it whole:
+      ``Scheduler.gang_evictions``, nothing pledged) or WAITS (no room for the whole
+      gang now, or not within its queue's limit) or NEVER (it never fits, or asks more
+      than the limit)
 
 The same decisions a scheduling round makes (``Scheduler``: never_runs, the queue's
 ``LimitLedger``, ``GlobalView.match``, ``preemption_plan``, ``assess``), on the GM's own
@@ -26,7 +28,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.core.gang import Gang, gang_never_fits
+from services.core.gang import Eviction, Gang, gang_never_fits
 from services.core.global_view import PreemptionPlan
 from services.core.gpa import task_usage
 from services.core.scheduler import WAITING_FOR_RESOURCES, RoundPlan, Scheduler
@@ -99,9 +101,17 @@ def dry_run_gang(
                 Outcome.NEVER, reason=f"the gang can never start whole here: {outcome.reason}"
             )
         else:
-            verdict = TaskOutlook(
-                Outcome.WAITS, reason=f"the gang waits to start whole: {outcome.reason}"
-            )
+            eviction = scheduler.gang_evictions(queue, gang, now, pledge=False)
+            if isinstance(eviction, Eviction):
+                verdict = TaskOutlook(
+                    Outcome.PREEMPTS,
+                    reason=f"the gang would preempt {len(eviction.victims)} task(s) of queue "
+                    f"{eviction.queue} (over its share) and start whole in their room",
+                )
+            else:
+                verdict = TaskOutlook(
+                    Outcome.WAITS, reason=f"the gang waits to start whole: {outcome.reason}"
+                )
         return [verdict] * len(gang.members)
     placed = {piece.task.task_id: piece for piece in outcome.pieces}
     later = TaskOutlook(

@@ -393,19 +393,21 @@ class Scheduler(Generic[W]):
             return limited
         return plan_gang(limited, self.view, now, judge_never=judge_never)
 
-    def gang_evictions(self, queue: str, gang: Gang, now: float | None) -> Eviction | str:
+    def gang_evictions(
+        self, queue: str, gang: Gang, now: float | None, pledge: bool = True
+    ) -> Eviction | str:
         """Whom to preempt so that a waiting gang of ``queue`` starts whole (Alg. 2 with
         the gang as one unit: ``gang_evictions``, within the queue's limit), or why not.
         The victims are pledged (no other preemption picks them) until the driver has
         asked their LMs (``evictions_replied``); it plans the gang again once their room
-        is free."""
+        is free. Without ``pledge`` (a dry run) nothing changes."""
         if self.fair is None or len(self.fair.queues) < 2:
             return "one queue: nothing to preempt for fairness"
         limited = limit_gang(gang, queue, self.ledger(now))
         if isinstance(limited, Verdict):  # it waits for its own queue's tasks
             return limited.reason
         out = gang_evictions(limited, queue, self.view, self.fair, self.pledged, now)
-        if isinstance(out, Eviction):
+        if isinstance(out, Eviction) and pledge:
             self.pledged.update(task_id for _, task_id, _ in out.victims)
             self._pledge_epoch += 1
         return out

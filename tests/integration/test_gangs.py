@@ -7,6 +7,8 @@ import asyncio
 import calendar
 import json
 import statistics
+import subprocess
+import sys
 import time
 from collections import Counter, defaultdict
 
@@ -503,6 +505,16 @@ async def test_a_waiting_gang_under_its_share_preempts_for_itself_whole(tmp_path
         gm = fed.gm()
         hog = await gm.submit(sim_tasks(4, 6.0), queue="a", job_id="hog")
         await fed.events.wait_running(set(hog.task_ids), timeout_s=10)
+        # The dry run says so first (megha submit --dry-run), and preempts nothing.
+        megha = [sys.executable, "-m", "services.cli", "submit", "--config", str(fed.config_path)]
+        args = ["--queue", "b", "--gang", "--count", "2", "--resources", "cpu=1,mem=256Mi"]
+        shown = await asyncio.to_thread(
+            subprocess.run, [*megha, *args, "--dry-run"], capture_output=True, text=True
+        )
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert (
+            "tasks 0-1  would start by preemption: the gang would preempt 2 task(s) of queue a"
+        ) in shown.stdout, shown.stdout
         gang = await gm.submit(sim_tasks(2, 1.0), queue="b", job_id="gb", gang=True)
         submitted = time.monotonic()
         await fed.events.wait_running(set(gang.task_ids), timeout_s=10)

@@ -140,3 +140,23 @@ def test_the_scheduler_pledges_the_victims_and_a_limited_queue_waits_for_its_own
         why == "2 tasks together: queue 'b' is at its limit (cpu 0 of 1 held, needs 2); "
         "waiting for its tasks to end"
     )
+
+
+def test_the_dry_run_of_a_gang_that_would_preempt_says_so_and_changes_nothing():
+    from services.core.dry_run import Outcome, dry_run_gang
+    from services.core.limits import QueueLimits
+    from services.core.scheduler import Scheduler
+    from services.core.user_queues import UserQueues
+
+    view = view_of(full_of_a())
+    sched = Scheduler(view, UserQueues(["a", "b"]), FAIR, QueueLimits.parse([]))
+    free = {lm_id: v.table.free.copy() for lm_id, v in view.lms.items()}
+    outlooks = dry_run_gang(sched, "b", gang_of_b(2), 0.0)
+    assert {o.outcome for o in outlooks} == {Outcome.PREEMPTS}
+    assert outlooks[0].reason == (
+        "the gang would preempt 2 task(s) of queue a (over its share) and start whole in their room"
+    )
+    assert not sched.pledged
+    assert all((view.lms[lm_id].table.free == f).all() for lm_id, f in free.items())
+    too_big = dry_run_gang(sched, "b", gang_of_b(5), 0.0)  # b not entitled to 5 of 8
+    assert {o.outcome for o in too_big} == {Outcome.WAITS}
