@@ -69,7 +69,15 @@ class CuttableLink:
         writer.close()
 
 
-@pytest.mark.parametrize("fence_s", [FENCE_S, 0.0], ids=["fenced", "not-fenced"])
+@pytest.mark.parametrize(
+    "fence_s",
+    [
+        pytest.param(FENCE_S, id="fenced"),
+        # The control (what happens without the fence): with the slow suite, for the
+        # default suite's budget (~18 s).
+        pytest.param(0.0, id="not-fenced", marks=pytest.mark.slow),
+    ],
+)
 async def test_a_worker_cut_off_from_its_lm_kills_its_task_before_it_runs_elsewhere(
     tmp_path, fence_s
 ):

@@ -50,6 +50,7 @@ async def test_tasks_running_when_the_whole_federation_dies_run_again(tmp_path):
         await fed.assert_books_balanced()
 
 
+@pytest.mark.slow  # ~17 s: run apart by .ci/run (MEGHA_SLOW_TESTS=1), the default's budget
 async def test_a_gm_back_before_an_lm_waits_to_hear_what_that_lm_launched(tmp_path):
     # gm-1 and lm-1 die while a job's message is still unacked (more tasks than fit)
     # and some of its tasks already ran on lm-1. The GM, back first, gets the message

@@ -220,6 +220,7 @@ def test_a_bad_rate_list_is_refused_before_anything_starts(text, message) -> Non
         parse_rates(text)
 
 
+@pytest.mark.slow  # ~14 s: run apart by .ci/run (MEGHA_SLOW_TESTS=1), the default's budget
 @pytest.mark.integration
 def test_a_rate_sweep_runs_each_rate_and_draws_the_curve(tmp_path: Path) -> None:
     out = tmp_path / "out"
