@@ -50,7 +50,7 @@ from services.core.gang import (
 from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
 from services.core.limits import LimitLedger, QueueLimits
 from services.core.snapshot import Snapshot
-from services.core.status import PlacementStatus, Verdict
+from services.core.status import PlacementStatus, Schedulability, Verdict
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
 
@@ -419,15 +419,22 @@ class Scheduler(Generic[W]):
         self._pledge_epoch += 1
 
     def gang_never_runs(self, queue: str, gang: Gang, now: float | None) -> str | None:
-        """Why ``gang`` can never start whole in ``queue`` (refused at submission): a
-        member that could never run alone, or the members that start together asking
-        for more than the queue's limit; None if it may. (Whether some set of nodes
-        could ever hold it whole is ``plan_gang``'s INFEASIBLE.)"""
-        for i, member in enumerate(gang.members):
-            why = self.never_runs(queue, member, now)
-            if why is not None:
-                return f"task {i} can never run here ({why})"
-        return gang_never_fits(gang, queue, self.limits)
+        """Why ``gang`` can never start whole in ``queue`` (refused at submission; each
+        member alone is ``never_runs``'s): the members that start together ask more than
+        the queue's limit, or no set of the view's nodes (dead ones too) could ever hold
+        them (``plan_gang``'s INFEASIBLE); None if it may. The latter is not judged while
+        an LM was not heard yet or restarted lately (its nodes are coming back)."""
+        over = gang_never_fits(gang, queue, self.limits)
+        if over is not None:
+            return over
+        if self.lm_ids - set(self.view.lms):
+            return None
+        if now is not None and self.view.restarted(now, RESTART_SETTLE_S):
+            return None
+        outcome = plan_gang(gang, self.view, now, judge_never=True)
+        if isinstance(outcome, Verdict) and outcome.schedulability is Schedulability.INFEASIBLE:
+            return outcome.reason
+        return None
 
     def _preemption(self, queue: str, spec: TaskSpec, now: float | None) -> PreemptionPlan | str:
         """No node internal or external: fairness (Alg. 2) picks victims, booked into

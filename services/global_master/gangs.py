@@ -58,15 +58,13 @@ from services.core.gang import (
     GangPlan,
     VdcLayout,
     book,
-    gang_never_fits,
-    plan_gang,
     unbook,
 )
 from services.core.gang_restart import Standing, Stop, kill_reason, regather
 from services.core.resources import NET
-from services.core.scheduler import RESTART_SETTLE_S, Drop
+from services.core.scheduler import Drop
 from services.core.states import TaskState
-from services.core.status import Schedulability, Verdict
+from services.core.status import Verdict
 from services.core.task import TaskSpec
 from services.core.vdc import Vdc, VdcError
 
@@ -153,16 +151,7 @@ class Gangs:
             gang = gang_of(job_id or "gang", specs, min_tasks, vdc)
         except GangError as err:
             return str(err)
-        scheduler, view, now = self.gm.scheduler, self.gm.view, time.monotonic()
-        over = gang_never_fits(gang, queue, scheduler.limits)
-        if over is not None:
-            return over
-        if set(self.gm._stubs) - set(view.lms) or view.restarted(now, RESTART_SETTLE_S):
-            return None
-        outcome = plan_gang(gang, view, now, judge_never=True)
-        if isinstance(outcome, Verdict) and outcome.schedulability is Schedulability.INFEASIBLE:
-            return outcome.reason
-        return None
+        return self.gm.scheduler.gang_never_runs(queue, gang, time.monotonic())
 
     def view_changed(self) -> None:
         """The view changed (a state applied, tasks ended, a job cancelled): every
