@@ -464,16 +464,24 @@ class WorkerAgent:
             sent_ns = time.time_ns()
             if self.fence_s > 0:
                 self._unacked.append((sent_ns, time.monotonic()))
-            await call.write(
-                local_master_pb2.WorkerHeartbeat(
-                    node_id=self.node_id,
-                    node_index=self.node_index or 0,
-                    sent_unix_nanos=sent_ns,
-                    reports=reports,
-                    leaving=closing,
-                    want_ack=self.fence_s > 0,
+            try:
+                await call.write(
+                    local_master_pb2.WorkerHeartbeat(
+                        node_id=self.node_id,
+                        node_index=self.node_index or 0,
+                        sent_unix_nanos=sent_ns,
+                        reports=reports,
+                        leaving=closing,
+                        want_ack=self.fence_s > 0,
+                    )
                 )
-            )
+            except BaseException:
+                # Not written (the stream broke under the write, or we are cancelled):
+                # back at the head of the outbox for the next stream. Dropped here, a
+                # final report would be owed (named by the next registration, so a
+                # restarted LM books the task) yet never sent: the task held for good.
+                self._outbox[:0] = reports
+                raise
             now = time.monotonic()
             self._sent.extend(_Sent(r, now) for r in reports)
             horizon = now - REDELIVERY_WINDOW_S
