@@ -47,9 +47,10 @@ def build_partition(nodes: int, num_constraints: int, rng: np.random.Generator) 
         table.add(f"n{i}", capacity, int(masks[i]), partition=0)
     # About 60 % of nodes are (nearly) full, the rest have random room.
     busy = rng.random(nodes) < 0.6
-    free = table.free
+    free = table.free.copy()
     free[0] = np.where(busy, rng.integers(0, 250, nodes), rng.integers(0, 4001, nodes))
     free[1] = np.where(busy, rng.integers(0, 256, nodes), rng.integers(0, 16385, nodes))
+    table.set_free(np.arange(nodes), free)
     return table
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from services.core.constraints import to_mask
+from services.core.node_table import NodeTable
 from services.core.resources import resources
 from services.core.task import TaskSpec
 
@@ -27,3 +30,12 @@ def task(
 
 
 NODE = resources(cpu_milli=4000, memory_mb=8192, disk_mb=1000, net_mbps=1000)
+
+
+def set_free_at(table: NodeTable, key, value) -> None:
+    """``table.free[key] = value``, through ``NodeTable.set_free`` (``free`` is read-only:
+    the table keeps ``has_cpu`` in step with it), usage sums unchanged."""
+    free = table.free.copy()
+    free[key] = value
+    rows = np.arange(table.size)
+    table.set_free(rows, free, table.usage_mean.copy(), table.usage_var.copy())

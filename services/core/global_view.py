@@ -32,7 +32,7 @@ from services.core.fairness import FairShare, Victims, pick_victims
 from services.core.gpa import task_usage
 from services.core.match import NO_NODE, FirstFit, PlacementPolicy, assess, match
 from services.core.node_table import NodeTable
-from services.core.resources import NUM_RESOURCES
+from services.core.resources import CPU, NUM_RESOURCES
 from services.core.snapshot import Allocation, Snapshot
 from services.core.status import Schedulability, Verdict
 from services.core.task import TaskSpec
@@ -615,13 +615,17 @@ class GlobalView:
             task.cpu_usage_mean,
             task.cpu_usage_std,
         )
+        needs_cpu = self.policy.strict_cpu and task.resources[CPU] > 0
+        silent_after = self.silent_after_s
         for step in range(count):
             slot = (start + step) % count
             view = self.lms[self._order[slot]]
             within = view.internal if internal else view.external
-            if within is None or (now is not None and self.silent(view.lm_id, now)):
-                continue
+            if within is None or (now is not None and now - view.updated_at > silent_after):
+                continue  # (``silent``, inlined: this loop runs for every match)
             table = view.table
+            if needs_cpu and not table.has_cpu.any():
+                continue  # no node of this LM has CPU free: the policies would find none
             # NodeTable compares by identity; a hold that ended offers nodes again.
             stamp = (table, table.version, self.owner_first.epoch if self.owner_first else 0)
             if view.miss_at != stamp:

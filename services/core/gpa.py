@@ -157,6 +157,7 @@ class GpaPolicy:
     """
 
     name = "gpa"
+    strict_cpu = False  # may place where free CPU is short (the GPA test judges CPU)
     first_window = 256
 
     def __init__(self, rho: float = DEFAULT_RHO):

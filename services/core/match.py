@@ -21,7 +21,7 @@ from bitarray.util import ones, zeros
 from services.core.constraints import describe_constraints, from_mask
 from services.core.gpa import DEFAULT_RHO, GpaPolicy
 from services.core.node_table import NodeTable, bools_from_bits
-from services.core.resources import RESOURCE_NAMES, format_resources
+from services.core.resources import CPU, RESOURCE_NAMES, format_resources
 from services.core.status import Schedulability, Verdict
 from services.core.task import TaskSpec
 
@@ -57,6 +57,10 @@ class PlacementPolicy(Protocol):
     """
 
     name: str
+    # True when a task that asks for CPU fits only where CPU is free (no
+    # oversubscription): an LM whose nodes have none free then offers nothing
+    # (``NodeTable.has_cpu``), which a caller may check before calling ``select``.
+    strict_cpu: bool
 
     def select(self, table: NodeTable, cand: bitarray, task: TaskSpec) -> int: ...
 
@@ -67,6 +71,8 @@ class PlacementPolicy(Protocol):
 
 class StrictFit:
     """Shared ``fits``: every requested quantity is free on the node (no oversubscription)."""
+
+    strict_cpu = True
 
     def fits(
         self, table: NodeTable, node: int, task: TaskSpec, extra_free: np.ndarray | None = None
@@ -91,10 +97,14 @@ class FirstFit(StrictFit):
 
     def select(self, table: NodeTable, cand: bitarray, task: TaskSpec) -> int:
         request = task.resources
+        if request[CPU] > 0:
+            cand = cand & table.has_cpu  # a node without free CPU is no candidate
+        pos = cand.find(1)
+        if pos < 0:
+            return NO_NODE
         dims = np.flatnonzero(request).tolist()
         free = table.free
         n = len(cand)
-        pos = cand.find(1)
         window = self.first_window
         while pos >= 0:
             start = pos & ~7  # byte-aligned slices of a bitarray are cheap to unpack
@@ -121,9 +131,11 @@ class BestFit(StrictFit):
     name = "best-fit"
 
     def select(self, table: NodeTable, cand: bitarray, task: TaskSpec) -> int:
+        request = task.resources
+        if request[CPU] > 0:
+            cand = cand & table.has_cpu  # a node without free CPU is no candidate
         if not cand.any():
             return NO_NODE
-        request = task.resources
         ok = bools_from_bits(cand)
         free = table.free
         for d in np.flatnonzero(request).tolist():

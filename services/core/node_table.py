@@ -80,6 +80,11 @@ class NodeTable:
         self._masks = np.zeros(cap, dtype=np.uint64)
         self._owner = np.zeros(cap, dtype=np.int32)
         self.alive = bitarray(endian="big")
+        # Nodes with some free CPU (``free[CPU] > 0``), kept in step with ``free``: a
+        # node without any fits no task that asks for CPU, so a policy can drop it from
+        # the candidates with one AND before any numpy work (on a full federation most
+        # matches find every candidate full: a miss then costs no unpacking).
+        self.has_cpu = bitarray(endian="big")
         self.constraint_bits = [bitarray(endian="big") for _ in range(num_constraints)]
         self.members = [bitarray(endian="big") for _ in range(num_partitions)]
         # Rows no node holds (``vacate``, or gaps a snapshot left): no id, nothing in them.
@@ -98,7 +103,11 @@ class NodeTable:
 
     @property
     def free(self) -> np.ndarray:
-        return self._free[:, : self.size]
+        """Read-only: change it through ``take``, ``give_back`` or ``set_free``, which
+        keep ``has_cpu`` in step."""
+        view = self._free[:, : self.size]
+        view.flags.writeable = False
+        return view
 
     @property
     def usage_mean(self) -> np.ndarray:
@@ -165,6 +174,7 @@ class NodeTable:
         self.node_ids.append("")
         self.addresses.append("")
         self.alive.append(False)
+        self.has_cpu.append(False)
         for bits in self.constraint_bits:
             bits.append(0)
         for bits in self.members:
@@ -189,6 +199,7 @@ class NodeTable:
             self._index_of[node_id] = i
         self._capacity[:, i] = capacity
         self._free[:, i] = capacity
+        self.has_cpu[i] = bool(capacity[CPU] > 0)
         self._usage_mean[i] = 0.0
         self._usage_var[i] = 0.0
         self._masks[i] = constraint_mask
@@ -258,6 +269,7 @@ class NodeTable:
         alive_all[: len(self.alive)] = bools_from_bits(self.alive)
         alive_all[idx] = columns.alive
         self._rebuild_bits(alive_all)
+        self.has_cpu = bits_from_bools(self.free[CPU] > 0)
 
     def set_free(
         self,
@@ -276,6 +288,7 @@ class NodeTable:
         idx = indices.astype(np.int64)
         self.version += 1
         self._free[:, idx] = free
+        self.has_cpu = bits_from_bools(self.free[CPU] > 0)
         if usage_mean is None:
             usage_mean = (self._capacity[CPU, idx] - self._free[CPU, idx]).astype(np.float64)
         if usage_var is None:
@@ -287,6 +300,7 @@ class NodeTable:
         """A task starts on ``node``: its resources leave ``free``, its usage joins the sums."""
         self.version += 1
         self._free[:, node] -= resources
+        self.has_cpu[node] = bool(self._free[CPU, node] > 0)
         self._usage_mean[node] += usage_mean
         self._usage_var[node] += usage_var
 
@@ -296,6 +310,7 @@ class NodeTable:
         """The inverse of ``take``: a task on ``node`` ended."""
         self.version += 1
         self._free[:, node] += resources
+        self.has_cpu[node] = bool(self._free[CPU, node] > 0)
         self._usage_mean[node] -= usage_mean
         self._usage_var[node] -= usage_var
 

@@ -1,10 +1,11 @@
+import numpy as np
 import pytest
 
 from services.core.fairness import FairShare, QueueShare, dominant_share, pick_victims
 from services.core.node_table import NodeTable
 from services.core.resources import resources
 from services.core.snapshot import Allocation
-from tests.builders import NODE, task
+from tests.builders import NODE, set_free_at, task
 
 TOTAL = resources(10_000, 10_000)
 
@@ -44,7 +45,7 @@ def test_pick_victims_needs_fewest_and_takes_youngest_first():
     table = NodeTable(1)
     for i in range(3):
         table.add(f"n{i}", NODE, 0, 0)
-    table.free[0, :] = 0
+    set_free_at(table, np.s_[0, :], 0)
     running = [
         alloc("a-old", 0, 1000, seq=1),
         alloc("a-young", 0, 1000, seq=5),
@@ -67,8 +68,8 @@ def test_pick_victims_agrees_with_brute_force(rng):
     for i in range(nodes):
         table.add(f"n{i}", NODE, 0, 0)
     for trial in range(100):
-        table.free[0] = rng.integers(0, 1500, nodes)
-        table.free[1] = 8192
+        set_free_at(table, np.s_[0], rng.integers(0, 1500, nodes))
+        set_free_at(table, np.s_[1], 8192)
         running = [
             alloc(f"v{k}", int(rng.integers(0, nodes)), int(rng.integers(1, 1500)), seq=k)
             for k in range(int(rng.integers(1, 30)))

@@ -31,6 +31,7 @@ from services.core.resources import CPU, MEMORY, resources
 from services.core.status import PlacementStatus as S
 from services.core.status import Schedulability
 from services.core.task import TaskSpec
+from tests.builders import set_free_at
 
 GMS = ("gm-a", "gm-b")
 NODE = resources(4000, 8192, 1000, 1000)
@@ -170,8 +171,8 @@ def gpa_tables(draw):
     # usage sums around the boundary of the test; memory often short; cpu free anything
     table.usage_mean[:] = rng.integers(0, 9, n) * 500.0
     table.usage_var[:] = rng.integers(0, 5, n) * 250.0**2
-    table.free[CPU] = rng.integers(-4, 5, n) * 1000
-    table.free[MEMORY] = rng.integers(0, 9, n) * 1024
+    set_free_at(table, np.s_[CPU], rng.integers(-4, 5, n) * 1000)
+    set_free_at(table, np.s_[MEMORY], rng.integers(0, 9, n) * 1024)
     for i in np.flatnonzero(rng.random(n) < 0.2):
         table.set_alive(int(i), False)
     return table

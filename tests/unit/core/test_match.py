@@ -14,7 +14,7 @@ from services.core.match import (
 from services.core.node_table import NodeTable, bits_from_bools, bools_from_bits
 from services.core.resources import resources
 from services.core.status import Schedulability
-from tests.builders import NODE, task
+from tests.builders import NODE, set_free_at, task
 
 
 def table_of(n: int, masks=None, partitions=None, num_partitions=1) -> NodeTable:
@@ -36,13 +36,13 @@ def test_bit_helpers_round_trip(rng):
 
 def test_first_fit_takes_lowest_row_that_fits():
     table = table_of(5)
-    table.free[0, :3] = 0  # rows 0-2 have no cpu left
+    set_free_at(table, np.s_[0, :3], 0)  # rows 0-2 have no cpu left
     assert match(table, task(cpu=500), FirstFit()) == 3
 
 
 def test_an_exact_fit_is_a_fit():
     table = table_of(2)
-    table.free[:, 0] = resources(1000, 1024, 0, 0)
+    set_free_at(table, np.s_[:, 0], resources(1000, 1024, 0, 0))
     for policy in (FirstFit(), BestFit()):
         assert match(table, task(cpu=1000, mem=1024), policy) == 0
 
@@ -69,16 +69,16 @@ def test_constraint_beyond_table_matches_nothing():
 
 def test_first_fit_finds_a_needle_far_past_the_first_window():
     table = table_of(20_000)
-    table.free[0, :] = 0
-    table.free[0, 19_999] = 4000
+    set_free_at(table, np.s_[0, :], 0)
+    set_free_at(table, np.s_[0, 19_999], 4000)
     assert match(table, task(), FirstFit()) == 19_999
 
 
 def test_best_fit_prefers_the_tightest_node():
     table = table_of(3)
-    table.free[:, 0] = resources(4000, 8192, 1000, 1000)
-    table.free[:, 1] = resources(1200, 1500, 1000, 1000)
-    table.free[:, 2] = resources(3000, 4000, 1000, 1000)
+    set_free_at(table, np.s_[:, 0], resources(4000, 8192, 1000, 1000))
+    set_free_at(table, np.s_[:, 1], resources(1200, 1500, 1000, 1000))
+    set_free_at(table, np.s_[:, 2], resources(3000, 4000, 1000, 1000))
     assert match(table, task(cpu=1000, mem=1024), BestFit()) == 1
     assert match(table, task(cpu=3500, mem=1024), BestFit()) == 0
 
@@ -88,8 +88,8 @@ def test_policies_agree_with_brute_force(policy, rng):
     n = 3000
     masks = [int(m) for m in rng.integers(0, 1 << 6, n)]
     table = table_of(n, masks)
-    table.free[0] = rng.integers(0, 4001, n)
-    table.free[1] = rng.integers(0, 8193, n)
+    set_free_at(table, np.s_[0], rng.integers(0, 4001, n))
+    set_free_at(table, np.s_[1], rng.integers(0, 8193, n))
     alive = rng.random(n) < 0.9
     for i in np.flatnonzero(~alive):
         table.set_alive(int(i), False)
@@ -139,7 +139,7 @@ def test_assess_tells_never_from_not_now():
     assert verdict.schedulability is Schedulability.INFEASIBLE
     assert "no node is large enough" in verdict.reason and "short of cpu_milli" in verdict.reason
 
-    table.free[1, :] = 512
+    set_free_at(table, np.s_[1, :], 512)
     verdict = assess([table], task(mem=1024))
     assert verdict.schedulability is Schedulability.UNSCHEDULABLE
     assert "largest free on a matching node: cpu=4 mem=512Mi" in verdict.reason

@@ -13,6 +13,7 @@ from services.core.match import NO_NODE, BestFit, FirstFit, match
 from services.core.node_table import NodeTable
 from services.core.resources import resources
 from services.core.task import TaskSpec
+from tests.builders import set_free_at
 
 GMS = ("gm-a", "gm-b")
 NUM_CONSTRAINTS = 6
@@ -140,8 +141,8 @@ def tables(draw):
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     # Coarse steps make "free exactly equals the request" common: the boundary case.
-    table.free[0] = rng.integers(0, 9, n) * 500
-    table.free[1] = rng.integers(0, 9, n) * 1024
+    set_free_at(table, np.s_[0], rng.integers(0, 9, n) * 500)
+    set_free_at(table, np.s_[1], rng.integers(0, 9, n) * 1024)
     for i in np.flatnonzero(rng.random(n) < 0.2):
         table.set_alive(int(i), False)
     return table
