@@ -54,26 +54,28 @@ class BreakOnFinalReport:
 
 
 async def test_a_final_report_whose_write_breaks_is_sent_on_the_next_stream(tmp_path):
-    async with Federation(tmp_path, gms=1, lms=1, worker_groups=[]) as fed:
-        async with channel(f"127.0.0.1:{fed.config.lm('lm-1').port}") as lm_channel:
-            agent = WorkerAgent(
-                "brk-w0",
-                resources(cpu_milli=1000, memory_mb=1024),
-                [],
-                lm_channel,
-                heartbeat_interval_s=0.25,
-            )
-            armed = [True]
-            open_stream = agent._stub.WorkerHeartbeats
-            agent._stub.WorkerHeartbeats = lambda: BreakOnFinalReport(open_stream(), armed)
-            async with agent:
-                await asyncio.wait_for(agent.wait_connected(), 10)
-                await asyncio.sleep(1.0)  # the GM sees the node
-                reply = await fed.gm().submit(sim_tasks(1, 0.5))
-                (task_id,) = reply.task_ids
-                began = time.monotonic()
-                await fed.events.wait_succeeded({task_id}, timeout_s=15)
-                assert not armed[0], "the injected break never happened"
-                assert agent.registrations == 2  # it did reconnect: the report went then
-                assert fed.events.runs()[task_id] == 1
-                assert time.monotonic() - began < 10
+    async with (
+        Federation(tmp_path, gms=1, lms=1, worker_groups=[]) as fed,
+        channel(f"127.0.0.1:{fed.config.lm('lm-1').port}") as lm_channel,
+    ):
+        agent = WorkerAgent(
+            "brk-w0",
+            resources(cpu_milli=1000, memory_mb=1024),
+            [],
+            lm_channel,
+            heartbeat_interval_s=0.25,
+        )
+        armed = [True]
+        open_stream = agent._stub.WorkerHeartbeats
+        agent._stub.WorkerHeartbeats = lambda: BreakOnFinalReport(open_stream(), armed)
+        async with agent:
+            await asyncio.wait_for(agent.wait_connected(), 10)
+            await asyncio.sleep(1.0)  # the GM sees the node
+            reply = await fed.gm().submit(sim_tasks(1, 0.5))
+            (task_id,) = reply.task_ids
+            began = time.monotonic()
+            await fed.events.wait_succeeded({task_id}, timeout_s=15)
+            assert not armed[0], "the injected break never happened"
+            assert agent.registrations == 2  # it did reconnect: the report went then
+            assert fed.events.runs()[task_id] == 1
+            assert time.monotonic() - began < 10
