@@ -86,10 +86,12 @@ class StrictFit:
 class FirstFit(StrictFit):
     """The lowest-numbered candidate with enough free resources (the paper's choice).
 
-    Algorithm: find the first candidate bit; test a window of rows starting there with
-    one numpy comparison per requested resource; if none fits, jump to the next candidate
-    past the window and grow the window 4x. Typical matches touch one small window; a
-    miss costs O(n) vector work and no Python loop over nodes.
+    Algorithm: drop the candidates without free CPU (``NodeTable.has_cpu``, one AND: on
+    a full federation most misses end here); find the first candidate bit; test a window
+    of rows starting there with one numpy comparison per requested resource; if none
+    fits, jump to the next candidate past the window and grow the window 4x. Typical
+    matches touch one small window; a miss costs O(n) vector work and no Python loop
+    over nodes.
     """
 
     name = "first-fit"
