@@ -366,6 +366,9 @@ class GM(Actor):
             or local is not None
             or failed is not None
             or 0 < msg.queued_at < self.started_at
+            # As the live GM: until every LM said what it holds, a launch of an earlier
+            # life may still be on its way to one (``--seed 1178``).
+            or self.catching_up > 0
         )
         launched: set[str] = set()
         if check:
