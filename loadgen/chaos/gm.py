@@ -58,6 +58,7 @@ RESTART_GRACE_S = 5.0
 ROUND_EVERY_S = 0.02
 
 _NOT_TAKEN = {0, states.REJECTED}
+_NOT_LAUNCHED = _NOT_TAKEN | {states.QUEUED}
 _OPEN = {states.PLACED, states.RUNNING}
 _RANK = {
     states.QUEUED: 1,
@@ -93,6 +94,14 @@ class Book:
         return (
             status is not None and status.state not in _NOT_TAKEN and status.attempt >= task.attempt
         )
+
+    def launched(self, task: Task) -> bool:
+        """As ``JobBook.launched``: an LM took this attempt (placed, running, ended), or
+        a later attempt exists."""
+        status = self.tasks.get(task.task_id)
+        if status is None or status.attempt < task.attempt:
+            return False
+        return status.attempt > task.attempt or status.state not in _NOT_LAUNCHED
 
     def taken(self, tasks, relayed: bool = True) -> set[str]:
         """As ``JobBook.taken``: without ``relayed``, a task only relayed from here and
@@ -678,7 +687,8 @@ class GM(Actor):
     def _settle(self, lm_id: str, items: list[Pending]) -> Proc:
         attempts = {item.task.task_id: item.task.attempt for item in items}
         held = yield from self._fence([lm_id], attempts, IN_DOUBT_S)
-        return set(held)
+        # As the live GM: what events said an LM took is not placed again (``--seed 2614``).
+        return set(held) | {item.task.task_id for item in items if self.book.launched(item.task)}
 
     def _accepted(self, lm_id: str, item: Pending) -> None:
         self.scheduler.accepted(lm_id, item.task.task_id)

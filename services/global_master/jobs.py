@@ -22,6 +22,8 @@ from services.core.states import REQUEUED, TERMINAL
 _OPEN = {common_pb2.TASK_STATE_PLACED, common_pb2.TASK_STATE_RUNNING}
 # States after which a task with the same id and attempt may be queued again.
 _NOT_TAKEN = {common_pb2.TASK_STATE_UNSPECIFIED, common_pb2.TASK_STATE_REJECTED}
+# A GM's own word on an attempt, not an LM's: queued here, or dropped here.
+_NOT_LAUNCHED = _NOT_TAKEN | {common_pb2.TASK_STATE_QUEUED}
 # Lifecycle order: a late, older event never overwrites a newer state of the same attempt.
 _RANK = {
     common_pb2.TASK_STATE_QUEUED: 1,
@@ -307,6 +309,14 @@ class JobBook:
             }
         return found
 
+    def launched(self, task: common_pb2.Task) -> bool:
+        """Whether events told this GM that an LM took ``task``'s attempt (placed,
+        running or ended) or that a later attempt exists: the attempt is not this GM's to
+        place again, whatever a fence that went unanswered says."""
+        job = self.jobs.get(task.job_id)
+        status = job.status(task.task_id) if job is not None else None
+        return _launched(status, task)
+
     def set_reason(self, job_id: str, task_id: str, reason: str) -> None:
         job = self.jobs.get(job_id)
         status = job.status(task_id) if job is not None else None
@@ -370,6 +380,13 @@ def _remember_node(
     if len(earlier) > EARLIER_KEPT:
         del earlier[min(range(len(earlier)), key=lambda i: earlier[i].attempt)]
     return True
+
+
+def _launched(status: global_master_pb2.TaskStatus | None, task: common_pb2.Task) -> bool:
+    """Whether ``status`` shows ``task``'s attempt taken by an LM, or a later attempt."""
+    if status is None or status.attempt < task.attempt:
+        return False
+    return status.attempt > task.attempt or status.state not in _NOT_LAUNCHED
 
 
 def _holds(status: global_master_pb2.TaskStatus | None, task: common_pb2.Task) -> bool:

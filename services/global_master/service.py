@@ -1675,7 +1675,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         it will not run them."""
         self.counters["fences"] += 1
         attempts = {item.task.task_id: item.task.attempt for item in items}
-        return set(await self._fence([lm_id], attempts, IN_DOUBT_S))
+        held = set(await self._fence([lm_id], attempts, IN_DOUBT_S))
+        # A fence given up on (the LM's answers lost for IN_DOUBT_S) says nothing; the
+        # events may have said meanwhile that the LM took the attempt, ran it, even ended
+        # it: placed again it would run twice (``chaos-sim --seed 2614``).
+        return held | {item.task.task_id for item in items if self.jobs.launched(item.task)}
 
     def _rejected(self, lm_id: str, item: Pending, status: PlacementStatus, reason: str) -> None:
         if status is PlacementStatus.REJECTED_EXPIRED and lm_id not in self._early_expiry_warned:

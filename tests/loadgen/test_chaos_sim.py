@@ -120,6 +120,15 @@ def test_a_relayed_retry_taken_by_a_restarted_gm_before_it_caught_up_is_fenced()
     assert [str(v) for v in run_seed(1178, ChaosConfig()).violations] == []
 
 
+@pytest.mark.parametrize("seed", [2614, 1810])
+def test_an_attempt_the_events_showed_taken_is_not_placed_again_after_a_fence_gave_up(seed):
+    """docs/chaos.md, the full federation: a GM whose fence got no answer for
+    IN_DOUBT_S placed the in-doubt attempt again although events had shown it placed,
+    run and ended (2614: started and succeeded twice; 1810: refused as a DUPLICATE and
+    left booked in the GM's view)."""
+    assert [str(v) for v in run_seed(seed, ChaosConfig()).violations] == []
+
+
 def test_the_cli_replays_a_seed_and_exits_non_zero_on_a_violation(capsys):
     assert main(["chaos-sim", "--seed", "0", "--small", "--faults", "lm pause"]) == 0
     out = capsys.readouterr().out

@@ -85,6 +85,22 @@ def test_a_requeued_attempt_shows_as_queued_and_an_old_event_does_not_undo_it():
     assert (status.state, status.attempt) == (S.TASK_STATE_QUEUED, 1)
 
 
+def test_launched_is_an_lms_word_on_the_attempt_or_a_later_one():
+    """What a GM whose fence went unanswered must not place again (``_settle``)."""
+    book = JobBook()
+    for t in ("j.0", "j.1", "j.2", "j.3"):
+        book.queued(task(t))
+    book.apply(event("j.1", S.TASK_STATE_PLACED, node_id="n1"))
+    book.apply(event("j.2", S.TASK_STATE_SUCCEEDED, node_id="n1"))
+    book.apply(event("j.3", S.TASK_STATE_QUEUED, attempt=1))  # re-queued by its LM
+    assert not book.launched(task("j.0"))  # only queued here: the GM's own word
+    assert book.launched(task("j.1")) and book.launched(task("j.2"))
+    assert book.launched(task("j.3"))  # a later attempt exists
+    assert not book.launched(task("j.3", attempt=1))  # the later one is only queued
+    assert not book.launched(task("j.1", attempt=1))  # an attempt not heard of
+    assert not book.launched(task("x.0"))  # a job never heard of
+
+
 def test_open_holds_the_placed_and_running_tasks_whose_end_is_awaited():
     book = JobBook(max_jobs=2)
     for t in ("j.0", "j.1", "j.2"):
