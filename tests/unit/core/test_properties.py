@@ -175,3 +175,37 @@ def test_match_finds_a_node_iff_brute_force_does(table, cpu, mem, mask, partitio
         assert table.satisfies(node, mask)
         if isinstance(policy, FirstFit):
             assert node == brute[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["add", "take", "give_back", "set_free", "vacate", "columns"]),
+            st.integers(0, 7),
+            st.integers(0, 4000),
+        ),
+        max_size=40,
+    )
+)
+def test_has_cpu_is_always_the_nodes_with_cpu_free(ops):
+    """``NodeTable.has_cpu`` (what matching ANDs in first) is ``free[CPU] > 0`` after any
+    sequence of the table's mutators, a GM view's (snapshot columns) and an LM's alike."""
+    table = NodeTable(num_partitions=2, num_constraints=2)
+    for step, (op, k, amount) in enumerate(ops):
+        node = k % table.size if table.size else None
+        if op == "add" or node is None:
+            table.add(f"n{step}", resources(amount, 1024), 0, k % 2)
+        elif op == "take":
+            table.take(node, resources(amount, 0), 0.0, 0.0)
+        elif op == "give_back":
+            table.give_back(node, resources(amount, 0), 0.0, 0.0)
+        elif op == "set_free":
+            set_free_at(table, np.s_[0, node], amount - 2000)
+        elif op == "vacate":
+            table.vacate(node)
+        else:  # a snapshot's columns of a node, as a GM's view applies them
+            table.set_columns(table.columns([node]))
+        np.testing.assert_array_equal(
+            np.array(table.has_cpu.tolist(), dtype=bool), table.free[0] > 0
+        )
