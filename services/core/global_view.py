@@ -616,13 +616,12 @@ class GlobalView:
             task.cpu_usage_std,
         )
         needs_cpu = self.policy.strict_cpu and task.resources[CPU] > 0
-        silent_after = self.silent_after_s
         for step in range(count):
             slot = (start + step) % count
             view = self.lms[self._order[slot]]
             within = view.internal if internal else view.external
-            if within is None or (now is not None and now - view.updated_at > silent_after):
-                continue  # (``silent``, inlined: this loop runs for every match)
+            if within is None or (now is not None and self.silent(view.lm_id, now)):
+                continue
             table = view.table
             if needs_cpu and not table.has_cpu.any():
                 continue  # no node of this LM has CPU free: the policies would find none
