@@ -18,6 +18,7 @@ lease of its earlier life), its view comes from heartbeats, its book from ``List
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -148,6 +149,9 @@ class MessageBatch:
     landed: list[Future] = field(default_factory=list)
     key: tuple = ()
     joined: list[Delivery] = field(default_factory=list)
+    # Batches of later copies that skipped tasks this one holds queued (``_delivered``):
+    # each is one task nearer its ack once this one is done.
+    followers: list[MessageBatch] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -209,6 +213,8 @@ class GM(Actor):
         self.book = Book()
         self.local: dict[tuple, MessageBatch] = {}
         self.held: dict[tuple, MessageBatch] = {}
+        # As the live GM's ``_holding``: the batch each task queued here was last given to.
+        self.holding: weakref.WeakValueDictionary[str, MessageBatch] = weakref.WeakValueDictionary()
         self.started_at = self.k.now
         self.failed: dict[str, MessageBatch] = {}
         self.submitting: dict[str, Future] = {}
@@ -296,6 +302,7 @@ class GM(Actor):
         pending = [Pending(t.copy(), local) for t in batch.tasks]
         for task in batch.tasks:
             self.book.queued(task)
+            self.holding[task.task_id] = local
         early = len(pending) <= SCHEDULE_BEFORE_CONFIRM
         if early:
             self._push(batch.queue, pending)
@@ -394,6 +401,13 @@ class GM(Actor):
                 f"delivery {msg.job_id} {[f'{t.task_id}#{t.attempt}' for t in msg.tasks]} "
                 f"redelivered={delivery.redelivered} skip={sorted(launched)}",
             )
+        # As the live GM: a task skipped as taken but only queued here waits in another
+        # batch's memory (a dead delivery's, across a broker restart): this copy, maybe
+        # the broker's only one now, is acked once that batch is done (``--seed 3888``).
+        holders = self._holders(msg.tasks, launched, batch)
+        for holder in holders:
+            holder.followers.append(batch)
+        batch.remaining += len(holders)
         if batch.remaining == len(launched):
             batch.remaining = 0
             # Only its own entry: a submission of the same message since (a client's
@@ -408,8 +422,22 @@ class GM(Actor):
             if task.task_id in launched:
                 continue
             self.book.queued(task)
+            self.holding[task.task_id] = batch
             self.scheduler.submit(msg.queue, Pending(task.copy(), batch))
         self._wake()
+
+    def _holders(self, tasks, skipped: set[str], batch: MessageBatch) -> set[MessageBatch]:
+        """``GlobalMaster._holders``: the live batches holding those of ``skipped`` that
+        are only queued here."""
+        found = set()
+        for task in tasks:
+            if task.task_id not in skipped or self.book.launched(task):
+                continue
+            holder = self.holding.get(task.task_id)
+            live = holder is not None and holder.remaining > 0 and not holder.cancelled
+            if live and holder is not batch:
+                found.add(holder)
+        return found
 
     def _fence(self, lm_ids: list[str], attempts: dict[str, int], wait_s: float) -> Proc:
         # As the live GM: above every lease any GM has sent (a start's clock, plus fences).
@@ -706,6 +734,8 @@ class GM(Actor):
         for delivery in (batch.delivery, *batch.joined):
             if delivery is not None:
                 self.world.broker.ack(delivery)
+        for follower in batch.followers:
+            self._launched(follower)
 
     def _book_accepted(self, task: Task, lm_id: str) -> None:
         """``JobBook.accepted``: PLACED on ``lm_id`` unless the book knows as much."""

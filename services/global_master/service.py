@@ -148,6 +148,9 @@ class Batch:
     # first delivery's channel closed: a broker restart); acked with it.
     joined: list[Delivery] = field(default_factory=list)
     out: int = 0  # its tasks in launch or preempt requests not answered yet
+    # Batches of later copies that skipped, as taken, tasks this one holds queued
+    # (``GlobalMaster._holders``): each is one task nearer its ack once this one is done.
+    followers: list[Batch] = field(default_factory=list)
     _landed: asyncio.Event | None = field(default=None, repr=False)
 
     def launching(self) -> None:
@@ -178,7 +181,10 @@ def _one_done(batch: Batch) -> list[Delivery]:
     batch.remaining -= 1
     if batch.remaining:
         return []
-    return [d for d in (batch.delivery, *batch.joined) if d is not None]
+    done = [d for d in (batch.delivery, *batch.joined) if d is not None]
+    for follower in batch.followers:
+        done.extend(_one_done(follower))
+    return done
 
 
 def _owner() -> str:
@@ -303,6 +309,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # Messages whose tasks this GM holds, by message key, while they are held: a
         # delivery of the same message again joins them (``_on_delivery``).
         self._held: weakref.WeakValueDictionary[tuple, Batch] = weakref.WeakValueDictionary()
+        # The batch each task queued here was last given to, by task id: a copy of a
+        # message that skips a task as taken while it is only queued here waits for it
+        # (``_holders``). Weak: gone with the batch.
+        self._holding: weakref.WeakValueDictionary[str, Batch] = weakref.WeakValueDictionary()
         # Jobs whose publish failed here, by job id, so the broker may or may not hold
         # their message: its delivery, if it ever comes, must first ask the LMs what
         # launched, and a retry must first wait for the launches still out to land, so
@@ -715,6 +725,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         ]
         for task in batch.tasks:
             self.jobs.queued(task)
+            self._holding[task.task_id] = local
         # A gang is one plan, not rounds of its tasks: started at once whatever its size.
         early = gang or len(pending) <= SCHEDULE_BEFORE_CONFIRM
         if early:
@@ -1105,6 +1116,15 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 metrics.TASKS_CANCELLED.labels(self.gm_id).inc(len(ends))
                 self._publish_ends(ends)
             launched = {task.task_id for task in batch_msg.tasks}
+        # Skipped as taken but only queued here, in another batch's memory (a dead
+        # delivery's, across a broker restart; the message key in ``_held`` taken since by
+        # a retry's batch): acked now, this copy, maybe the broker's only one, would be
+        # lost with them should this GM die first. It is acked once that batch is done
+        # (``chaos-sim --seed 3888``).
+        holders = self._holders(batch_msg.tasks, launched, batch)
+        for holder in holders:
+            holder.followers.append(batch)
+        batch.remaining += len(holders)
         if batch.remaining == len(launched):
             batch.remaining = 0
             for done in (delivery, *batch.joined):
@@ -1128,6 +1148,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 await self._launched(batch)
                 continue
             self.jobs.queued(task)
+            self._holding[task.task_id] = batch
             members.append(Pending(task, spec, batch))
         queue = batch_msg.queue or (members[0].task.queue if members else "")
         if is_gang and members:
@@ -1143,6 +1164,22 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         for item in members:
             self.scheduler.submit(batch_msg.queue or item.task.queue, item)
         self._wake.set()
+
+    def _holders(
+        self, tasks: Iterable[common_pb2.Task], skipped: set[str], batch: Batch
+    ) -> set[Batch]:
+        """The batches holding, queued here and not launched yet, those of ``tasks`` a
+        delivery skips (``skipped``). None is cancelled: a submission of the job under
+        way here, the only batch that may yet be, was waited for (``_submitting``)."""
+        found: set[Batch] = set()
+        for task in tasks:
+            if task.task_id not in skipped or self.jobs.launched(task):
+                continue
+            holder = self._holding.get(task.task_id)
+            live = holder is not None and holder.remaining > 0 and not holder.cancelled
+            if live and holder is not batch:
+                found.add(holder)
+        return found
 
     def _queued_before_start(self, batch: common_pb2.TaskBatch) -> bool:
         """Queued before this GM started: an earlier life of it may have scheduled the

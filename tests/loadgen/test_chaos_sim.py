@@ -129,6 +129,15 @@ def test_an_attempt_the_events_showed_taken_is_not_placed_again_after_a_fence_ga
     assert [str(v) for v in run_seed(seed, ChaosConfig()).violations] == []
 
 
+def test_a_redelivered_copy_whose_tasks_wait_in_a_dead_deliverys_batch_is_not_acked_early():
+    """docs/chaos.md, the full federation, seed 3888: across a broker restart the copy of
+    a message came again while its tasks waited, queued only in gm-0's memory, under the
+    first delivery's batch (a retry's cancelled batch had taken the message key since).
+    Skipped as taken, the copy was acked at once; gm-0 then crashed and five tasks were
+    never run. The copy now waits for the batch holding them."""
+    assert [str(v) for v in run_seed(3888, ChaosConfig()).violations] == []
+
+
 def test_the_cli_replays_a_seed_and_exits_non_zero_on_a_violation(capsys):
     assert main(["chaos-sim", "--seed", "0", "--small", "--faults", "lm pause"]) == 0
     out = capsys.readouterr().out
