@@ -784,12 +784,13 @@ class GM(Actor):
             list(self.world.lms), {task.task_id: task.attempt}, CATCH_UP_S
         )
         holder = holders.get(task.task_id)
-        verdict = self.scheduler.rechecked(task.queue, item, held=holder is not None)
+        held = holder is not None or self.book.launched(task)  # as ``_settle``
+        verdict = self.scheduler.rechecked(task.queue, item, held=held)
         if self.k.tracing:
             self.k.log(self.name, f"{task.task_id}#{task.attempt} rechecked -> {verdict.value}")
         if verdict is Reply.LET_GO:
-            assert holder is not None
-            self._book_accepted(task, holder)
+            if holder is not None:
+                self._book_accepted(task, holder)
             self._launched(item.batch)
         elif verdict is Reply.WITHDRAWN:
             self._drop(item, Drop.WITHDRAWN)

@@ -1805,15 +1805,18 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         task = item.task
         holders = await self._fence(list(self._stubs), {task.task_id: task.attempt}, CATCH_UP_S)
         holder = holders.get(task.task_id)
-        verdict = self.scheduler.rechecked(task.queue, item, held=holder is not None)
+        # An LM that did not answer the fence may hold it: the events said so (as
+        # ``_settle``).
+        held = holder is not None or self.jobs.launched(task)
+        verdict = self.scheduler.rechecked(task.queue, item, held=held)
         log.warning(
             "a task was fenced by another GM: %s",
-            f"held by {holder}, counted launched" if holder else verdict.value,
+            f"held by {holder or 'an LM'}, counted launched" if held else verdict.value,
             extra={"task_id": task.task_id, "job_id": task.job_id},
         )
         if verdict is Reply.LET_GO:
-            assert holder is not None
-            self.jobs.accepted(task, holder)
+            if holder is not None:
+                self.jobs.accepted(task, holder)
             await self._launched(item.batch)
         elif verdict is Reply.WITHDRAWN:
             self._drop(item, Drop.WITHDRAWN)
