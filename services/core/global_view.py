@@ -264,6 +264,14 @@ class GlobalView:
         if view is not None and snapshot.version <= view.version:
             if snapshot.version == view.version:
                 view.updated_at = now  # nothing changed, but the LM is alive and current
+                if snapshot.full and self._outlived(view, now):
+                    # What this GM learnt expires only as a snapshot is applied, and an
+                    # LM whose books no longer change sends none newer: a launch whose
+                    # end event was lost (a retry, which a snapshot's ends by task id
+                    # do not settle) stayed booked for good (chaos-sim --seed 6005).
+                    # The full state at the view's own version is the LM's books now.
+                    self._apply_full(snapshot, now)
+                    return ApplyResult.APPLIED
             return ApplyResult.STALE
         if snapshot.full:
             heard = []
@@ -296,6 +304,14 @@ class GlobalView:
             self.owner_first.seen(snapshot.lm_id, snapshot.free_indices)
         self._claim(view, heard, now)
         return ApplyResult.APPLIED
+
+    @staticmethod
+    def _outlived(view: LMView, now: float) -> bool:
+        """Whether the view keeps knowledge past ``KNOWLEDGE_TTL_S`` (a launch no
+        snapshot showed, an end none confirmed): the next snapshot applied drops it."""
+        return any(_expired(since, now) for _, since in view.inflight.values()) or any(
+            _expired(end.since, now) for end in view.ended.values()
+        )
 
     def _first_heard(self, view: LMView, ended: Iterable[str]) -> list[Allocation]:
         """Of the tasks a snapshot shows ended, those whose end this GM hears of first

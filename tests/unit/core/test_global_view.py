@@ -196,6 +196,37 @@ def test_a_launch_never_answered_expires():
     np.testing.assert_array_equal(view.lms["lm-0"].table.free, state.table.free)
 
 
+def test_a_retry_whose_end_event_was_lost_expires_though_the_lm_went_quiet():
+    # chaos-sim --seed 6005: a retry accepted and lost at once; its LOST event, on the
+    # slow path, was lost with a broker restart. The delta naming the end by task id
+    # does not settle a retry (it may be an earlier attempt's end), and the LM's books
+    # never changed again, so every later heartbeat was STALE and the launch stayed
+    # booked past its expiry for good.
+    (state,) = federation(1, 2)
+    view = view_of([state])
+    retry = task("t1", cpu=4000, attempt=2)
+    placement = view.match(retry)
+    view.reserve(placement, retry, now=0.0)
+    view.accepted("lm-0", "t1")
+    base = state.version
+    assert state.launch("gm-a", retry, placement.node).ok
+    state.release("t1")
+    delta = state.snapshot(since_version=base)
+    assert "t1" in delta.ended_task_ids
+    assert view.apply(delta, 1.0) is ApplyResult.APPLIED
+    lmv = view.lms["lm-0"]
+    assert "t1" in lmv.allocations  # only the retry's own end event settles it
+    assert view.apply(state.snapshot(), 20.0) is ApplyResult.STALE  # not expired yet
+    assert "t1" in lmv.allocations
+    assert view.apply(state.snapshot(since_version=state.version), 40.0) is ApplyResult.STALE
+    # The LM's next full state, at the view's own version, drops what expired.
+    assert view.apply(state.snapshot(), 40.0) is ApplyResult.APPLIED
+    lmv = view.lms["lm-0"]
+    assert "t1" not in lmv.allocations and not lmv.inflight
+    np.testing.assert_array_equal(lmv.table.free, state.table.free)
+    assert view.apply(state.snapshot(), 50.0) is ApplyResult.STALE  # nothing left to drop
+
+
 def test_reported_usage_leaves_out_the_launches_no_lm_answered():
     (state,) = federation(1, 2)
     view = view_of([state])
