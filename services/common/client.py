@@ -115,18 +115,24 @@ class GlobalMasterClient:
         gang: bool = False,
         min_tasks: int = 0,
         vdc: common_pb2.Vdc | None = None,
+        on_answer: Callable[[float], None] | None = None,
     ) -> global_master_pb2.SubmitJobResponse:
         """Queue a job (``gang``: all its tasks start together, or ``min_tasks`` of
         them; SubmitJobRequest.gang; ``vdc``: a gang that is a Gridiron VDC). A GM too
         busy to take it (RESOURCE_EXHAUSTED: nothing of it was queued) is asked again up
         to ``busy_tries`` times after the pauses it asks for (``busy_pauses``), each
-        announced to ``on_busy``; then its refusal is raised."""
+        announced to ``on_busy``; then its refusal is raised. ``on_answer`` is told how
+        long each try waited for its answer (seconds), whatever the answer."""
         for pause in [*busy_pauses(busy_tries), None]:
+            began = time.perf_counter()
             try:
                 return await self._submit_once(tasks, queue, job_id, gang, min_tasks, vdc)
             except grpc.aio.AioRpcError as err:
                 if pause is None or err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                     raise
+            finally:
+                if on_answer is not None:
+                    on_answer(time.perf_counter() - began)
             if on_busy is not None:
                 on_busy(pause)
             await asyncio.sleep(pause)
