@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 import grpc
@@ -36,48 +36,57 @@ def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
 
 
+# The most requests one coalesced stream message carries (``wrap_many``).
+MAX_COALESCED = 256
+
+Answers = Iterable[tuple[int, Any]]
+
+
 class RequestStream(Generic[Request, Reply]):
     """Requests on one stream; opened lazily, reopened after a failure.
 
     ``wrap(request_id, request)`` makes the stream message; ``unwrap(message)`` gives the
-    request id and the answer, or an ``AioRpcError`` to raise for that request."""
+    request ids and their answers, or an ``AioRpcError`` to raise for a request. With
+    ``wrap_many`` (a list of (request id, request) into one message), the requests that
+    queue while a write is in flight go out together as one message: under load a
+    stream then carries fewer, bigger messages instead of falling behind one write at a
+    time (gRPC allows one write in flight per call)."""
 
     def __init__(
         self,
         open_call: Callable[[], grpc.aio.StreamStreamCall],
         wrap: Callable[[int, Request], Any],
-        unwrap: Callable[[Any], tuple[int, Reply | grpc.aio.AioRpcError]],
+        unwrap: Callable[[Any], Answers],
         what: str,
+        wrap_many: Callable[[list[tuple[int, Request]]], Any] | None = None,
     ) -> None:
         self._open_call = open_call
         self._wrap = wrap
         self._unwrap = unwrap
+        self._wrap_many = wrap_many
         self._what = what
         self._call: grpc.aio.StreamStreamCall | None = None
         self._reader: asyncio.Task[None] | None = None
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._ids = itertools.count(1)
         self._write_lock = asyncio.Lock()  # grpc.aio allows one write at a time per call
+        self._outbox: list[tuple[int, Request]] = []  # with wrap_many: not written yet
+        self._writer: asyncio.Task[None] | None = None
+        self.written = 0  # stream messages written (fewer than requests when coalesced)
 
     async def request(self, request: Request, timeout: float) -> Reply:
         rid = next(self._ids)
-        message = self._wrap(rid, request)
         reply: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[rid] = reply
         try:
             async with asyncio.timeout(timeout):
-                async with self._write_lock:
-                    call = self._open()
-                    try:
-                        await call.write(message)
-                    except Exception as err:
-                        # The stream broke (gRPC reports a write on a dead call as
-                        # INTERNAL "execute_batch" or as a state error): the server is away.
-                        self._close(call)
-                        details = err.details() if isinstance(err, grpc.aio.AioRpcError) else err
-                        raise rpc_error(
-                            grpc.StatusCode.UNAVAILABLE, f"{self._what} stream broke: {details!r}"
-                        ) from None
+                if self._wrap_many is not None:
+                    self._outbox.append((rid, request))
+                    if self._writer is None or self._writer.done():
+                        self._writer = asyncio.create_task(self._write_outbox())
+                else:
+                    async with self._write_lock:
+                        await self._write(self._open(), self._wrap(rid, request))
                 return await reply
         except TimeoutError:
             raise rpc_error(
@@ -87,6 +96,36 @@ class RequestStream(Generic[Request, Reply]):
             self._pending.pop(rid, None)
             if reply.done() and not reply.cancelled():
                 reply.exception()  # retrieved: a failed write already raised its own error
+
+    async def _write(self, call: grpc.aio.StreamStreamCall, message: Any) -> None:
+        try:
+            await call.write(message)
+            self.written += 1
+        except Exception as err:
+            # The stream broke (gRPC reports a write on a dead call as INTERNAL
+            # "execute_batch" or as a state error): the server is away.
+            self._close(call)
+            details = err.details() if isinstance(err, grpc.aio.AioRpcError) else err
+            raise rpc_error(
+                grpc.StatusCode.UNAVAILABLE, f"{self._what} stream broke: {details!r}"
+            ) from None
+
+    async def _write_outbox(self) -> None:
+        """Write what waits in the outbox, as few messages as it takes, until it is
+        empty; a request given up on meanwhile (its deadline) is left out."""
+        assert self._wrap_many is not None
+        while self._outbox:
+            take = [(rid, r) for rid, r in self._outbox[:MAX_COALESCED] if rid in self._pending]
+            del self._outbox[:MAX_COALESCED]
+            if not take:
+                continue
+            try:
+                await self._write(self._open(), self._wrap_many(take))
+            except grpc.aio.AioRpcError as err:
+                for rid, _ in take:  # a stream that broke failed what waited on it
+                    waiting = self._pending.get(rid)
+                    if waiting is not None and not waiting.done():
+                        waiting.set_exception(err)
 
     def _open(self) -> grpc.aio.StreamStreamCall:
         if self._call is None:
@@ -98,13 +137,13 @@ class RequestStream(Generic[Request, Reply]):
         error = rpc_error(grpc.StatusCode.UNAVAILABLE, f"the server ended the {self._what} stream")
         try:
             async for message in call:
-                rid, answer = self._unwrap(message)
-                waiting = self._pending.pop(rid, None)
-                if waiting is not None and not waiting.done():
-                    if isinstance(answer, grpc.aio.AioRpcError):
-                        waiting.set_exception(answer)
-                    else:
-                        waiting.set_result(answer)
+                for rid, answer in self._unwrap(message):
+                    waiting = self._pending.pop(rid, None)
+                    if waiting is not None and not waiting.done():
+                        if isinstance(answer, grpc.aio.AioRpcError):
+                            waiting.set_exception(answer)
+                        else:
+                            waiting.set_result(answer)
         except grpc.aio.AioRpcError as err:
             error = rpc_error(
                 grpc.StatusCode.UNAVAILABLE,
@@ -128,6 +167,10 @@ class RequestStream(Generic[Request, Reply]):
             self._pending.clear()
 
     async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._writer
         call, reader = self._call, self._reader
         if call is not None:
             self._close(call, rpc_error(grpc.StatusCode.CANCELLED, "the stream's owner is closing"))
@@ -146,7 +189,7 @@ class Launcher(RequestStream[local_master_pb2.LaunchRequest, local_master_pb2.La
             lambda rid, request: local_master_pb2.LaunchStreamRequest(
                 request_id=rid, launch=request
             ),
-            lambda message: (message.request_id, message.launch),
+            lambda message: [(message.request_id, message.launch)],
             "launch",
         )
 
@@ -168,9 +211,27 @@ class Submitter(
             lambda rid, request: global_master_pb2.SubmitStreamRequest(
                 request_id=rid, submit=request
             ),
-            _submit_answer,
+            _submit_answers,
             "submit",
+            wrap_many=_submit_many,
         )
+
+
+def _submit_many(
+    requests: list[tuple[int, global_master_pb2.SubmitJobRequest]],
+) -> global_master_pb2.SubmitStreamRequest:
+    (rid, first), rest = requests[0], requests[1:]
+    return global_master_pb2.SubmitStreamRequest(
+        request_id=rid,
+        submit=first,
+        more_jobs=[global_master_pb2.SubmitStreamRequest(request_id=r, submit=q) for r, q in rest],
+    )
+
+
+def _submit_answers(
+    message: global_master_pb2.SubmitStreamResponse,
+) -> list[tuple[int, global_master_pb2.SubmitJobResponse | grpc.aio.AioRpcError]]:
+    return [_submit_answer(one) for one in (message, *message.more_answers)]
 
 
 def _submit_answer(

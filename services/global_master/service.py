@@ -59,7 +59,7 @@ from services.common.names import (
     user_queue,
 )
 from services.common.queue_signing import seal, sealed
-from services.common.request_stream import Launcher
+from services.common.request_stream import MAX_COALESCED, Launcher
 from services.common.requeue import RESTART_GRACE_S, enqueue_next_attempt
 from services.common.server import channel
 from services.core.autoscale import waiting_shapes
@@ -501,11 +501,13 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             nonlocal outstanding
             try:
                 async for message in request_iterator:
-                    outstanding += 1
-                    # Not tied to the stream: a job being queued finishes queueing even if
-                    # the client goes (it learns of it through GetJob, as after a lost
-                    # unary answer).
-                    self._spawn(handle(message))
+                    # A message may carry more submissions (``more_jobs``): each its own job.
+                    for one in (message, *message.more_jobs):
+                        outstanding += 1
+                        # Not tied to the stream: a job being queued finishes queueing
+                        # even if the client goes (it learns of it through GetJob, as
+                        # after a lost unary answer).
+                        self._spawn(handle(one))
             except Exception as err:  # the stream broke; answers still owed are dropped
                 log.debug("SubmitStream ended", extra={"error": repr(err)})
             finally:
@@ -519,7 +521,17 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 if answer is done_reading:
                     reading = False
                     continue
-                outstanding -= 1
+                # The answers ready meanwhile go in the same message (``more_answers``).
+                more = []
+                while not answers.empty() and len(more) < MAX_COALESCED:
+                    ready = answers.get_nowait()
+                    if ready is done_reading:
+                        reading = False
+                        break
+                    more.append(ready)
+                outstanding -= 1 + len(more)
+                if more:
+                    answer.more_answers.extend(more)
                 yield answer
         finally:
             reader.cancel()

@@ -79,3 +79,14 @@ async def test_megha_submit_waits_for_a_busy_gm_and_says_so(gm, capsys) -> None:
     out, err = capsys.readouterr()
     assert "job j1: 1 tasks queued" in out
     assert "the GM is busy; trying again in 0.1 s" in err and gm.slept == [0.1]
+
+
+async def test_each_try_says_how_long_it_waited_for_its_answer(gm) -> None:
+    gm.answers = [BUSY, BUSY, "queued"]
+    waited: list[float] = []
+    assert await gm.submit([], busy_tries=8, on_answer=waited.append) == "queued"
+    assert len(waited) == 3 and all(0 <= took < 1 for took in waited)
+    gm.answers = [rpc_error(grpc.StatusCode.INTERNAL, "broken")]
+    with pytest.raises(grpc.aio.AioRpcError):
+        await gm.submit([], busy_tries=8, on_answer=waited.append)
+    assert len(waited) == 4  # an error is an answer too

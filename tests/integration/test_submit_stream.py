@@ -35,6 +35,8 @@ async def test_jobs_on_one_stream_are_answered_each_with_its_own_ids_and_all_run
         for i, reply in enumerate(replies):
             assert reply.job_id == f"s{i}"
             assert reply.task_ids == [f"s{i}.{k}" for k in range(1 + i % 3)]
+        # Those that waited while the first was written went out together (``more_jobs``).
+        assert client._submitter is not None and client._submitter.written < 30
         for i in range(30):
             await job_in_state(client, f"s{i}", common_pb2.TASK_STATE_SUCCEEDED)
 

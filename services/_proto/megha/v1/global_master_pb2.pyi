@@ -159,18 +159,27 @@ class SubmitStreamRequest(_message.Message):
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SUBMIT_FIELD_NUMBER: _builtins.int
+    MORE_JOBS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     @_builtins.property
     def submit(self) -> Global___SubmitJobRequest: ...
+    @_builtins.property
+    def more_jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubmitStreamRequest]:
+        """More submissions carried by the same stream message, each with its own request_id
+        and answered on its own (their own `more_jobs` is unused): a client writes those that
+        waited while its previous write was in flight as one message.
+        """
+
     def __init__(
         self,
         *,
         request_id: _builtins.int = ...,
         submit: Global___SubmitJobRequest | None = ...,
+        more_jobs: _abc.Iterable[Global___SubmitStreamRequest] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["submit", b"submit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "submit", b"submit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["more_jobs", b"more_jobs", "request_id", b"request_id", "submit", b"submit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -184,6 +193,7 @@ class SubmitStreamResponse(_message.Message):
     SUBMIT_FIELD_NUMBER: _builtins.int
     ERROR_CODE_FIELD_NUMBER: _builtins.int
     ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    MORE_ANSWERS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
     error_code: _builtins.int
     """Otherwise the gRPC status code (an int of grpc.StatusCode) and why."""
@@ -192,6 +202,10 @@ class SubmitStreamResponse(_message.Message):
     def submit(self) -> Global___SubmitJobResponse:
         """Set when the job was queued."""
 
+    @_builtins.property
+    def more_answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubmitStreamResponse]:
+        """More answers in the same stream message, as SubmitStreamRequest.more_jobs."""
+
     def __init__(
         self,
         *,
@@ -199,10 +213,11 @@ class SubmitStreamResponse(_message.Message):
         submit: Global___SubmitJobResponse | None = ...,
         error_code: _builtins.int = ...,
         error_message: _builtins.str = ...,
+        more_answers: _abc.Iterable[Global___SubmitStreamResponse] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["submit", b"submit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "request_id", b"request_id", "submit", b"submit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "more_answers", b"more_answers", "request_id", b"request_id", "submit", b"submit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
