@@ -36,6 +36,7 @@ from services.common.client import (
     BUSY_PAUSE_S,
     BUSY_TRIES,
     GlobalMasterClient,
+    jittered,
 )
 from services.common.config import FederationConfig
 from services.common.convert import resources_to_proto
@@ -213,7 +214,7 @@ async def replay_jobs(
                 if code in _BUSY and busy < BUSY_TRIES:
                     busy += 1
                     retried += 1
-                    await asyncio.sleep(pause)
+                    await asyncio.sleep(jittered(pause))
                     pause = min(BUSY_PAUSE_MAX_S, 2 * pause)
                     continue
                 elsewhere += 1

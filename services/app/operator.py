@@ -379,7 +379,7 @@ async def _queue_job(
     # A GM whose intake is full asks for a retry after a pause: wait as it says, a
     # bounded number of times, saying so on stderr (stdout may be --json).
     def busy(pause: float) -> None:
-        print(f"megha: the GM is busy; trying again in {pause:g} s", file=sys.stderr)
+        print(f"megha: the GM is busy; trying again in {pause:.1f} s", file=sys.stderr)
 
     reply = await client.submit(
         [t.build() for t in templates],

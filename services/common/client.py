@@ -4,6 +4,7 @@ generator use). Any GM accepts any job; jobs go to the queue's own GM via the br
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,15 @@ BUSY_PAUSE_S, BUSY_PAUSE_MAX_S, BUSY_TRIES = 0.1, 5.0, 8
 def busy_pauses(tries: int = BUSY_TRIES) -> list[float]:
     """The pauses before each retry of a job a busy GM refused: 0.1, 0.2, 0.4 ... 5 s."""
     return [min(BUSY_PAUSE_MAX_S, BUSY_PAUSE_S * 2**n) for n in range(tries)]
+
+
+def jittered(pause: float, rng: random.Random | None = None) -> float:
+    """``pause`` spread over [0.5, 1.5) of itself: the jobs a GM refused in one burst do
+    not all come back at the same instant ("equal jitter", as AWS's backoff guidance)."""
+    return pause * (0.5 + (rng or _JITTER).random())
+
+
+_JITTER = random.Random()
 
 
 class FollowStalled(RuntimeError):
@@ -120,10 +130,11 @@ class GlobalMasterClient:
         """Queue a job (``gang``: all its tasks start together, or ``min_tasks`` of
         them; SubmitJobRequest.gang; ``vdc``: a gang that is a Gridiron VDC). A GM too
         busy to take it (RESOURCE_EXHAUSTED: nothing of it was queued) is asked again up
-        to ``busy_tries`` times after the pauses it asks for (``busy_pauses``), each
-        announced to ``on_busy``; then its refusal is raised. ``on_answer`` is told how
-        long each try waited for its answer (seconds), whatever the answer."""
-        for pause in [*busy_pauses(busy_tries), None]:
+        to ``busy_tries`` times after the pauses it asks for (``busy_pauses``, each
+        ``jittered``), each announced to ``on_busy``; then its refusal is raised.
+        ``on_answer`` is told how long each try waited for its answer (seconds), whatever
+        the answer."""
+        for pause in [*map(jittered, busy_pauses(busy_tries)), None]:
             began = time.perf_counter()
             try:
                 return await self._submit_once(tasks, queue, job_id, gang, min_tasks, vdc)

@@ -41,6 +41,16 @@ INCONSISTENCIES = Counter(
     ["gm", "lm"],
 )
 REPARTITIONS = Counter("megha_repartitions_total", "Placements on another GM's nodes.", ["gm"])
+SUBMISSIONS_REFUSED = Counter(
+    "megha_submissions_refused_total",
+    "Submissions a GM refused RESOURCE_EXHAUSTED: its intake was full (Admission).",
+    ["gm"],
+)
+SUBMISSION_LIMIT = Gauge(
+    "megha_submission_limit",
+    "How many submissions a GM takes on at once now (adapted, services/core/admission.py).",
+    ["gm"],
+)
 PREEMPTION_ATTEMPTS = Counter(
     "megha_preemption_attempts_total", "Preempt requests sent to LMs.", ["gm"]
 )

@@ -16,6 +16,7 @@ import gc
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import Histogram
@@ -32,6 +33,10 @@ LOOP_LAG_SECONDS = Histogram(
     "How late the event loop ran a timer that was due (blocked loop or no free core).",
     buckets=_BUCKETS,
 )
+# Called with each lag ``watch`` measures in this process (a GM's ``Admission`` reads
+# its loop's lag so).
+LAG_LISTENERS: list[Callable[[float], None]] = []
+
 GC_PAUSE_SECONDS = Histogram(
     "megha_gc_pause_seconds",
     "Duration of each collection of the cyclic garbage collector, by generation.",
@@ -168,6 +173,8 @@ async def watch(
             await asyncio.sleep(interval_s)
             lag = max(0.0, loop.time() - due)
             LOOP_LAG_SECONDS.observe(lag)
+            for listener in LAG_LISTENERS:
+                listener(lag)
             collections = timer.drain()
             if tally is not None:
                 tally.add(lag, collections)

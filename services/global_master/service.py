@@ -34,7 +34,7 @@ from services._proto.megha.v1 import (
     local_master_pb2,
     local_master_pb2_grpc,
 )
-from services.common import authz, metrics
+from services.common import authz, metrics, stalls
 from services.common.bus import Bus, Delivery
 from services.common.client import BUSY_PAUSE_MAX_S, BUSY_PAUSE_S
 from services.common.config import FederationConfig
@@ -62,6 +62,7 @@ from services.common.queue_signing import seal, sealed
 from services.common.request_stream import MAX_COALESCED, Launcher
 from services.common.requeue import RESTART_GRACE_S, enqueue_next_attempt
 from services.common.server import channel
+from services.core.admission import Admission
 from services.core.autoscale import waiting_shapes
 from services.core.dry_run import dry_run, dry_run_gang
 from services.core.fairness import FairShare, dominant_share
@@ -325,8 +326,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self._submitting: dict[str, asyncio.Event] = {}
         # Set once every LM said what it holds, or was given up on (``_catch_up``).
         self._caught_up = asyncio.Event()
-        self.max_submissions = MAX_SUBMISSIONS
-        self._submissions = 0  # under way now, of any job id
+        # How many submissions are under way at once (read, not answered): adapted to
+        # answer each within a second (``services/core/admission.py``).
+        self.admission = Admission(max_limit=MAX_SUBMISSIONS)
         self._overloaded = False  # refusing submissions (said once per spell)
         self.recent = RecentAllocations()
         self.preempted: defaultdict[str, int] = defaultdict(int)  # queue -> tasks preempted
@@ -411,6 +413,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         self._loops.append(asyncio.create_task(self._gauge_loop(), name="gm-gauges"))
         self._loops.append(asyncio.create_task(self._recover_loop(), name="gm-recover"))
         self._loops.append(asyncio.create_task(self._catch_up(), name="gm-catch-up"))
+        stalls.LAG_LISTENERS.append(self._on_lag)
+
+    def _on_lag(self, lag_s: float) -> None:
+        self.admission.lagged(lag_s, time.monotonic())
 
     async def _consume(self, queue: str) -> None:
         self._subscriptions.append(
@@ -455,6 +461,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         if self._closed:
             return
         self._closed = True
+        with contextlib.suppress(ValueError):
+            stalls.LAG_LISTENERS.remove(self._on_lag)
         if self._settle_timer is not None:
             self._settle_timer.cancel()
         for sub in self._subscriptions:
@@ -538,30 +546,44 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
     async def _submit(self, request) -> global_master_pb2.SubmitJobResponse:
         """Queue one job, or raise ``Refused`` (what the client is told): RESOURCE_EXHAUSTED
-        while ``max_submissions`` are under way."""
+        when the GM's intake is full (``Admission``)."""
         for name in ("job_id", "queue"):  # a SubmitStream's are not checked on arrival
             if problem := id_problem(name, getattr(request, name)):
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        if self._submissions >= self.max_submissions:
+        queue = request.queue
+        refusal = self.admission.admit(queue)
+        if refusal is not None:
+            metrics.SUBMISSIONS_REFUSED.labels(self.gm_id).inc()
             if not self._overloaded:
                 self._overloaded = True
                 log.warning(
-                    "refusing submissions: too many under way",
-                    extra={"under_way": self._submissions, "limit": self.max_submissions},
+                    "refusing submissions: %s",
+                    refusal,
+                    extra={"under_way": refusal.under_way, "limit": refusal.limit},
                 )
             named = f"job {shown(request.job_id)}" if request.job_id else "the job"
             raise Refused(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"this GM has {self._submissions} submissions under way, its limit: {named} "
-                f"was not queued; retry it in a moment, backing off (from {BUSY_PAUSE_S:g} s, "
-                f"doubling, up to {BUSY_PAUSE_MAX_S:g} s)",
+                f"{refusal}: {named} was not queued; retry it in a moment, backing off "
+                f"(from {BUSY_PAUSE_S:g} s, doubling, up to {BUSY_PAUSE_MAX_S:g} s)",
             )
         self._overloaded = False
-        self._submissions += 1
+        began = time.monotonic()
         try:
             return await self._submit_job(request)
         finally:
-            self._submissions -= 1
+            now = time.monotonic()
+            self.admission.ended(queue, now - began, now)
+            metrics.SUBMISSION_LIMIT.labels(self.gm_id).set(self.admission.current)
+
+    @property
+    def max_submissions(self) -> int:
+        """The most submissions ever under way at once (the adapted limit stays below)."""
+        return self.admission.max_limit
+
+    @max_submissions.setter
+    def max_submissions(self, bound: int) -> None:
+        self.admission.max_limit = bound
 
     async def _submit_job(self, request) -> global_master_pb2.SubmitJobResponse:
         """``_submit`` once admitted.

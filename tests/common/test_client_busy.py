@@ -3,13 +3,14 @@ waits as asked, a bounded number of times."""
 
 from __future__ import annotations
 
+import random
 from types import SimpleNamespace
 
 import grpc
 import pytest
 
 from services.common import client as client_module
-from services.common.client import BUSY_PAUSE_MAX_S, GlobalMasterClient, busy_pauses
+from services.common.client import BUSY_PAUSE_MAX_S, GlobalMasterClient, busy_pauses, jittered
 from services.common.request_stream import rpc_error
 
 
@@ -48,7 +49,8 @@ async def test_a_busy_gm_is_asked_again_after_the_pauses_it_asks_for(gm) -> None
     gm.answers = [BUSY, BUSY, "queued"]
     heard = []
     assert await gm.submit([], busy_tries=8, on_busy=heard.append) == "queued"
-    assert gm.slept == heard == [0.1, 0.2]
+    assert gm.slept == heard
+    assert 0.05 <= heard[0] < 0.15 and 0.1 <= heard[1] < 0.3  # jittered, ``jittered``
 
 
 async def test_the_retries_are_bounded_and_other_errors_are_not_retried(gm) -> None:
@@ -56,7 +58,7 @@ async def test_the_retries_are_bounded_and_other_errors_are_not_retried(gm) -> N
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await gm.submit([], busy_tries=3)
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert gm.slept == [0.1, 0.2, 0.4] and not gm.answers
+    assert len(gm.slept) == 3 and not gm.answers
     # A timeout may have queued the job: retrying it is the caller's choice, not this one's.
     gm.answers, gm.slept = [rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "late"), "x"], []
     with pytest.raises(grpc.aio.AioRpcError):
@@ -78,7 +80,7 @@ async def test_megha_submit_waits_for_a_busy_gm_and_says_so(gm, capsys) -> None:
     assert await operator._queue_job(gm, args, None, [template], "", "", "1 sim") == 0
     out, err = capsys.readouterr()
     assert "job j1: 1 tasks queued" in out
-    assert "the GM is busy; trying again in 0.1 s" in err and gm.slept == [0.1]
+    assert "the GM is busy; trying again in 0.1 s" in err and 0.05 <= gm.slept[0] < 0.15
 
 
 async def test_each_try_says_how_long_it_waited_for_its_answer(gm) -> None:
@@ -90,3 +92,10 @@ async def test_each_try_says_how_long_it_waited_for_its_answer(gm) -> None:
     with pytest.raises(grpc.aio.AioRpcError):
         await gm.submit([], busy_tries=8, on_answer=waited.append)
     assert len(waited) == 4  # an error is an answer too
+
+
+def test_a_pause_is_jittered_within_half_of_itself_either_way() -> None:
+    rng = random.Random(7)
+    pauses = [jittered(1.0, rng) for _ in range(1000)]
+    assert min(pauses) >= 0.5 and max(pauses) < 1.5
+    assert max(pauses) - min(pauses) > 0.9  # spread, not one value
