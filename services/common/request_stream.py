@@ -121,8 +121,8 @@ class RequestStream(Generic[Request, Reply]):
                 continue
             try:
                 await self._write(self._open(), self._wrap_many(take))
-            except grpc.aio.AioRpcError as err:
-                for rid, _ in take:  # a stream that broke failed what waited on it
+            except Exception as err:  # a broken stream, or a request that cannot be sent
+                for rid, _ in take:
                     waiting = self._pending.get(rid)
                     if waiting is not None and not waiting.done():
                         waiting.set_exception(err)
