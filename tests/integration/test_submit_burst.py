@@ -20,6 +20,7 @@ pytestmark = pytest.mark.integration
 BURST = 2_000  # gRPC's own queue dropped calls at random past 1,000 waiting
 
 
+@pytest.mark.slow  # ~13 s of load: run apart by .ci/run (MEGHA_SLOW_TESTS=1)
 async def test_a_burst_of_submissions_is_taken_whole(tmp_path):
     async with Federation(tmp_path, gms=1, lms=1, workers_per_lm=2) as fed:
         client = fed.gm()
