@@ -574,16 +574,6 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         finally:
             now = time.monotonic()
             self.admission.ended(queue, now - began, now)
-            metrics.SUBMISSION_LIMIT.labels(self.gm_id).set(self.admission.current)
-
-    @property
-    def max_submissions(self) -> int:
-        """The most submissions ever under way at once (the adapted limit stays below)."""
-        return self.admission.max_limit
-
-    @max_submissions.setter
-    def max_submissions(self, bound: int) -> None:
-        self.admission.max_limit = bound
 
     async def _submit_job(self, request) -> global_master_pb2.SubmitJobResponse:
         """``_submit`` once admitted.
@@ -1578,9 +1568,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self._wake.set()
 
     async def _gauge_loop(self) -> None:
-        """Queue gauges for Prometheus: this GM's queues' pending tasks and usage share,
-        and what its limited queues hold against their limits."""
+        """Gauges for Prometheus: this GM's intake limit, its queues' pending tasks and
+        usage share, and what its limited queues hold against their limits."""
         while True:
+            metrics.SUBMISSION_LIMIT.labels(self.gm_id).set(self.admission.current)
             usage, total = self.view.queue_usage(accepted=True), self.view.total_capacity()
             for queue in self.my_queues:
                 if not self.serves(queue):

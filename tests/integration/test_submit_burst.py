@@ -47,7 +47,7 @@ async def test_a_burst_of_submissions_is_taken_whole(tmp_path):
 
 async def test_a_busy_gm_says_to_retry_and_the_replay_does():
     async with embedded_federation("submit-busy") as (config, gm, _bus, client):
-        gm.max_submissions = 0  # as if that many were under way
+        gm.admission.max_limit = 0  # as if that many were under way
         with pytest.raises(grpc.aio.AioRpcError) as busy:
             await client.submit(sim_tasks(1, 0.05), job_id="busy")
         assert busy.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -59,7 +59,7 @@ async def test_a_busy_gm_says_to_retry_and_the_replay_does():
         target = config.gm("gm-1").target
         replay = asyncio.create_task(replay_jobs(jobs, [target], speedup=20.0, timeout_s=30))
         await asyncio.sleep(0.5)  # the first job was refused at least twice by then
-        gm.max_submissions = 100
+        gm.admission.max_limit = 100
         result = await replay
         summary = result.summary
         assert summary["submit_errors"] == {}
