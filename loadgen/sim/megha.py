@@ -313,6 +313,7 @@ class MeghaSim:
                 mask = 0 if machine_masks is None else int(machine_masks[worker])
                 lm.state.add_node(f"w{worker}", capacity, constraint_mask=mask)
                 worker += 1
+        self._lm_index = {lm.state.lm_id: lm.index for lm in self.lms}
         self.vdc = Vdc(*config.vdc) if config.vdc is not None else None
         self._empty: GlobalView | None = None
         # Gang members' task ids -> task index, from planning to commit.
@@ -585,7 +586,7 @@ class MeghaSim:
             return
         plan = gm.scheduler.round(now / 1e9)
         dequeued, decided = self.log.stamps["dequeued"], self.log.stamps["decided"]
-        lm_index = {lm.state.lm_id: lm.index for lm in self.lms}
+        lm_index = self._lm_index
         end = now + plan.matches * self.match_ns
         gm.busy_until = end
         self.counters.rounds += 1

@@ -139,7 +139,13 @@ class OwnerFirst:
             self.epoch += 1
 
     def next_due(self) -> float | None:
-        return self._due[0][0] if self._due else None
+        """When the next hold still in force ends (a hold a snapshot ended or a later
+        end renewed leaves its due entry behind: dropped here, or a recheck would wake
+        the GM for nothing: most of an overloaded run's rounds were such)."""
+        due, until = self._due, self._until
+        while due and until.get((due[0][1], due[0][2])) != due[0][0]:
+            due.popleft()
+        return due[0][0] if due else None
 
     def claimant(self) -> str | None:
         """Who has the first claim on the room the next end frees: None, its node's

@@ -169,11 +169,14 @@ class LMView:
     # booked into). See ``GlobalView.reserve_preemption``.
     evicting: dict[str, tuple[str, ...]] = field(default_factory=dict)
     evicted: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict)
-    # Shapes that found no node here while the table stood at ``miss_version``: matching
-    # them again before the table changes would find none again (an overloaded
-    # federation otherwise re-scans every full partition for every task).
+    # Shapes that found no node here while ``miss_table`` stood at ``miss_version`` and
+    # the holds at ``miss_epoch``: matching them again before one changes would find
+    # none again (an overloaded federation otherwise re-scans every full partition for
+    # every task).
     misses: set[tuple] = field(default_factory=set)
-    miss_at: tuple[NodeTable | None, int, int] = (None, -1, 0)  # (table, version, holds)
+    miss_table: NodeTable | None = None
+    miss_version: int = -1
+    miss_epoch: int = 0  # of the holds (``OwnerFirst.epoch``)
 
     def queue_usage(self) -> dict[str, np.ndarray]:
         """Resources held per queue on this LM (the view's own arrays: do not change)."""
@@ -616,12 +619,18 @@ class GlobalView:
         return found
 
     def _search(self, task: TaskSpec, internal: bool, now: float | None) -> Placement | None:
-        count = len(self._order)
-        start = self._rr_internal if internal else self._rr_external
+        # The hot loop of an overloaded run (most matches miss every LM): the cheap
+        # skips first, ``silent`` inlined, the miss stamp compared field by field.
+        order, lms = self._order, self.lms
+        count = len(order)
+        if not count:
+            return None
+        start = (self._rr_internal if internal else self._rr_external) % count
         # Holds are on other GMs' nodes, and with ``OldestFirst`` on this GM's own too.
         owner_first = None if now is None else self.owner_first
         if owner_first is not None:
             owner_first.expire(now)
+        epoch = self.owner_first.epoch if self.owner_first is not None else 0
         # Everything a policy's verdict depends on besides the table (and the holds).
         shape = (
             owner_first is not None,
@@ -632,22 +641,31 @@ class GlobalView:
             task.cpu_usage_std,
         )
         needs_cpu = self.policy.strict_cpu and task.resources[CPU] > 0
+        silent_after = self.silent_after_s
         for step in range(count):
-            slot = (start + step) % count
-            view = self.lms[self._order[slot]]
+            slot = start + step
+            if slot >= count:
+                slot -= count
+            view = lms[order[slot]]
             within = view.internal if internal else view.external
-            if within is None or (now is not None and self.silent(view.lm_id, now)):
+            if within is None:
                 continue
             table = view.table
+            # NodeTable compares by identity; a hold that ended offers nodes again.
+            if (
+                view.miss_table is table
+                and view.miss_version == table.version
+                and view.miss_epoch == epoch
+            ):
+                if shape in view.misses:
+                    continue
+            else:
+                view.misses.clear()
+                view.miss_table, view.miss_version, view.miss_epoch = table, table.version, epoch
+            if now is not None and now - view.updated_at > silent_after:  # ``silent``
+                continue
             if needs_cpu and not table.has_cpu.any():
                 continue  # no node of this LM has CPU free: the policies would find none
-            # NodeTable compares by identity; a hold that ended offers nodes again.
-            stamp = (table, table.version, self.owner_first.epoch if self.owner_first else 0)
-            if view.miss_at != stamp:
-                view.misses.clear()
-                view.miss_at = stamp
-            elif shape in view.misses:
-                continue
             if owner_first is not None:
                 within = owner_first.exclude(view.lm_id, within)
             node = match(table, task, self.policy, within)
@@ -658,7 +676,7 @@ class GlobalView:
                     self._rr_internal = slot + 1
                 else:
                     self._rr_external = slot + 1
-                return Placement(view.lm_id, node, view.table.node_ids[node], not internal)
+                return Placement(view.lm_id, node, table.node_ids[node], not internal)
         return None
 
     def backlog(self, gm_id: str, runs: Iterable[Run], over: Iterable[str] = ()) -> None:
