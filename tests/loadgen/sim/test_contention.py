@@ -116,3 +116,40 @@ def test_contention_experiment_sweeps_the_sizes_and_checks_the_targets():
     light = [summary("megha", 0.001, 0.03, p50=0.004), summary("central", 0.001, 0.02)]
     assert targets(light) == ["3,000 workers, megha (light load): p50 4.00 ms; p99 30.00 ms"]
     assert "| 3,000 | megha | 100/100 | 20.0 | 300.0 | 3.00 | - | 0.500 |" in markdown_table(unfair)
+
+
+def test_ends_the_simulator_runs_through_two_gms_change_no_decision(monkeypatch):
+    """Under ``OwnerFirst`` the simulator runs a task's end only through its GM and its
+    node's owner (the others would hold the room until a snapshot shows it anyway): the
+    same run with every GM running every end makes the very same decisions."""
+    from loadgen.sim.megha import MeghaSim
+    from services.core.scheduler import Scheduler
+
+    jobs = [
+        TraceJob(f"j{j}", j * 0.05, tuple(TraceTask(0.5 + (j * 7 + t) % 5) for t in range(9)))
+        for j in range(80)
+    ]
+    config = SimConfig(workers=40, gms=4, lms=2)
+    runs, ends = [], []
+    real = Scheduler.ended
+    for skip in (True, False):
+        calls = 0
+
+        def counted(self, *args, **kwargs):
+            nonlocal calls
+            calls += 1
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(Scheduler, "ended", counted)
+        monkeypatch.setattr(MeghaSim, "SKIP_IDLE_ENDS", skip)
+        runs.append(simulate(config, jobs))
+        ends.append(calls)
+    skipped, every = runs
+    assert skipped.summary["alloc_mean_s"] > 5.0  # the federation was full
+    assert skipped.summary["repartitions"] > 0  # GMs took each other's nodes
+    assert ends[0] < ends[1] / 2  # most ends went to no more than two GMs
+    for name, stamps in every.log.stamps.items():
+        assert np.array_equal(skipped.log.stamps[name], stamps), name
+    assert np.array_equal(skipped.log.node, every.log.node)
+    assert np.array_equal(skipped.log.lm, every.log.lm)
+    assert skipped.summary["inconsistencies"] == every.summary["inconsistencies"]
