@@ -123,6 +123,14 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         "--gridiron or --bpc each of its VDCs is a gang whose vlinks must fit the uplinks",
     )
     parser.add_argument(
+        "--gang-queues",
+        type=lambda text: tuple(q for q in text.split(",") if q),
+        default=(),
+        metavar="Q1,Q2",
+        help="with --gangs and --queues: only these queues' jobs are gangs; with shares a "
+        "waiting gang preempts, as one unit, tasks of queues over their share",
+    )
+    parser.add_argument(
         "--worker-uplink-mbps",
         type=non_negative_int,
         default=defaults.uplink_mbps,
@@ -160,6 +168,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         seed=args.seed,
         uplink_mbps=args.worker_uplink_mbps,
         gangs=args.gangs,
+        gang_queues=args.gang_queues,
         vdc=vdc,
         peak_vdc=args.peak_vdc if vdc is not None else 0,
     )

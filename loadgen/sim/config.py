@@ -93,7 +93,12 @@ class SimConfig:
     gangs: bool = False
     """Every job is a gang (issue 33): planned whole by ``services.core.gang.plan_gang``,
     reserved on its LMs and committed only when every LM holds its part; it never runs
-    in part. Megha and central only, without fair share (no preempting part of a gang)."""
+    in part. Megha and central only. With fair share a gang is never a victim, and a
+    waiting gang preempts as one unit (``Scheduler.gang_evictions``) tasks of a queue
+    over its share: give ``gang_queues`` then, or there is nothing to preempt."""
+    gang_queues: tuple[str, ...] = ()
+    """With ``gangs``: only these user queues' jobs are gangs (the others' tasks are
+    placed one by one); empty: every job."""
     vdc: tuple[float, float] | None = None
     """With ``gangs``: every job is a Gridiron VDC of (bandwidth per core, vlink cap),
     Mbit/s, whose vlinks must fit the workers' uplinks (``services.core.vdc``)."""
@@ -147,8 +152,11 @@ class SimConfig:
             raise SimConfigError(f"uplink_mbps must not be negative, got {self.uplink_mbps}")
         if self.gangs and self.scheduler == "sparrow":
             raise SimConfigError("the sparrow model has no gangs")
-        if self.gangs and self.fair_share:
-            raise SimConfigError("gangs with fair share are not modelled (preempting a gang)")
+        if self.gang_queues and not self.gangs:
+            raise SimConfigError("gang_queues names the queues whose jobs are gangs: set gangs")
+        unknown = sorted(set(self.gang_queues) - {q.name for q in self.queues})
+        if unknown:
+            raise SimConfigError(f"gang_queues names queues not configured: {unknown}")
         if self.vdc is not None and not self.gangs:
             raise SimConfigError("a VDC is a gang: set gangs as well")
         if self.peak_vdc < 0:

@@ -53,6 +53,9 @@ from services.core.constraints import DEFAULT_NUM_CONSTRAINTS
 from services.core.contention import OwnerFirst
 from services.core.fairness import FairShare, usage_by_queue
 from services.core.gang import (
+    GANG_EVICT_S,
+    GANG_RETRY_S,
+    Eviction,
     Gang,
     GangPiece,
     GangPlan,
@@ -178,6 +181,8 @@ class GangWait:
     # The view (each LM's table and version) it last found no room in: planning it
     # again before one of them changes would find none again.
     missed: tuple = ()
+    evict_after: int = 0  # no preemption for it before then (virtual ns; GANG_EVICT_S)
+    evict_due: bool = False  # a round is set for evict_after, view changed or not
 
 
 @dataclass(eq=False, slots=True)
@@ -187,6 +192,17 @@ class GangTry:
     wait: GangWait
     plan: GangPlan
     answers: dict[str, GangVerdict] = field(default_factory=dict)
+
+
+@dataclass(eq=False, slots=True)
+class EvictionTry:
+    """A waiting gang's preemption: the victims' LMs still to answer, and how many of
+    the victims they stopped."""
+
+    wait: GangWait
+    eviction: Eviction
+    waiting: int
+    stopped: int = 0
 
 
 @dataclass
@@ -319,6 +335,7 @@ class MeghaSim:
                 lm.state.add_node(f"w{worker}", capacity, constraint_mask=mask)
                 worker += 1
         self._lm_index = {lm.state.lm_id: lm.index for lm in self.lms}
+        self._gang_queues = frozenset(config.gang_queues)
         # Under ``OwnerFirst`` (the default claims, no shares, no gangs) a GM that neither
         # placed a task nor owns its node leaves the room its end frees to the owner until
         # a snapshot shows the node, and the snapshot shows it freed whether or not the
@@ -385,14 +402,18 @@ class MeghaSim:
         if self.queue_of is None:
             queue_of = [job % len(self.gms)] * (hi - lo)
         else:
-            if self.config.gangs:  # a gang is one job of one queue: its first task's
+            if self.config.gangs and (
+                not self._gang_queues or self.queue_names[self.queue_of[lo]] in self._gang_queues
+            ):  # a gang is one job of one queue: its first task's
                 self.queue_of[lo:hi] = self.queue_of[lo]
             queue_of = self.queue_of[lo:hi].tolist()
         log.stamps["submitted"][lo:hi] = now
         log.stamps["queued"][lo:hi] = now
         log.gm[lo:hi] = self.queue_gm[queue_of]
         job_id = wl.job_ids[job]
-        if self.config.gangs:
+        if self.config.gangs and (
+            not self._gang_queues or self.queue_names[queue_of[0]] in self._gang_queues
+        ):
             self._arrive_gang(job, lo, hi, queue_of)
             return
         runs: dict[int, TaskRun] = {}  # the open run of each queue
@@ -426,6 +447,7 @@ class MeghaSim:
             self._wake(gm)
 
     def _specs(self, job: int, lo: int, hi: int, queue_of: list[int]) -> list[TaskSpec]:
+        """A gang's members (the LM marks them so: never a preemption's victim)."""
         wl = self.workload
         specs = []
         for task, q in zip(range(lo, hi), queue_of, strict=True):
@@ -437,8 +459,11 @@ class MeghaSim:
                 queue=self.queue_names[q],
                 job_id=wl.job_ids[job],
                 duration_s=wl.duration_ns[task] / 1e9,
+                gang=True,
             )
             self.specs[task] = spec
+            if self._task_index is not None:
+                self._task_index[spec.task_id] = task
             specs.append(spec)
         return specs
 
@@ -480,6 +505,8 @@ class MeghaSim:
             wait = gm.gangs[0]
             stamp = tuple((v.table, v.table.version) for v in view.lms.values())
             if wait.missed == stamp:
+                if wait.evict_due and t >= wait.evict_after:  # the live loop's retry
+                    self._evict_or_later(gm, wait, t)
                 break
             t += self.match_ns * len(wait.gang.members)
             # Judged "never" at arrival (the simulated nodes never change).
@@ -487,6 +514,8 @@ class MeghaSim:
             outcome = gm.scheduler.plan_gang(queue, wait.gang, t / 1e9, judge_never=False)
             if not isinstance(outcome, GangPlan):
                 wait.missed = stamp
+                if self.config.fair_share:
+                    self._evict_or_later(gm, wait, t)
                 break
             gm.gangs.popleft()
             wait.tries += 1
@@ -578,6 +607,82 @@ class MeghaSim:
             gm.view.accepted(lm.state.lm_id, allocation.task_id)
         self.counters.gangs_started += 1
 
+    def _evict_or_later(self, gm: SimGM, wait: GangWait, t: int) -> None:
+        """A gang found no room: it preempts now if it may, else a round comes when it
+        may (the live gang's loop plans again every ``GANG_RETRY_S``)."""
+        wait.evict_due = False
+        if t >= wait.evict_after:
+            self._evict_for(gm, wait, t)
+        if t < wait.evict_after:
+            wait.evict_due = True
+            self.engine.at(wait.evict_after, self._wake, gm)
+
+    def _evict_for(self, gm: SimGM, wait: GangWait, t: int) -> None:
+        """A gang with no room preempts as one unit, if fairness lets it: the live GM's
+        ``Gangs._evict`` (``Scheduler.gang_evictions``; StopTasks with preempt to each
+        victim's LM; at most once per ``GANG_EVICT_S``)."""
+        queue = wait.gang.members[0].queue
+        eviction = gm.scheduler.gang_evictions(queue, wait.gang, t / 1e9)
+        if not isinstance(eviction, Eviction):
+            return
+        wait.evict_after = t + ns(GANG_EVICT_S)
+        by_lm: dict[str, list[tuple[str, int]]] = {}
+        for lm_id, task_id, attempt in eviction.victims:
+            by_lm.setdefault(lm_id, []).append((task_id, attempt))
+        asked = EvictionTry(wait, eviction, len(by_lm))
+        for lm_id, victims in by_lm.items():
+            lm = self.lms[self._lm_index[lm_id]]
+            known = gm.view.lms[lm_id].version
+            self.engine.at(t + self.delay, self._lm_evict, lm, gm, asked, victims, known)
+
+    def _lm_evict(
+        self, lm: SimLM, gm: SimGM, asked: EvictionTry, victims: list[tuple[str, int]], known: int
+    ) -> None:
+        """The LM ends each victim PREEMPTED if it too finds it evictable
+        (``Lifecycle.evictable``: that attempt, no gang's, its queue over its share), and
+        answers with its state."""
+        now = self.engine.now
+        t = max(now, lm.busy_until) + self.validate_ns * len(victims)
+        lm.busy_until = t
+        usage = usage_by_queue(
+            itertools.chain.from_iterable(other.state.allocations.values() for other in self.lms)
+        )
+        total = self.total_capacity
+
+        def over(queue: str) -> bool:  # on the usage when the request came, as live
+            return self.fair.is_over_share(queue, usage, total)
+
+        stopped = 0
+        for task_id, attempt in victims:
+            if lm.life.evictable(task_id, attempt, over) is None:
+                continue
+            lm.state.release(task_id)
+            stopped += 1
+            # Its next attempt is queued once its worker reports the kill took effect
+            # (``Lifecycle`` ``stopping``): a kill there and the report back. (A
+            # preempting task takes its victims' room in the LM's step; a gang comes
+            # for it a round trip later, and would lose it to retries queued at once.)
+            self._requeue(task_id, t, after=2 * self.delay)
+            if self.config.finish_notify == "all":  # the PREEMPTED events of the live LM
+                self.engine.at(t + self.delay, self._gms_learn_end, lm, task_id, attempt, self.gms)
+        state = lm.state.snapshot(known)
+        self.engine.at(t + self.delay, self._gm_evicted, gm, lm, asked, stopped, state)
+
+    def _gm_evicted(
+        self, gm: SimGM, lm: SimLM, asked: EvictionTry, stopped: int, state: Snapshot
+    ) -> None:
+        self.counters.preemptions += stopped
+        asked.stopped += stopped
+        asked.waiting -= 1
+        self._apply(gm, lm, state)
+        if asked.waiting:
+            return
+        gm.scheduler.evictions_replied(asked.eviction)
+        if not asked.stopped:
+            # None was over its share on its LM's word: asked again soon.
+            asked.wait.evict_after = self.engine.now + ns(GANG_RETRY_S)
+        self._wake(gm)
+
     def _infeasible(self, gm: SimGM, shape: int, spec: TaskSpec) -> bool:
         """The live GM refuses a task that can never run at submission (remembered per
         queue and shape: the simulated nodes never change)."""
@@ -600,8 +705,10 @@ class MeghaSim:
         gm.round_pending = False
         now = self.engine.now
         if gm.gangs:
-            gm.busy_until = self._gang_round(gm, now)
-            return
+            # Gangs first (oldest first), then the queues' single tasks, if any.
+            now = gm.busy_until = self._gang_round(gm, now)
+            if not gm.scheduler.ready():
+                return
         plan = gm.scheduler.round(now / 1e9)
         dequeued, decided = self.log.stamps["dequeued"], self.log.stamps["decided"]
         lm_index = self._lm_index
@@ -799,8 +906,9 @@ class MeghaSim:
             snap,
         )
 
-    def _requeue(self, task_id: str, now: int) -> None:
-        """A preempted task goes back to its user queue as the next attempt (LM ``_owe``)."""
+    def _requeue(self, task_id: str, now: int, after: int = 0) -> None:
+        """A preempted task goes back to its user queue as the next attempt (LM ``_owe``),
+        ``after`` ns later than the one delay its message takes."""
         assert self._task_index is not None
         task = self._task_index[task_id]
         old = self.specs[task]
@@ -825,11 +933,11 @@ class MeghaSim:
         for name in log.stamps:
             log.stamps[name][task] = 0
         log.stamps["submitted"][task] = submitted
-        log.stamps["queued"][task] = now + self.delay
+        log.stamps["queued"][task] = now + self.delay + after
         log.lm[task] = -1
         log.node[task] = -1
         owner = self.gms[int(log.gm[task])]
-        self.engine.at(now + self.delay, self._requeued, owner, task)
+        self.engine.at(now + self.delay + after, self._requeued, owner, task)
 
     def _requeued(self, gm: SimGM, task: int) -> None:
         spec = self.specs[task]

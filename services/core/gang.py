@@ -50,6 +50,14 @@ from services.core.status import Schedulability, Verdict
 from services.core.task import TaskSpec
 from services.core.vdc import Colocate, Packing, Vdc
 
+# A waiting gang (no room, or refused by an LM) is planned again on the next view change,
+# or after this long (the GM's ``Gangs`` and the simulator alike).
+GANG_RETRY_S = 1.0
+# A gang that preempted for itself (``gang_evictions``) does not again for this long: its
+# victims' room frees as their kills take effect; meanwhile it is planned on every view
+# change.
+GANG_EVICT_S = 5.0
+
 
 class GangError(ValueError):
     """A gang is malformed; the message says why."""

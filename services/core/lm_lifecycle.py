@@ -357,6 +357,17 @@ class Lifecycle(Generic[T]):
         actions.append(Kill(allocation.node, task_id, attempt, reason))
         return actions
 
+    def evictable(
+        self, task_id: str, attempt: int, is_over_share: Callable[[str], bool]
+    ) -> Allocation | None:
+        """The books' half of ``evict``: the allocation of ``task_id`` if it is
+        ``attempt``, no gang's, and of a queue over its share; else None. (The simulator,
+        which keeps no tasks, releases it on the books itself.)"""
+        allocation = self.books.allocations.get(task_id)
+        if allocation is None or allocation.attempt != attempt or allocation.gang:
+            return None
+        return allocation if is_over_share(allocation.queue) else None
+
     def evict(
         self, task_id: str, attempt: int, is_over_share: Callable[[str], bool], reason: str
     ) -> list[Action]:
@@ -365,11 +376,9 @@ class Lifecycle(Generic[T]):
         its share and no gang's, it ends on the books now, told PREEMPTED with
         ``reason``, and is killed; its next attempt waits for the kill (``stopping``), as
         a preempted victim's does. Else nothing (the GM's view was stale)."""
-        allocation = self.books.allocations.get(task_id)
+        allocation = self.evictable(task_id, attempt, is_over_share)
         task = self.tasks.get(task_id)
-        if allocation is None or task is None or allocation.attempt != attempt:
-            return []
-        if task.attempt != attempt or allocation.gang or not is_over_share(allocation.queue):
+        if allocation is None or task is None or task.attempt != attempt:
             return []
         self.books.release(task_id)
         actions = self._stop(allocation, TaskState.PREEMPTED, reason)

@@ -51,6 +51,8 @@ import grpc
 from services._proto.megha.v1 import common_pb2, local_master_pb2
 from services.common.convert import layout_to_proto, placement_status_from_proto, vdc_from_proto
 from services.core.gang import (
+    GANG_EVICT_S,
+    GANG_RETRY_S,
     Eviction,
     Gang,
     GangError,
@@ -76,11 +78,6 @@ log = logging.getLogger("megha.gm.gangs")
 # How long an LM holds a gang's room for its commit: far above a reserve/commit round
 # trip, short enough that room held by a GM that died comes back soon.
 GANG_TTL_S = 5.0
-# A gang refused by an LM is planned again on the next view change, or after this long.
-GANG_RETRY_S = 1.0
-# A gang that preempted for itself does not again for this long (its victims' room frees
-# as their kills take effect; meanwhile it is planned on every view change).
-GANG_EVICT_S = 5.0
 # A restarting gang asks the LMs again this often while it waits for its members' kills.
 REGATHER_RETRY_S = 0.5
 

@@ -93,7 +93,8 @@ def test_vdc_aware_placement_admits_what_per_task_net_mbps_cannot():
     ("overrides", "message"),
     [
         ({"scheduler": "sparrow", "gangs": True}, "no gangs"),
-        ({"gangs": True, "fair_share": True}, "not modelled"),
+        ({"gang_queues": ("q",)}, "set gangs"),
+        ({"gangs": True, "gang_queues": ("nowhere",)}, "not configured"),
         ({"vdc": (100, 177)}, "set gangs as well"),
         ({"gangs": True, "vdc": (-1, 177)}, "bandwidth_per_core must be finite and >= 0"),
     ],
@@ -146,3 +147,61 @@ def test_gangs_in_a_limited_queue_start_whole_within_the_limit():
     unlimited = tuple(q.model_copy(update={"limit": ""}) for q in queues)
     free = simulate(replace(config, queues=unlimited), trace).summary
     assert free["queues"]["capped"]["peak_cpu_milli"] > 6_000
+
+
+def test_a_waiting_gang_preempts_an_over_share_queue_as_one_unit():
+    """With shares, a gang that finds no room preempts as the live GM's does
+    (``Scheduler.gang_evictions``, ``Lifecycle.evictable``): tasks of the queue over its
+    share, never a gang's, and only while its own queue stays within its share; it then
+    starts whole in their room, long before the victims would have ended. Without
+    fairness every gang waits for them."""
+    from services.common.config import QueueConfig
+
+    queues = (
+        QueueConfig(name="batch", share=0.5, gm="gm-1"),
+        QueueConfig(name="train", share=0.5, gm="gm-2"),
+    )
+    # 16 one-core workers: batch fills them all with 100 s tasks, then three gangs of
+    # 4 (30 s tasks) arrive on train, one every 2 s.
+    trace = [TraceJob("b", 0.0, tuple(TraceTask(100.0) for _ in range(16)), user="batch")]
+    trace += [
+        TraceJob(f"g{i}", 5.0 + 2 * i, tuple(TraceTask(30.0) for _ in range(4)), user="train")
+        for i in range(3)
+    ]
+    common = {"workers": 16, "gms": 2, "lms": 2, "gangs": True, "gang_queues": ("train",)}
+    fair = simulate(SimConfig(**common, queues=queues, fair_share=True, seed=1), trace)
+    s = fair.summary
+    assert s["completed"] == 28
+    # Two gangs bring train to its half: 4 victims each, all batch's; the third gang
+    # would take train past its share, so it waits for one of them to end.
+    assert s["queues"]["batch"]["preemptions"] == 8
+    assert s["queues"]["train"]["preemptions"] == 0  # a gang is never a victim
+    assert s["queues"]["train"]["peak_cpu_milli"] == 8_000
+    gangs = spans(fair, trace)[1:]
+    for first, last, ended in gangs:
+        assert last - first < 0.01e9 < ended - last  # whole, before any member ended
+    for job, (first, _, _) in zip(trace[1:3], gangs[:2], strict=True):
+        assert first < (job.arrival_s + 2.0) * 1e9  # at once, not after batch's 100 s
+    assert gangs[2][0] >= gangs[0][2]  # the third once the first ended
+    # Without fairness (the same queues) the gangs wait for batch's tasks to end.
+    plain = simulate(SimConfig(**common, queues=queues), trace)
+    assert plain.summary["preemptions"] == 0
+    assert min(first for first, _, _ in spans(plain, trace)[1:]) >= 100e9
+
+
+def test_gang_queues_from_the_command_line(tmp_path, capsys):
+    trace = tmp_path / "two.tr"
+    trace.write_text("0.0 2 1.0 1.0 1.0\n1.0 2 1.0 1.0 1.0\n")
+    queues = tmp_path / "queues.yaml"
+    queues.write_text(
+        "- {name: batch, share: 0.5, gm: gm-1}\n- {name: train, share: 0.5, gm: gm-2}\n"
+    )
+    base = ["simulate", str(trace), "--workers", "4", "--gms", "2", "--lms", "2", "--quiet"]
+    base += ["--gangs", "--queues", str(queues)]
+    assert main([*base, "--gang-queues", "nowhere"]) == 2
+    assert "gang_queues names queues not configured: ['nowhere']" in capsys.readouterr().err
+    out = tmp_path / "out"
+    assert main([*base, "--gang-queues", "train", "--out", str(out)]) == 0
+    summary = json.loads((out / report.SUMMARY_FILE).read_text())
+    assert summary["model"]["gang_queues"] == ["train"]
+    assert summary["completed"] == 4
