@@ -336,17 +336,21 @@ class MeghaSim:
                 worker += 1
         self._lm_index = {lm.state.lm_id: lm.index for lm in self.lms}
         self._gang_queues = frozenset(config.gang_queues)
-        # Under ``OwnerFirst`` (the default claims, no shares, no gangs) a GM that neither
-        # placed a task nor owns its node leaves the room its end frees to the owner until
-        # a snapshot shows the node, and the snapshot shows it freed whether or not the
-        # GM heard the end: the end changes none of its decisions, so the simulator does
+        # Under ``OwnerFirst`` and ``OldestFirst`` (no shares, limits or gangs) a GM that
+        # neither placed a task, nor owns its node, nor is named claimant of the room its
+        # end frees holds that room for another until a snapshot shows the node, and the
+        # snapshot shows it freed whether or not the GM heard the end: the end changes
+        # none of its decisions, so the simulator only counts its claim there
+        # (``GlobalView.count_end``; every GM must, to name the same claimants) and does
         # not run it through that GM (an end heard by every GM was a third of a run's
         # time at 10,000 workers). Sound while every snapshot comes within the grace.
         rule = self.gms[0].view.owner_first
         self._blind_to_ends = (
             self.SKIP_IDLE_ENDS
-            and type(rule) is OwnerFirst
+            and isinstance(rule, OwnerFirst)
             and not config.gangs
+            and not config.fair_share
+            and not any(q.limit for q in self.queues)
             and config.heartbeat_interval_s + 4 * config.network_delay_s < config.owner_grace_s
         )
         self.vdc = Vdc(*config.vdc) if config.vdc is not None else None
@@ -814,9 +818,9 @@ class MeghaSim:
             gms = [self.gms[int(self.log.gm[task])]]
         else:
             return
-        # Who must act on the end: with ``OwnerFirst`` only the task's GM and the node's
-        # owner; every other GM would hold the room until the next snapshot, which shows
-        # it anyway (``_blind_to_ends``).
+        # Who must act on the end: the task's GM, the node's owner and the claimant
+        # (``_gms_learn_end``); every other GM would hold the room until the next
+        # snapshot, which shows it anyway (``_blind_to_ends``).
         node = int(self.log.node[task])
         needs = None
         if self._blind_to_ends and len(gms) > 1:
@@ -845,12 +849,18 @@ class MeghaSim:
         needs: tuple[int, int] | None = None,
     ) -> None:
         """The live GM's ``_on_events``: credit a finished task back before the heartbeat.
-        ``needs``: the only GMs whose decisions the end can change (``_lm_task_ended``);
-        the others are counted as told, as live, but not run."""
+        ``needs``: the task's GM and its node's owner (``_lm_task_ended``); of the others
+        only the claimant of the room runs the end, the rest count its claim alone
+        (``_blind_to_ends``), each counted as told, as live."""
         lm_id = lm.state.lm_id
         for gm in self._orders.shuffled(gms):
             self.counters.finish_notices += 1
-            if needs is not None and gm.index not in needs:
+            if (
+                needs is not None
+                and gm.index not in needs
+                and gm.view.claims_end(task_id, attempt) != gm.gm_id
+            ):
+                gm.view.count_end(task_id, attempt)
                 continue
             woke = gm.scheduler.ended([(lm_id, task_id, attempt)], self.engine.now / 1e9)
             if woke or gm.gangs:

@@ -152,6 +152,14 @@ class OwnerFirst:
         owner. Called once for every end this GM hears, in the order heard."""
         return None
 
+    def next_claimant(self) -> str | None:
+        """Who ``claimant`` would name now, without counting the claim."""
+        return None
+
+    def counted(self, task_id: str, attempt: int) -> bool:
+        """Whether ``first_heard`` was true for this end already (it changes nothing)."""
+        return False
+
     def first_heard(self, task_id: str, attempt: int) -> bool:
         """Whether this is the first time this GM hears of the end of ``task_id``'s
         attempt ``attempt`` (an end comes as an event and in a snapshot, in either
@@ -220,9 +228,12 @@ class OldestFirst(OwnerFirst):
         # Task id -> the newest attempt whose end was counted (``first_heard``).
         self._counted = RecentInts(COUNTED_ENDS)
 
-    def first_heard(self, task_id: str, attempt: int) -> bool:
+    def counted(self, task_id: str, attempt: int) -> bool:
         counted = self._counted.get(task_id)
-        if counted is not None and counted >= attempt:
+        return counted is not None and counted >= attempt
+
+    def first_heard(self, task_id: str, attempt: int) -> bool:
+        if self.counted(task_id, attempt):
             return False
         self._counted.put_max(task_id, attempt)
         return True
@@ -264,6 +275,10 @@ class OldestFirst(OwnerFirst):
         while index < len(runs) and runs[index][2] in self._over:
             index += 1
         return index
+
+    def next_claimant(self) -> str | None:
+        """Who ``claimant`` would name now, without counting the claim."""
+        return self._heads[0][1] if self._heads else None
 
     def claimant(self) -> str | None:
         """Who the next end's room is for (one task of its oldest run), or None."""

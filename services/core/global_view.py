@@ -679,6 +679,24 @@ class GlobalView:
                 return Placement(view.lm_id, node, table.node_ids[node], not internal)
         return None
 
+    def claims_end(self, task_id: str, attempt: int) -> str | None:
+        """The GM that ``release`` (with ``ended``) would name claimant of the room this
+        end frees, without counting the claim; None: the node's owner (or the end was
+        counted already)."""
+        rule = self.owner_first
+        if rule is None or rule.counted(task_id, attempt):
+            return None
+        return rule.next_claimant()
+
+    def count_end(self, task_id: str, attempt: int) -> None:
+        """Count this end's claim as ``release`` would, and change nothing else: for a
+        driver that knows the end changes none of this GM's decisions (the simulator,
+        ``MeghaSim._gms_learn_end``). Every GM must count every end, in the same order,
+        to name the same claimants (``OldestFirst``)."""
+        rule = self.owner_first
+        if rule is not None and rule.first_heard(task_id, attempt):
+            rule.claimant()
+
     def backlog(self, gm_id: str, runs: Iterable[Run], over: Iterable[str] = ()) -> None:
         """``gm_id`` (this GM too) reported its oldest waiting work, as (enqueued, tasks,
         queue) runs oldest first (``Scheduler.backlog``): the claims ``OldestFirst``

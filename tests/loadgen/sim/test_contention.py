@@ -118,10 +118,12 @@ def test_contention_experiment_sweeps_the_sizes_and_checks_the_targets():
     assert "| 3,000 | megha | 100/100 | 20.0 | 300.0 | 3.00 | - | 0.500 |" in markdown_table(unfair)
 
 
-def test_ends_the_simulator_runs_through_two_gms_change_no_decision(monkeypatch):
-    """Under ``OwnerFirst`` the simulator runs a task's end only through its GM and its
-    node's owner (the others would hold the room until a snapshot shows it anyway): the
-    same run with every GM running every end makes the very same decisions."""
+@pytest.mark.parametrize("claims", ["owner", "oldest"])
+def test_ends_the_simulator_runs_through_two_gms_change_no_decision(monkeypatch, claims):
+    """The simulator runs a task's end only through its GM, its node's owner and the
+    claimant of its room (``OldestFirst``; the others only count the claim), as the
+    others would hold the room until a snapshot shows it anyway: the same run with every
+    GM running every end makes the very same decisions."""
     from loadgen.sim.megha import MeghaSim
     from services.core.scheduler import Scheduler
 
@@ -129,7 +131,7 @@ def test_ends_the_simulator_runs_through_two_gms_change_no_decision(monkeypatch)
         TraceJob(f"j{j}", j * 0.05, tuple(TraceTask(0.5 + (j * 7 + t) % 5) for t in range(9)))
         for j in range(80)
     ]
-    config = SimConfig(workers=40, gms=4, lms=2)
+    config = SimConfig(workers=40, gms=4, lms=2, claims=claims)
     runs, ends = [], []
     real = Scheduler.ended
     for skip in (True, False):

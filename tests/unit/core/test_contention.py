@@ -202,15 +202,21 @@ def oldest_views(state: ClusterState, grace_s: float = 5.0) -> tuple[GlobalView,
     return views[0], views[1]
 
 
-def test_freed_room_goes_to_the_gm_whose_work_waited_longest():
+def both_waiting() -> tuple[ClusterState, GlobalView, GlobalView]:
+    """Both nodes busy; gm-b's one task waits since t = 2, gm-a's since t = 1, and both
+    GMs heard both reports."""
     state = one_lm()
     state.launch("gm-a", task("a1"), 0)
     state.launch("gm-b", task("b1"), 1)
     a, b = oldest_views(state)
-    # gm-b's one task waits since t = 2, gm-a's since t = 1: both GMs hear both reports.
     for view in (a, b):
         view.backlog("gm-a", [(1.0, 1, "qa")])
         view.backlog("gm-b", [(2.0, 1, "qb")])
+    return state, a, b
+
+
+def test_freed_room_goes_to_the_gm_whose_work_waited_longest():
+    state, a, b = both_waiting()
     state.release("b1")
     for view in (a, b):
         view.release("lm-0", "b1", ended=True, now=3.0)
@@ -222,6 +228,22 @@ def test_freed_room_goes_to_the_gm_whose_work_waited_longest():
     for view in (a, b):
         view.release("lm-0", "a1", ended=True, now=4.0)
     assert b.match(task("b2"), now=4.0).node == 0
+
+
+def test_counting_an_ends_claim_alone_keeps_the_gms_claimants_the_same():
+    # A driver that knows an end changes nothing else in a GM (the simulator) counts only
+    # its claim there (``count_end``); what ``claims_end`` foretells is what the GMs that
+    # ran the end named, and the next end's claimant is the same everywhere.
+    state, a, b = both_waiting()
+    assert a.claims_end("b1", 0) == b.claims_end("b1", 0) == "gm-a"
+    state.release("b1")
+    a.release("lm-0", "b1", ended=True, now=3.0)
+    b.count_end("b1", 0)
+    assert b.claims_end("b1", 0) is None  # counted: a snapshot showing it claims nothing
+    assert b.lms["lm-0"].allocations.get("b1") is not None  # nothing else changed in b
+    assert a.match(task("a2"), now=3.0).node == 1
+    # The next end is gm-b's in both.
+    assert a.claims_end("a1", 0) == b.claims_end("a1", 0) == "gm-b"
 
 
 def test_with_no_backlog_reported_the_owner_has_the_claim():
