@@ -98,7 +98,9 @@ class SimConfig:
     over its share: give ``gang_queues`` then, or there is nothing to preempt."""
     gang_queues: tuple[str, ...] = ()
     """With ``gangs``: only these user queues' jobs are gangs (the others' tasks are
-    placed one by one); empty: every job."""
+    placed one by one); empty: every job. A job whose trace names no user goes task by
+    task over the queues: it is a gang when its first task's queue is one of these, and
+    other jobs' tasks in such a queue still run one by one."""
     vdc: tuple[float, float] | None = None
     """With ``gangs``: every job is a Gridiron VDC of (bandwidth per core, vlink cap),
     Mbit/s, whose vlinks must fit the workers' uplinks (``services.core.vdc``)."""
