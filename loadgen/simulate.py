@@ -124,8 +124,7 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
     )
     parser.add_argument(
         "--gang-queues",
-        type=lambda text: tuple(q for q in text.split(",") if q),
-        default=(),
+        default="",
         metavar="Q1,Q2",
         help="with --gangs and --queues: only these queues' jobs are gangs; with shares a "
         "waiting gang preempts, as one unit, tasks of queues over their share",
@@ -168,7 +167,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         seed=args.seed,
         uplink_mbps=args.worker_uplink_mbps,
         gangs=args.gangs,
-        gang_queues=args.gang_queues,
+        gang_queues=tuple(q for q in args.gang_queues.split(",") if q),
         vdc=vdc,
         peak_vdc=args.peak_vdc if vdc is not None else 0,
     )
