@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -406,18 +407,14 @@ class MeghaSim:
         if self.queue_of is None:
             queue_of = [job % len(self.gms)] * (hi - lo)
         else:
-            if self.config.gangs and (
-                not self._gang_queues or self.queue_names[self.queue_of[lo]] in self._gang_queues
-            ):  # a gang is one job of one queue: its first task's
+            if self._is_gang(int(self.queue_of[lo])):  # one queue's: its first task's
                 self.queue_of[lo:hi] = self.queue_of[lo]
             queue_of = self.queue_of[lo:hi].tolist()
         log.stamps["submitted"][lo:hi] = now
         log.stamps["queued"][lo:hi] = now
         log.gm[lo:hi] = self.queue_gm[queue_of]
         job_id = wl.job_ids[job]
-        if self.config.gangs and (
-            not self._gang_queues or self.queue_names[queue_of[0]] in self._gang_queues
-        ):
+        if self._is_gang(queue_of[0]):
             self._arrive_gang(job, lo, hi, queue_of)
             return
         runs: dict[int, TaskRun] = {}  # the open run of each queue
@@ -449,6 +446,12 @@ class MeghaSim:
             woken[gm.index] = gm
         for gm in woken.values():
             self._wake(gm)
+
+    def _is_gang(self, queue: int) -> bool:
+        """Whether a job whose first task is in user queue ``queue`` is a gang."""
+        return self.config.gangs and (
+            not self._gang_queues or self.queue_names[queue] in self._gang_queues
+        )
 
     def _specs(self, job: int, lo: int, hi: int, queue_of: list[int]) -> list[TaskSpec]:
         """A gang's members (the LM marks them so: never a preemption's victim)."""
@@ -648,14 +651,7 @@ class MeghaSim:
         now = self.engine.now
         t = max(now, lm.busy_until) + self.validate_ns * len(victims)
         lm.busy_until = t
-        usage = usage_by_queue(
-            itertools.chain.from_iterable(other.state.allocations.values() for other in self.lms)
-        )
-        total = self.total_capacity
-
-        def over(queue: str) -> bool:  # on the usage when the request came, as live
-            return self.fair.is_over_share(queue, usage, total)
-
+        over = self._over_share_now()
         stopped = 0
         for task_id, attempt in victims:
             if lm.life.evictable(task_id, attempt, over) is None:
@@ -821,10 +817,9 @@ class MeghaSim:
         # Who must act on the end: the task's GM, the node's owner and the claimant
         # (``_gms_learn_end``); every other GM would hold the room until the next
         # snapshot, which shows it anyway (``_blind_to_ends``).
-        node = int(self.log.node[task])
         needs = None
         if self._blind_to_ends and len(gms) > 1:
-            needs = (int(self.log.gm[task]), int(lm.state.table.owner[node]))
+            needs = (int(self.log.gm[task]), int(lm.state.table.owner[int(self.log.node[task])]))
         self.engine.at(
             self.engine.now + self.delay,
             self._gms_learn_end,
@@ -873,18 +868,8 @@ class MeghaSim:
         state = lm.state
         t = max(now, lm.busy_until) + self.validate_ns
         lm.busy_until = t
-        # The live LM judges shares on its own books plus its peers' heartbeats; here
-        # every LM's books are at hand, so it judges on the exact federation-wide usage.
-        usage = usage_by_queue(
-            itertools.chain.from_iterable(other.state.allocations.values() for other in self.lms)
-        )
-        total = self.total_capacity
         decision, _ = lm.life.preempt(
-            gm.gm_id,
-            spec,
-            plan.victims.node,
-            list(plan.victims.task_ids),
-            lambda queue: self.fair.is_over_share(queue, usage, total),
+            gm.gm_id, spec, plan.victims.node, list(plan.victims.task_ids), self._over_share_now()
         )
         victims: list[str] = []
         if decision.status is ACCEPTED:
@@ -915,6 +900,16 @@ class MeghaSim:
             victims,
             snap,
         )
+
+    def _over_share_now(self) -> Callable[[str], bool]:
+        """Whether a queue is over its share on the federation's usage now. The live LM
+        judges on its own books plus its peers' heartbeats; here every LM's books are at
+        hand, so on the exact federation-wide usage (fixed when asked, as live)."""
+        usage = usage_by_queue(
+            itertools.chain.from_iterable(other.state.allocations.values() for other in self.lms)
+        )
+        total = self.total_capacity
+        return lambda queue: self.fair.is_over_share(queue, usage, total)
 
     def _requeue(self, task_id: str, now: int, after: int = 0) -> None:
         """A preempted task goes back to its user queue as the next attempt (LM ``_owe``),
