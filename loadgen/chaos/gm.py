@@ -160,6 +160,7 @@ class Pending:
 
     task: Task
     batch: MessageBatch
+    enqueued: float = 0.0  # when it was queued here (the model's clock)
     rejections: int = 0
 
     def __post_init__(self) -> None:
@@ -299,7 +300,7 @@ class GM(Actor):
         local = self.local[key] = self.held[key] = MessageBatch(
             None, remaining=len(batch.tasks), key=key
         )
-        pending = [Pending(t.copy(), local) for t in batch.tasks]
+        pending = [Pending(t.copy(), local, self.k.now) for t in batch.tasks]
         for task in batch.tasks:
             self.book.queued(task)
             self.holding[task.task_id] = local
@@ -423,7 +424,7 @@ class GM(Actor):
                 continue
             self.book.queued(task)
             self.holding[task.task_id] = batch
-            self.scheduler.submit(msg.queue, Pending(task.copy(), batch))
+            self.scheduler.submit(msg.queue, Pending(task.copy(), batch, self.k.now))
         self._wake()
 
     def _holders(self, tasks, skipped: set[str], batch: MessageBatch) -> set[MessageBatch]:

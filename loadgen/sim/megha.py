@@ -89,7 +89,7 @@ class TaskRun:
     tasks: list[int]
     shape: int
     specs: list[TaskSpec | None]  # every task's spec, by task index (the simulator's)
-    enqueued: float = 0.0  # when its tasks were queued (virtual seconds)
+    queued: np.ndarray  # every task's queued stamp (ns), by task index (the log's)
     pos: int = 0
     rejections: int = 0
     lease: int = 0
@@ -103,8 +103,19 @@ class TaskRun:
         self.pos += 1
         return self.tasks[self.pos - 1]
 
+    @property
+    def enqueued(self) -> float:
+        """When the next task was queued (virtual seconds): a run that joined others
+        is as old as the task it would place next, not as its first."""
+        return float(self.queued[self.tasks[min(self.pos, len(self.tasks) - 1)]]) / 1e9
+
     def join(self, other: TaskRun) -> bool:
+        """Not when ``other``'s next task is older than this run's last: it would then
+        wait behind younger work (a launch an LM refused, queued again)."""
         if other.shape != self.shape:
+            return False
+        queued = self.queued
+        if queued[other.tasks[other.pos]] < queued[self.tasks[-1]]:
             return False
         self.tasks.extend(other.tasks[other.pos :])
         return True
@@ -440,7 +451,7 @@ class MeghaSim:
                 continue
             run = runs.get(q)
             if run is None or run.shape != shape:
-                run = runs[q] = TaskRun([], shape, self.specs, now / 1e9)
+                run = runs[q] = TaskRun([], shape, self.specs, log.stamps["queued"])
                 gm.scheduler.submit(queue, run)
             run.tasks.append(task)
             woken[gm.index] = gm
@@ -947,7 +958,7 @@ class MeghaSim:
     def _requeued(self, gm: SimGM, task: int) -> None:
         spec = self.specs[task]
         assert spec is not None
-        queued = self.log.stamps["queued"][task] / 1e9
+        queued = self.log.stamps["queued"]
         run = TaskRun([task], int(self.workload.shape_of[task]), self.specs, queued)
         gm.scheduler.submit(spec.queue, run)
         self._wake(gm)
@@ -994,8 +1005,7 @@ class MeghaSim:
 
     def _rejected(self, gm: SimGM, task: int, status: PlacementStatus) -> None:
         log = self.log
-        queued = log.stamps["queued"][task] / 1e9
-        run = TaskRun([task], int(self.workload.shape_of[task]), self.specs, queued)
+        run = TaskRun([task], int(self.workload.shape_of[task]), self.specs, log.stamps["queued"])
         run.rejections = int(log.rejections[task])
         spec = self.specs[task]
         assert spec is not None

@@ -87,7 +87,8 @@ class Work(Protocol):
 
     def join(self, other: Any) -> bool:
         """Take ``other``'s tasks onto this parked work's tail, when both wait for the
-        same thing (no node for one shape). False: they stay two."""
+        same thing (no node for one shape) and ``other`` is no older than this work's
+        last task (queued work stays in age order). False: they stay two."""
         ...
 
     @property
@@ -103,6 +104,10 @@ class Work(Protocol):
 
 W = TypeVar("W", bound=Work)
 K = TypeVar("K")
+
+
+def _enqueued(work: Work) -> float:
+    return work.enqueued
 
 
 class Drop(enum.Enum):
@@ -199,6 +204,11 @@ class Scheduler(Generic[W]):
             # queue over its share claims nothing (``heard_backlog``).
             view.owner_first = None
         self.queues = queues
+        if queues.age is None:
+            # Parked work goes back in the order it was queued (``UserQueues.unpark``):
+            # a launch an LM refused, pushed to the front while a backlog was parked,
+            # waited behind that whole backlog, younger jobs' too (issue 29: the p99).
+            queues.age = _enqueued
         self.fair = fair
         self.limits = limits
         self.round_per_queue = round_per_queue

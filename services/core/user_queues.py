@@ -61,10 +61,17 @@ class _Lanes(Generic[T]):
 
 
 class UserQueues(Generic[T]):
-    def __init__(self, names: Iterable[str], priority: Callable[[T], int] | None = None):
-        """``priority``: an item's priority (higher goes first); all 0 by default."""
+    def __init__(
+        self,
+        names: Iterable[str],
+        priority: Callable[[T], int] | None = None,
+        age: Callable[[T], float] | None = None,
+    ):
+        """``priority``: an item's priority (higher goes first); all 0 by default.
+        ``age``: when an item was queued (smaller is older), for ``unpark``."""
         self.names = list(names)
         self._priority = priority or _no_priority
+        self.age = age
         self._ready: dict[str, _Lanes[T]] = {n: _Lanes() for n in self.names}
         self._parked: dict[str, deque[T]] = {n: deque() for n in self.names}
         self._next = 0
@@ -94,7 +101,9 @@ class UserQueues(Generic[T]):
 
     def unpark(self) -> int:
         """The view changed: parked items go back ahead of newer ones of their priority,
-        in the order they were parked. Returns how many."""
+        in the order they were parked (by ``age``, when there is one: then ready items
+        older than a parked one, pushed to the front meanwhile, stay ahead of it).
+        Returns how many. Cost: O(parked) (a sort of nearly sorted items)."""
         moved = 0
         for name in self.names:
             parked = self._parked[name]
@@ -103,10 +112,31 @@ class UserQueues(Generic[T]):
                 ready = self._ready[name]
                 ready.count += len(parked)
                 priority = self._priority
+                if self.age is not None:
+                    self._merge(ready, parked)
+                    continue
                 while parked:
                     item = parked.pop()  # the newest first, each to the front of its lane
                     ready.lane(priority(item)).appendleft(item)
         return moved
+
+    def _merge(self, ready: _Lanes[T], parked: deque[T]) -> None:
+        """``parked`` back into ``ready``'s lanes in ``age`` order, with the items at a
+        lane's front older than the newest of them (stable: a tie keeps the parked
+        item first)."""
+        age = self.age
+        assert age is not None
+        by_lane: dict[int, list[T]] = {}
+        for item in parked:
+            by_lane.setdefault(self._priority(item), []).append(item)
+        parked.clear()
+        for priority, items in by_lane.items():
+            lane = ready.lane(priority)
+            newest = max(map(age, items))
+            while lane and age(lane[0]) < newest:
+                items.append(lane.popleft())
+            items.sort(key=age)
+            lane.extendleft(reversed(items))
 
     def remove(self, queue: str, drop: Callable[[T], bool]) -> list[T]:
         """Take out every item of ``queue``, ready or parked, for which ``drop`` is true

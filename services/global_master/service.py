@@ -217,6 +217,14 @@ class Pending:
     spec: TaskSpec
     batch: Batch
     rejections: int = 0
+    # When the task was queued, on the wall clock every GM shares (``OldestFirst``
+    # compares it across GMs; the queues keep their work in its order). Read once: the
+    # stamp is set before a task is queued and a queued task's never changes.
+    enqueued: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        stamps = self.task.timestamps
+        self.enqueued = (stamps.queued_unix_nanos or stamps.submitted_unix_nanos) / 1e9
 
     def head(self) -> TaskSpec:
         return self.spec
@@ -233,13 +241,6 @@ class Pending:
     @property
     def lease(self) -> int:
         return self.task.lease
-
-    @property
-    def enqueued(self) -> float:
-        """When the task was queued, on the wall clock every GM shares (for
-        ``OldestFirst``: GMs compare it)."""
-        stamps = self.task.timestamps
-        return (stamps.queued_unix_nanos or stamps.submitted_unix_nanos) / 1e9
 
 
 @dataclass

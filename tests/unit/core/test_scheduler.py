@@ -25,6 +25,7 @@ class One:
     spec: TaskSpec
     rejections: int = 0
     lease: int = 0
+    enqueued: float = 0.0
 
     def head(self) -> TaskSpec:
         return self.spec
@@ -47,6 +48,7 @@ class Run:
     pos: int = 0
     rejections: int = 0
     lease: int = 0
+    enqueued: float = 0.0
 
     def head(self) -> TaskSpec:
         return self.specs[self.pos]
