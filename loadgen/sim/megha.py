@@ -177,6 +177,11 @@ class SimGM:
     # Gangs waiting for room, oldest first, and those whose reservations are under way.
     gangs: collections.deque[GangWait] = field(default_factory=collections.deque)
     reserving: dict[str, GangTry] = field(default_factory=dict)
+    # Ends it only counted (``_blind_to_ends``), by LM and node id, until it runs an end
+    # on that node or a snapshot of that LM comes: (task id, attempt, heard, claimant).
+    put_off: dict[str, dict[str, list[tuple[str, int, float, str | None]]]] = field(
+        default_factory=dict
+    )
 
     @property
     def view(self) -> GlobalView:
@@ -667,6 +672,7 @@ class MeghaSim:
         for task_id, attempt in victims:
             if lm.life.evictable(task_id, attempt, over) is None:
                 continue
+            node = lm.state.table.node_ids[lm.state.allocations[task_id].node]
             lm.state.release(task_id)
             stopped += 1
             # Its next attempt is queued once its worker reports the kill took effect
@@ -675,7 +681,9 @@ class MeghaSim:
             # for it a round trip later, and would lose it to retries queued at once.)
             self._requeue(task_id, t, after=2 * self.delay)
             if self.config.finish_notify == "all":  # the PREEMPTED events of the live LM
-                self.engine.at(t + self.delay, self._gms_learn_end, lm, task_id, attempt, self.gms)
+                self.engine.at(
+                    t + self.delay, self._gms_learn_end, lm, task_id, attempt, node, self.gms
+                )
         state = lm.state.snapshot(known)
         self.engine.at(t + self.delay, self._gm_evicted, gm, lm, asked, stopped, state)
 
@@ -837,6 +845,7 @@ class MeghaSim:
             lm,
             spec.task_id,
             attempt,
+            lm.state.table.node_ids[int(self.log.node[task])],
             gms,
             needs,
         )
@@ -851,14 +860,18 @@ class MeghaSim:
         lm: SimLM,
         task_id: str,
         attempt: int,
+        node: str,
         gms: list[SimGM],
         needs: tuple[int, int] | None = None,
     ) -> None:
         """The live GM's ``_on_events``: credit a finished task back before the heartbeat.
         ``needs``: the task's GM and its node's owner (``_lm_task_ended``); of the others
         only the claimant of the room runs the end, the rest count its claim alone
-        (``_blind_to_ends``), each counted as told, as live."""
+        (``_blind_to_ends``), each counted as told, as live. A GM runs the ends it only
+        counted on a node before it runs one there itself: as the claimant of a later end
+        it takes room its view must know freed (``GlobalView.replay_end``)."""
         lm_id = lm.state.lm_id
+        now = self.engine.now / 1e9
         for gm in self._orders.shuffled(gms):
             self.counters.finish_notices += 1
             if (
@@ -866,9 +879,16 @@ class MeghaSim:
                 and gm.index not in needs
                 and gm.view.claims_end(task_id, attempt) != gm.gm_id
             ):
-                gm.view.count_end(task_id, attempt)
+                named = gm.view.count_end(task_id, attempt)
+                gm.put_off.setdefault(lm_id, {}).setdefault(node, []).append(
+                    (task_id, attempt, now, named)
+                )
                 continue
-            woke = gm.scheduler.ended([(lm_id, task_id, attempt)], self.engine.now / 1e9)
+            put_off = gm.put_off.get(lm_id)
+            if put_off and node in put_off:
+                for earlier, tried, heard, named in put_off.pop(node):
+                    gm.view.replay_end(lm_id, earlier, tried, heard, node, named)
+            woke = gm.scheduler.ended([(lm_id, task_id, attempt, node)], now)
             if woke or gm.gangs:
                 self._wake(gm)
 
@@ -896,6 +916,7 @@ class MeghaSim:
                         lm,
                         victim.task_id,
                         victim.attempt,
+                        state.table.node_ids[victim.node],
                         self.gms,
                     )
         snap = state.snapshot(known) if not decision.ok else None
@@ -1038,6 +1059,8 @@ class MeghaSim:
     def _apply(self, gm: SimGM, lm: SimLM, snap: Snapshot) -> None:
         """The live GM's ``_apply_state``: fold in, fetch full state if the delta is too new."""
         result, wake = gm.scheduler.apply(snap, self.engine.now / 1e9)
+        if gm.put_off and result is ApplyResult.APPLIED:
+            gm.put_off.pop(snap.lm_id, None)  # what those ends would have told, it shows
         if result is ApplyResult.NEEDS_FULL:
             self.engine.at(self.engine.now + self.delay, self._get_state, gm, lm)
         elif wake or (gm.gangs and result is ApplyResult.APPLIED):

@@ -340,6 +340,8 @@ class GlobalView:
             claimant = rule.claimant()
             if not self._mine(view, ended.node, claimant):
                 rule.freed(view.lm_id, view.table.size, ended.node, now)
+            else:
+                rule.mine(view.lm_id, ended.node)
 
     def _mine(self, view: LMView, node: int, claimant: str | None) -> bool:
         """Whether room freed on ``node`` is this GM's to take now: the claimant's, or
@@ -560,6 +562,7 @@ class GlobalView:
         ended: bool = False,
         attempt: int = 0,
         now: float | None = None,
+        node: str = "",
     ) -> bool:
         """Give a task's resources back in the view: a launch the LM rejected (or that
         never left), or, with ``ended``, attempt ``attempt`` of a task whose end a
@@ -567,16 +570,48 @@ class GlobalView:
         view never saw the task run). Returns whether the view knew the allocation and
         its room is this GM's to use now: room an end freed on another GM's partition is
         left to that GM (``OwnerFirst``) until a snapshot shows the node, which wakes the
-        GM then; waking every GM for every end was most of an overloaded run's work."""
+        GM then; waking every GM for every end was most of an overloaded run's work.
+        ``node``: the ended task's node id (its event says it), for a claimant that never
+        saw the task run: a hold it kept there since an earlier end ends
+        (``OwnerFirst.mine``)."""
         # Every GM counts every end's claim, in the order heard, known here or not, so
         # that all of them name the same claimant (``OldestFirst``).
         claimant = None
         rule = self.owner_first
         if ended and now is not None and rule is not None and rule.first_heard(task_id, attempt):
             claimant = rule.claimant()
+        return self._release(lm_id, task_id, ended, attempt, now, node, claimant)
+
+    def replay_end(
+        self, lm_id: str, task_id: str, attempt: int, now: float, node: str, claimant: str | None
+    ) -> bool:
+        """Run an end this GM only counted then (``count_end``, which named ``claimant``)
+        as ``release`` would have at ``now``: for a driver that put it off while it could
+        change nothing here (the simulator, ``MeghaSim._gms_learn_end``)."""
+        return self._release(lm_id, task_id, True, attempt, now, node, claimant)
+
+    def _release(
+        self,
+        lm_id: str,
+        task_id: str,
+        ended: bool,
+        attempt: int,
+        now: float | None,
+        node: str,
+        claimant: str | None,
+    ) -> bool:
+        rule = self.owner_first
         view = self.lms.get(lm_id)
         if view is None:
             return False
+        if claimant is not None and claimant == self.gm_id and rule is not None:
+            # This GM's room, known or not: a task placed and ended by another GM between
+            # two of its snapshots is not in its view, and its hold from the node's last
+            # end (held for that GM) would keep it from its own room until a snapshot
+            # offered the node to every GM at once.
+            at = view.table.index_of(node) if node else None
+            if at is not None:
+                rule.mine(lm_id, at)
         newer = view.allocations.get(task_id)
         if ended and newer is not None and newer.attempt > attempt:
             # An earlier attempt's end, heard after the view booked or saw the next one
@@ -600,9 +635,12 @@ class GlobalView:
             back = allocation.resources if evicted is None else allocation.resources - evicted[1]
             view.table.give_back(allocation.node, back, allocation.usage_mean, allocation.usage_var)
             mine = self._mine(view, allocation.node, claimant)
-            if ended and now is not None and self.owner_first is not None and not mine:
-                self.owner_first.freed(lm_id, view.table.size, allocation.node, now)
-                held = True
+            if ended and now is not None and self.owner_first is not None:
+                if not mine:
+                    self.owner_first.freed(lm_id, view.table.size, allocation.node, now)
+                    held = True
+                else:
+                    self.owner_first.mine(lm_id, allocation.node)
         # A preemption that ended (the task ran) killed its victims; one that was refused
         # or never left did not: they hold their node again.
         self._end_eviction(view, task_id, allocation, restore=not ended)
@@ -688,14 +726,16 @@ class GlobalView:
             return None
         return rule.next_claimant()
 
-    def count_end(self, task_id: str, attempt: int) -> None:
+    def count_end(self, task_id: str, attempt: int) -> str | None:
         """Count this end's claim as ``release`` would, and change nothing else: for a
-        driver that knows the end changes none of this GM's decisions (the simulator,
+        driver that knows the end changes none of this GM's decisions until it runs it
+        (``replay_end``, with the claimant returned here), if ever (the simulator,
         ``MeghaSim._gms_learn_end``). Every GM must count every end, in the same order,
         to name the same claimants (``OldestFirst``)."""
         rule = self.owner_first
         if rule is not None and rule.first_heard(task_id, attempt):
-            rule.claimant()
+            return rule.claimant()
+        return None
 
     def backlog(self, gm_id: str, runs: Iterable[Run], over: Iterable[str] = ()) -> None:
         """``gm_id`` (this GM too) reported its oldest waiting work, as (enqueued, tasks,

@@ -677,12 +677,14 @@ class Scheduler(Generic[W]):
         wake = (result is ApplyResult.APPLIED or back) and self.unpark()
         return result, wake
 
-    def ended(self, ends: Iterable[tuple[str, str, int]], now: float | None) -> bool:
-        """Attempts that ended, as (LM, task id, attempt): their room is back in the
-        view. True when parked work should be tried again."""
+    def ended(self, ends: Iterable[tuple[str, str, int, str]], now: float | None) -> bool:
+        """Attempts that ended, as (LM, task id, attempt, node id or ""): their room is
+        back in the view. True when parked work should be tried again."""
         freed = False
-        for lm_id, task_id, attempt in ends:
-            freed |= self.view.release(lm_id, task_id, ended=True, attempt=attempt, now=now)
+        for lm_id, task_id, attempt, node in ends:
+            freed |= self.view.release(
+                lm_id, task_id, ended=True, attempt=attempt, now=now, node=node
+            )
         return freed and self.unpark()
 
     def cancel(self, job_id: str, reason: str) -> list[W]:

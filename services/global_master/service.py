@@ -1416,7 +1416,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             ):
                 self._end_gang(event)
             if event.state in RELEASED:
-                ends.append((event.lm_id, event.task_id, event.attempt))
+                ends.append((event.lm_id, event.task_id, event.attempt, event.node_id))
             elif event.state == common_pb2.TASK_STATE_RUNNING and self.serves(event.queue):
                 stamps = event.timestamps
                 if stamps.started_unix_nanos and stamps.submitted_unix_nanos:

@@ -181,8 +181,15 @@ def test_a_gm_serves_its_own_work_in_the_order_it_was_queued():
     # and the refused task joined the tail of that backlog's run, so it waited behind
     # every younger job of its GM: 708 s here (9,900 s in the Yahoo sample at 3,000
     # workers, where the p99 fell from 7,741 s to 5,487 s once fixed; central: 5,564 s).
-    rng = np.random.default_rng(1)
-    jobs = [
+    result = simulate(SimConfig(workers=100, gms=4, lms=4, claims="oldest"), mixed_backlog())
+    assert result.summary["inconsistencies"] > 0  # LMs did refuse launches
+    assert overtaken_s(result) < 1.0
+
+
+def mixed_backlog(seed: int = 1) -> list[TraceJob]:
+    """300 jobs of 1-29 tasks of 1-40 s, one every 0.5 s: a full 100-worker federation."""
+    rng = np.random.default_rng(seed)
+    return [
         TraceJob(
             f"j{j}",
             j * 0.5,
@@ -190,9 +197,17 @@ def test_a_gm_serves_its_own_work_in_the_order_it_was_queued():
         )
         for j in range(300)
     ]
-    result = simulate(SimConfig(workers=100, gms=4, lms=4, claims="oldest"), jobs)
-    assert result.summary["inconsistencies"] > 0  # LMs did refuse launches
-    assert overtaken_s(result) < 1.0
+
+
+def test_with_oldest_claims_the_claimant_takes_its_room_and_no_gm_races_it():
+    # Issue 29: the claimant of an end whose task it never saw (placed and ended by
+    # another GM between two of its snapshots) passed its room by, held for that GM since
+    # the node's previous end; the next heartbeat offered the node to every GM at once
+    # and they raced for it: 0.095 refused launches per task here (0.138 at 3,000 workers
+    # on the Yahoo sample). The end's event names the node: the claimant's hold ends.
+    result = simulate(SimConfig(workers=100, gms=4, lms=4, claims="oldest"), mixed_backlog())
+    assert result.summary["alloc_mean_s"] > 100  # full
+    assert result.summary["inconsistencies"] / result.summary["tasks"] < 0.04
 
 
 def test_a_run_is_as_old_as_its_next_task_and_joins_no_younger_run():

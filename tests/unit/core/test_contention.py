@@ -246,6 +246,29 @@ def test_counting_an_ends_claim_alone_keeps_the_gms_claimants_the_same():
     assert a.claims_end("a1", 0) == b.claims_end("a1", 0) == "gm-b"
 
 
+def test_the_claimant_of_an_end_it_never_saw_takes_the_room_it_held_for_another():
+    # Issue 29 (claims: oldest): gm-b held node 1 for gm-a (the claimant of b1's end);
+    # gm-a ran a2 there and a2 ended before any snapshot showed it to gm-b. gm-b is the
+    # claimant of that end: with the node the event names, its hold ends and the room is
+    # its own; without, it passed the room by until a snapshot offered the node to every
+    # GM at once, and they raced for it (most of the refused launches at 3,000 workers).
+    for told in (True, False):
+        state, a, b = both_waiting()
+        state.release("b1")
+        for view in (a, b):
+            view.release("lm-0", "b1", ended=True, now=3.0, node="w1")
+        placement = a.match(task("a2"), now=3.0)
+        assert placement.node == 1
+        a.reserve(placement, task("a2"), now=3.0)
+        state.launch("gm-a", task("a2"), 1)
+        state.release("a2")
+        for view in (a, b):
+            view.release("lm-0", "a2", ended=True, now=3.5, node="w1" if told else "")
+        placed = b.match(task("b2"), now=3.5)
+        assert (placed.node if placed else None) == (1 if told else None)
+        assert a.match(task("a3"), now=3.5) is None  # gm-a holds it for gm-b
+
+
 def test_with_no_backlog_reported_the_owner_has_the_claim():
     state = one_lm()
     state.launch("gm-a", task("a1"), 0)
