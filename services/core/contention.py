@@ -197,7 +197,10 @@ class OldestFirst(OwnerFirst):
         end heard ──▶ claimant = the GM whose oldest unclaimed run is oldest, of the
                       queues not over their share (``shares``); ties: the lower GM id;
                       that run is one task shorter
-            claimant is this GM ──▶ its to take now (as its own partition's room)
+            claimant is this GM ──▶ its to take now (as its own partition's room; a
+                                  hold it kept there for another GM since the node's
+                                  last end ends, ``mine``: the end's event names the
+                                  node even when this GM never saw the task)
             another GM ──▶ held for it: excluded from this GM's search, internal too,
                            until a snapshot shows the node or ``grace_s`` passes
             no GM reports waiting work ──▶ the owner's (``OwnerFirst``)
