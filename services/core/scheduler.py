@@ -33,6 +33,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Generic, Protocol, TypeVar
 
 from services.core.cancels import CancelledJobs
@@ -104,10 +105,6 @@ class Work(Protocol):
 
 W = TypeVar("W", bound=Work)
 K = TypeVar("K")
-
-
-def _enqueued(work: Work) -> float:
-    return work.enqueued
 
 
 class Drop(enum.Enum):
@@ -208,7 +205,7 @@ class Scheduler(Generic[W]):
             # Parked work goes back in the order it was queued (``UserQueues.unpark``):
             # a launch an LM refused, pushed to the front while a backlog was parked,
             # waited behind that whole backlog, younger jobs' too (issue 29: the p99).
-            queues.age = _enqueued
+            queues.age = attrgetter("enqueued")
         self.fair = fair
         self.limits = limits
         self.round_per_queue = round_per_queue
