@@ -147,7 +147,7 @@ def test_a_waiting_round_asks_to_look_again_when_a_hold_ends():
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["freed", "seen", "seen-all", "expire"]),
+            st.sampled_from(["freed", "seen", "seen-all", "expire", "mine"]),
             st.integers(0, 15),
             st.floats(0.0, 1.0),
         ),
@@ -168,6 +168,9 @@ def test_held_nodes_are_those_freed_and_neither_seen_nor_due(ops):
         elif op == "seen-all":
             rule.seen("lm", None)
             held.clear()
+        elif op == "mine":  # this GM is the claimant of an end there: its hold ends
+            rule.mine("lm", node)
+            held.pop(node, None)
         else:
             rule.expire(now)
             held = {n: until for n, until in held.items() if until > now}
