@@ -203,7 +203,7 @@ def test_with_oldest_claims_the_claimant_takes_its_room_and_no_gm_races_it():
     # Issue 29: the claimant of an end whose task it never saw (placed and ended by
     # another GM between two of its snapshots) passed its room by, held for that GM since
     # the node's previous end; the next heartbeat offered the node to every GM at once
-    # and they raced for it: 0.095 refused launches per task here (0.138 at 3,000 workers
+    # and they raced for it: 0.093 refused launches per task here (0.138 at 3,000 workers
     # on the Yahoo sample). The end's event names the node: the claimant's hold ends.
     result = simulate(SimConfig(workers=100, gms=4, lms=4, claims="oldest"), mixed_backlog())
     assert result.summary["alloc_mean_s"] > 100  # full
