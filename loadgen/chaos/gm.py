@@ -505,7 +505,7 @@ class GM(Actor):
                 if unstarted is not None and event.attempt >= unstarted[2].attempt:
                     del self.unstarted[event.task_id]
             if event.state in states.RELEASED:
-                ends.append((event.lm_id, event.task_id, event.attempt, event.node_id))
+                ends.append((event.lm_id, event.task_id, event.attempt, event.node_id, event.queue))
         if ends and self.scheduler.ended(ends, self.k.now):
             self._wake()
 

@@ -402,16 +402,19 @@ class MeghaSim:
             return
         # Work younger than a report interval claims nothing (``OldestFirst``).
         before = (self.engine.now - self.heartbeat_ns) / 1e9
-        reports = tuple(gm.scheduler.backlog(before) for gm in self.gms)
-        if any(reports) or any(last):
+        reports = tuple(
+            (runs, gm.scheduler.room(queue for _, _, queue in runs))
+            for gm, runs in ((gm, gm.scheduler.backlog(before)) for gm in self.gms)
+        )
+        if any(runs for runs, _ in reports) or any(runs for runs, _ in last):
             self.engine.at(self.engine.now + self.delay, self._learn_backlogs, reports)
         self.engine.at(self.engine.now + self.heartbeat_ns, self._report_backlogs, reports)
 
     def _learn_backlogs(self, reports: tuple) -> None:
         for gm in self.gms:
             wake = False
-            for source, runs in zip(self.gms, reports, strict=True):
-                wake |= gm.scheduler.heard_backlog(source.gm_id, runs)
+            for source, (runs, room) in zip(self.gms, reports, strict=True):
+                wake |= gm.scheduler.heard_backlog(source.gm_id, runs, room)
             if wake:
                 self._wake(gm)
 
@@ -672,7 +675,8 @@ class MeghaSim:
         for task_id, attempt in victims:
             if lm.life.evictable(task_id, attempt, over) is None:
                 continue
-            node = lm.state.table.node_ids[lm.state.allocations[task_id].node]
+            allocation = lm.state.allocations[task_id]
+            node, queue = lm.state.table.node_ids[allocation.node], allocation.queue
             lm.state.release(task_id)
             stopped += 1
             # Its next attempt is queued once its worker reports the kill took effect
@@ -682,7 +686,14 @@ class MeghaSim:
             self._requeue(task_id, t, after=2 * self.delay)
             if self.config.finish_notify == "all":  # the PREEMPTED events of the live LM
                 self.engine.at(
-                    t + self.delay, self._gms_learn_end, lm, task_id, attempt, node, self.gms
+                    t + self.delay,
+                    self._gms_learn_end,
+                    lm,
+                    task_id,
+                    attempt,
+                    node,
+                    queue,
+                    self.gms,
                 )
         state = lm.state.snapshot(known)
         self.engine.at(t + self.delay, self._gm_evicted, gm, lm, asked, stopped, state)
@@ -846,6 +857,7 @@ class MeghaSim:
             spec.task_id,
             attempt,
             lm.state.table.node_ids[int(self.log.node[task])],
+            spec.queue,
             gms,
             needs,
         )
@@ -861,6 +873,7 @@ class MeghaSim:
         task_id: str,
         attempt: int,
         node: str,
+        queue: str,
         gms: list[SimGM],
         needs: tuple[int, int] | None = None,
     ) -> None:
@@ -877,9 +890,9 @@ class MeghaSim:
             if (
                 needs is not None
                 and gm.index not in needs
-                and gm.view.claims_end(task_id, attempt) != gm.gm_id
+                and gm.view.claims_end(task_id, attempt, queue) != gm.gm_id
             ):
-                named = gm.view.count_end(task_id, attempt)
+                named = gm.view.count_end(task_id, attempt, queue)
                 gm.put_off.setdefault(lm_id, {}).setdefault(node, []).append(
                     (task_id, attempt, now, named)
                 )
@@ -888,7 +901,7 @@ class MeghaSim:
             if put_off and node in put_off:
                 for earlier, tried, heard, named in put_off.pop(node):
                     gm.view.replay_end(lm_id, earlier, tried, heard, node, named)
-            woke = gm.scheduler.ended([(lm_id, task_id, attempt, node)], now)
+            woke = gm.scheduler.ended([(lm_id, task_id, attempt, node, queue)], now)
             if woke or gm.gangs:
                 self._wake(gm)
 
@@ -917,6 +930,7 @@ class MeghaSim:
                         victim.task_id,
                         victim.attempt,
                         state.table.node_ids[victim.node],
+                        victim.queue,
                         self.gms,
                     )
         snap = state.snapshot(known) if not decision.ok else None

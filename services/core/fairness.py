@@ -62,6 +62,15 @@ def dominant_share(usage: np.ndarray, total: np.ndarray) -> float:
     return float(max(shares, default=0.0))
 
 
+def tasks_within(room: np.ndarray, request: np.ndarray, most: int) -> int:
+    """How many tasks of ``request`` fit in ``room`` (``FairShare.headroom``), up to ``most``."""
+    asks = request > 0
+    if not asks.any():
+        return most
+    fit = np.floor(room[asks] / request[asks]).min()
+    return int(min(max(fit, 0), most))
+
+
 class FairShare:
     """The configured shares, and the questions Alg. 2 asks of them."""
 
@@ -94,6 +103,17 @@ class FairShare:
         held = usage.get(queue)
         used = dominant_share(held, total) if held is not None else 0.0
         return used - self.share_of(queue)
+
+    def headroom(self, queue: str, usage: dict[str, np.ndarray], total: np.ndarray) -> np.ndarray:
+        """What ``queue`` may still take before it is over its share: per resource, its
+        share of the total less what it holds (CPU and memory; the others unbounded).
+        Negative where it is over."""
+        room = np.full(len(total), np.inf)
+        held = usage.get(queue)
+        for d in (CPU, MEMORY):
+            if total[d] > 0:
+                room[d] = self.share_of(queue) * total[d] - (held[d] if held is not None else 0)
+        return room
 
     def is_under_share(self, queue: str, usage: dict[str, np.ndarray], total: np.ndarray) -> bool:
         return self.share_violation(queue, usage, total) < 0

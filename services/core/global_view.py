@@ -337,7 +337,7 @@ class GlobalView:
         rule = self.owner_first
         for ended in heard:
             assert rule is not None
-            claimant = rule.claimant()
+            claimant = rule.claimant(ended.queue)
             if not self._mine(view, ended.node, claimant):
                 rule.freed(view.lm_id, view.table.size, ended.node, now)
             else:
@@ -563,6 +563,7 @@ class GlobalView:
         attempt: int = 0,
         now: float | None = None,
         node: str = "",
+        queue: str = "",
     ) -> bool:
         """Give a task's resources back in the view: a launch the LM rejected (or that
         never left), or, with ``ended``, attempt ``attempt`` of a task whose end a
@@ -573,13 +574,14 @@ class GlobalView:
         GM then; waking every GM for every end was most of an overloaded run's work.
         ``node``: the ended task's node id (its event says it), for a claimant that never
         saw the task run: a hold it kept there since an earlier end ends
-        (``OwnerFirst.mine``)."""
+        (``OwnerFirst.mine``). ``queue``: the ended task's user queue (its event says
+        it): with shares it may claim one task more (``OldestFirst``)."""
         # Every GM counts every end's claim, in the order heard, known here or not, so
         # that all of them name the same claimant (``OldestFirst``).
         claimant = None
         rule = self.owner_first
         if ended and now is not None and rule is not None and rule.first_heard(task_id, attempt):
-            claimant = rule.claimant()
+            claimant = rule.claimant(queue)
         return self._release(lm_id, task_id, ended, attempt, now, node, claimant)
 
     def replay_end(
@@ -717,16 +719,16 @@ class GlobalView:
                 return Placement(view.lm_id, node, table.node_ids[node], not internal)
         return None
 
-    def claims_end(self, task_id: str, attempt: int) -> str | None:
+    def claims_end(self, task_id: str, attempt: int, queue: str = "") -> str | None:
         """The GM that ``release`` (with ``ended``) would name claimant of the room this
         end frees, without counting the claim; None: the node's owner (or the end was
         counted already)."""
         rule = self.owner_first
         if rule is None or rule.counted(task_id, attempt):
             return None
-        return rule.next_claimant()
+        return rule.next_claimant(queue)
 
-    def count_end(self, task_id: str, attempt: int) -> str | None:
+    def count_end(self, task_id: str, attempt: int, queue: str = "") -> str | None:
         """Count this end's claim as ``release`` would, and change nothing else: for a
         driver that knows the end changes none of this GM's decisions until it runs it
         (``replay_end``, with the claimant returned here), if ever (the simulator,
@@ -734,17 +736,18 @@ class GlobalView:
         to name the same claimants (``OldestFirst``)."""
         rule = self.owner_first
         if rule is not None and rule.first_heard(task_id, attempt):
-            return rule.claimant()
+            return rule.claimant(queue)
         return None
 
-    def backlog(self, gm_id: str, runs: Iterable[Run], over: Iterable[str] = ()) -> None:
+    def backlog(
+        self, gm_id: str, runs: Iterable[Run], room: Mapping[str, int] | None = None
+    ) -> None:
         """``gm_id`` (this GM too) reported its oldest waiting work, as (enqueued, tasks,
-        queue) runs oldest first (``Scheduler.backlog``): the claims ``OldestFirst``
-        counts; ``over``: the queues over their share now, which claim nothing. Nothing
-        to do under the other rules."""
+        queue) runs oldest first, and ``room``: how many tasks each of its queues with a
+        share may still take (``Scheduler.backlog``, ``Scheduler.room``): the claims
+        ``OldestFirst`` counts. Nothing to do under the other rules."""
         if isinstance(self.owner_first, OldestFirst):
-            self.owner_first.shares(over)
-            self.owner_first.backlog(gm_id, runs)
+            self.owner_first.backlog(gm_id, runs, room)
 
     def held_until(self) -> float | None:
         """When the next node held for its owner (``OwnerFirst``) is anyone's again."""

@@ -38,7 +38,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from services.core.cancels import CancelledJobs
 from services.core.contention import BACKLOG_RUNS, OldestFirst, Run
-from services.core.fairness import FairShare
+from services.core.fairness import FairShare, tasks_within
 from services.core.gang import (
     Eviction,
     Gang,
@@ -66,6 +66,7 @@ HELD_SLACK_S = 1e-6  # a recheck lands just after a hold ends, never just before
 # a preemption went unanswered and the LM does not hold it) is tried again this soon,
 # whatever the view does: in a quiet federation nothing else would wake it.
 BLIND_RECHECK_S = 5.0
+ROOM_MOST = 2**31 - 1  # ``room``: a queue whose tasks ask nothing shares limit
 
 
 class Work(Protocol):
@@ -198,7 +199,7 @@ class Scheduler(Generic[W]):
             # (``OwnerFirst``) hands a GM its partition beyond its queues' shares (the
             # fairness test: a 10 % queue held 32 %; exempting under-share queues from
             # over-share GMs' holds still left it at 15 %). ``OldestFirst`` stays: a
-            # queue over its share claims nothing (``heard_backlog``).
+            # queue claims no more than its room under its share (``room``).
             view.owner_first = None
         self.queues = queues
         if queues.age is None:
@@ -514,8 +515,8 @@ class Scheduler(Generic[W]):
     def backlog(self, before: float = math.inf, most: int = BACKLOG_RUNS) -> list[Run]:
         """The oldest waiting work queued before ``before``, as up to ``most`` runs of
         (enqueued, tasks, queue), oldest first: what this GM reports to every GM (itself
-        too) for ``OldestFirst``. A queue's work of one enqueued time is one run. Cost:
-        O(queues x lanes x ``most``)."""
+        too) for ``OldestFirst``, with ``room``. A queue's work of one enqueued time is
+        one run. Cost: O(queues x lanes x ``most``)."""
         tasks: dict[tuple[float, str], int] = defaultdict(int)
         for queue in self.queues.names:
             for work in self.queues.oldest(queue, most):
@@ -523,17 +524,32 @@ class Scheduler(Generic[W]):
                     tasks[(work.enqueued, queue)] += len(work)
         return [(at, n, queue) for (at, queue), n in sorted(tasks.items())[:most]]
 
-    def heard_backlog(self, gm_id: str, runs: Iterable[Run]) -> bool:
-        """``gm_id``'s report (``backlog``) came: the claims ``OldestFirst`` counts. With
-        shares, the queues this view finds over theirs claim nothing meanwhile. True when
-        a round should run: with shares, a queue that yielded (``_yielding``) may not now."""
-        over: list[str] = []
-        shared = self.fair is not None and len(self.fair.queues) > 1
-        if self.fair is not None and shared:
-            usage, total = self.view.queue_usage(), self.view.total_capacity()
-            over = [q for q in usage if self.fair.is_over_share(q, usage, total)]
-        self.view.backlog(gm_id, runs, over)
-        return shared and self.ready()
+    def room(self, queues: Iterable[str]) -> dict[str, int]:
+        """With shares: for each of ``queues`` served here, how many tasks of its oldest
+        waiting work it may still take before it is over its share, by this GM's view of
+        what it holds (its launches no LM answered yet too: counted out, the next report
+        would offer the room they take again). Sent with
+        ``backlog``: every GM then counts the same claims for each queue, none beyond
+        its share (``OldestFirst``). Without shares: nothing (no queue is limited)."""
+        if self.fair is None or len(self.fair.queues) < 2:
+            return {}
+        usage, total = self.view.queue_usage(), self.view.total_capacity()
+        room = {}
+        for queue in set(queues):
+            oldest = min(self.queues.oldest(queue, 1), key=attrgetter("enqueued"), default=None)
+            if oldest is not None:
+                headroom = self.fair.headroom(queue, usage, total)
+                room[queue] = tasks_within(headroom, oldest.head().resources, ROOM_MOST)
+        return room
+
+    def heard_backlog(
+        self, gm_id: str, runs: Iterable[Run], room: Mapping[str, int] | None = None
+    ) -> bool:
+        """``gm_id``'s report (``backlog`` and ``room``) came: the claims ``OldestFirst``
+        counts. True when a round should run: with shares, a queue that yielded
+        (``_yielding``) may not now."""
+        self.view.backlog(gm_id, runs, room)
+        return self.fair is not None and len(self.fair.queues) > 1 and self.ready()
 
     # ----------------------------------------------------------------- replies
     def accepted(self, lm_id: str, task_id: str) -> None:
@@ -674,13 +690,13 @@ class Scheduler(Generic[W]):
         wake = (result is ApplyResult.APPLIED or back) and self.unpark()
         return result, wake
 
-    def ended(self, ends: Iterable[tuple[str, str, int, str]], now: float | None) -> bool:
-        """Attempts that ended, as (LM, task id, attempt, node id or ""): their room is
-        back in the view. True when parked work should be tried again."""
+    def ended(self, ends: Iterable[tuple[str, str, int, str, str]], now: float | None) -> bool:
+        """Attempts that ended, as (LM, task id, attempt, node id or "", queue or ""):
+        their room is back in the view. True when parked work should be tried again."""
         freed = False
-        for lm_id, task_id, attempt, node in ends:
+        for lm_id, task_id, attempt, node, queue in ends:
             freed |= self.view.release(
-                lm_id, task_id, ended=True, attempt=attempt, now=now, node=node
+                lm_id, task_id, ended=True, attempt=attempt, now=now, node=node, queue=queue
             )
         return freed and self.unpark()
 

@@ -1416,7 +1416,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             ):
                 self._end_gang(event)
             if event.state in RELEASED:
-                ends.append((event.lm_id, event.task_id, event.attempt, event.node_id))
+                ends.append((event.lm_id, event.task_id, event.attempt, event.node_id, event.queue))
             elif event.state == common_pb2.TASK_STATE_RUNNING and self.serves(event.queue):
                 stamps = event.timestamps
                 if stamps.started_unix_nanos and stamps.submitted_unix_nanos:
@@ -1545,12 +1545,15 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         while True:
             # Work younger than a report interval claims nothing (``OldestFirst``).
             runs = self.scheduler.backlog(before=time.time() - interval)
+            room = self.scheduler.room(queue for _, _, queue in runs)
             msg = common_pb2.GmBacklog(
                 gm_id=self.gm_id,
                 enqueued_unix_s=[at for at, _, _ in runs],
                 tasks=[n for _, n, _ in runs],
                 queues=[queue for _, _, queue in runs],
                 sent_unix_nanos=time.time_ns(),
+                room_queues=list(room),
+                room_tasks=list(room.values()),
             )
             try:
                 await self.bus.publish_fanout(
@@ -1565,7 +1568,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
     async def _on_backlog(self, body: bytes) -> None:
         msg = common_pb2.GmBacklog.FromString(body)
         runs = zip(msg.enqueued_unix_s, msg.tasks, msg.queues, strict=False)
-        if self.scheduler.heard_backlog(msg.gm_id, runs):
+        room = dict(zip(msg.room_queues, msg.room_tasks, strict=False))
+        if self.scheduler.heard_backlog(msg.gm_id, runs, room):
             self._wake.set()
 
     async def _gauge_loop(self) -> None:

@@ -337,19 +337,88 @@ def test_the_backlog_is_the_oldest_waiting_work_by_enqueued_time():
     assert scheduler.backlog(most=2) == [(1.0, 3, "q2"), (5.0, 2, "q1")]
 
 
-def test_a_queue_over_its_share_claims_nothing_while_it_is():
+def test_a_queue_claims_no_more_than_its_room_and_one_more_per_end_of_its_own():
     from services.core.contention import OldestFirst
 
     rule = OldestFirst("gm-0")
-    rule.backlog("gm-0", [(1.0, 2, "big"), (2.0, 1, "small")])
-    rule.backlog("gm-1", [(3.0, 1, "small2")])
-    rule.shares(["big"])
-    assert rule.claimant() == "gm-0"  # small's run, not big's older one
-    assert rule.claimant() == "gm-1"
-    assert rule.claimant() is None
-    rule.shares([])  # big is within its share again: its run is claimed
-    rule.backlog("gm-0", [(1.0, 2, "big")])
+    rule.backlog("gm-0", [(1.0, 2, "big"), (2.0, 1, "small")], {"big": 0, "small": 4})
+    rule.backlog("gm-1", [(3.0, 1, "small2")], {"small2": 1})
+    assert rule.next_claimant() == "gm-0"
+    assert rule.claimant() == "gm-0"  # small's run, not big's older one: big has no room
+    rule.backlog("gm-2", [(0.5, 1, "old")], {"old": 0})
+    assert rule.claimant() == "gm-1"  # small2 has room; old, older, has none
+    # No queue with room waits: the oldest work of any, rather than room left idle.
+    assert rule.next_claimant() == "gm-2"
+    assert rule.claimant() == "gm-2"
+    assert rule.claimant() == "gm-0"  # big's, the oldest left
+    # Big went one over its room: an end of one of its tasks puts it back at none, so
+    # small2, with room, is named.
+    rule.backlog("gm-1", [(3.0, 1, "small2")], {"small2": 1})
+    assert rule.claimant("big") == "gm-1"
+    # A new report: big's room is what it says now.
+    rule.backlog("gm-0", [(1.0, 2, "big")], {"big": 2})
     assert [rule.claimant() for _ in range(3)] == ["gm-0", "gm-0", None]
+
+
+@given(
+    reports=st.lists(
+        st.lists(
+            st.tuples(st.integers(0, 20), st.integers(0, 4), st.sampled_from(["q0", "q1", "q2"])),
+            max_size=5,
+        ),
+        min_size=3,
+        max_size=3,
+    ),
+    rooms=st.lists(st.integers(0, 5), min_size=3, max_size=3),
+    ends=st.lists(st.sampled_from(["", "q0", "q1", "q2", "other"]), max_size=40),
+    order=st.permutations([0, 1, 2]),
+)
+def test_with_room_every_gm_names_the_same_claimants_and_no_queue_claims_past_it(
+    reports, rooms, ends, order
+):
+    """GM i serves queue qi. Every GM, hearing the reports in any order, names the same
+    claimant for each end, and ``next_claimant`` foretells it; a queue is named no more
+    often than its room plus the ends of its own tasks heard so far while another with
+    room waits; and a claim goes to the oldest reported task of a queue with room left
+    (ties: the lower GM id), or if none has room, to the oldest of any."""
+    from services.core.contention import OldestFirst
+
+    gms = ["gm-0", "gm-1", "gm-2"]
+    runs = {
+        g: sorted((float(at), n, f"q{i}") for at, n, _ in r)
+        for i, (g, r) in enumerate(zip(gms, reports, strict=True))
+    }
+    rules = [OldestFirst(g) for g in gms]
+    for rule in rules:
+        for i in order:
+            rule.backlog(gms[i], runs[gms[i]], {f"q{i}": rooms[i]})
+    named = []
+    for rule in rules:
+        names = []
+        for queue in ends:
+            foretold = rule.next_claimant(queue)
+            names.append(rule.claimant(queue))
+            assert foretold == names[-1]
+        named.append(names)
+    assert named[0] == named[1] == named[2]
+    # A model: per queue its unclaimed tasks oldest first, and its room.
+    left = {f"q{i}": [at for at, n, _ in runs[g] for _ in range(n)] for i, g in enumerate(gms)}
+    room = {f"q{i}": rooms[i] for i in range(3)}
+    expected = []
+    for queue in ends:
+        if queue in room:
+            room[queue] += 1
+        ready = [(left[q][0], q) for q in sorted(left) if left[q] and room[q] > 0]
+        if not ready:  # no queue with room waits: the oldest work of any
+            ready = [(left[q][0], q) for q in sorted(left) if left[q]]
+        if not ready:
+            expected.append(None)
+            continue
+        _, q = min(ready)
+        left[q].pop(0)
+        room[q] -= 1
+        expected.append(gms[int(q[1])])
+    assert named[0] == expected
 
 
 def test_with_shares_the_oldest_rule_stays_on():
@@ -361,10 +430,34 @@ def test_with_shares_the_oldest_rule_stays_on():
     state.launch("gm-b", task("b1", queue="qb"), 1)
     state.repartition("gm-b", task("b2", queue="qb"), 0)
     view.apply(state.snapshot(), now=0.0)
-    # qb holds every node (over its half): its older work claims nothing.
-    scheduler.heard_backlog("gm-b", [(1.0, 1, "qb")])
-    scheduler.heard_backlog("gm-a", [(2.0, 1, "qa")])
+    # qb holds every node (over its half: gm-b says it has no room): its older work
+    # claims nothing.
+    scheduler.heard_backlog("gm-b", [(1.0, 1, "qb")], {"qb": 0})
+    scheduler.heard_backlog("gm-a", [(2.0, 1, "qa")], {"qa": 1})
     assert view.owner_first.claimant() == "gm-a"
+
+
+def test_with_shares_the_room_reported_is_what_fits_under_each_queues_share():
+    state = ClusterState("lm-0", GMS)
+    for i in range(4):
+        state.add_node(f"w{i}", NODE, partition=i % 2)
+    state.launch("gm-a", task("a1", queue="qa"), 0)
+    view = GlobalView("gm-a", owner_grace_s=5.0, claims="oldest")
+    view.apply(state.snapshot(), now=0.0)
+    fair = FairShare([QueueShare("qa", 0.75), QueueShare("qc", 0.25)])
+    scheduler = Scheduler(view, UserQueues(["qa", "qc"]), fair, QueueLimits.parse([]))
+    for i in range(5):
+        scheduler.submit("qa", One(task(f"a{i + 2}", queue="qa")))
+    # qa holds one node of four and may hold three: two more; qc waits for nothing.
+    assert scheduler.room(["qa", "qc"]) == {"qa": 2}
+    # A launch no LM answered yet counts: else the next report offers its room again.
+    placed = view.match(task("a2", queue="qa"))
+    view.reserve(placed, task("a2", queue="qa"))
+    assert scheduler.room(["qa"]) == {"qa": 1}
+    # No shares, no room: nothing is limited.
+    alone = Scheduler(view, UserQueues(["qa"]), None, QueueLimits.parse([]))
+    alone.submit("qa", One(task("a9", queue="qa")))
+    assert alone.room(["qa"]) == {}
 
 
 def test_a_queue_over_its_share_yields_while_a_queue_under_its_share_waits():

@@ -131,7 +131,7 @@ class Harness:
             if allocation is not None:
                 state.release(task_id)
                 for sched in self.gms.values():
-                    sched.ended([(lm_id, task_id, allocation.attempt, "")], 0.0)
+                    sched.ended([(lm_id, task_id, allocation.attempt, "", allocation.queue)], 0.0)
 
 
 def placed(plan: RoundPlan) -> list[str]:

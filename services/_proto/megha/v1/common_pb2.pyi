@@ -1193,6 +1193,8 @@ class GmBacklog(_message.Message):
     TASKS_FIELD_NUMBER: _builtins.int
     SENT_UNIX_NANOS_FIELD_NUMBER: _builtins.int
     QUEUES_FIELD_NUMBER: _builtins.int
+    ROOM_QUEUES_FIELD_NUMBER: _builtins.int
+    ROOM_TASKS_FIELD_NUMBER: _builtins.int
     gm_id: _builtins.str
     sent_unix_nanos: _builtins.int
     @_builtins.property
@@ -1201,6 +1203,14 @@ class GmBacklog(_message.Message):
     def tasks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def room_queues(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """With user-queue shares: for each of its queues with waiting work, how many tasks it
+        may still take before it is over its share (Scheduler.room); parallel lists.
+        """
+
+    @_builtins.property
+    def room_tasks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -1209,10 +1219,12 @@ class GmBacklog(_message.Message):
         tasks: _abc.Iterable[_builtins.int] | None = ...,
         sent_unix_nanos: _builtins.int = ...,
         queues: _abc.Iterable[_builtins.str] | None = ...,
+        room_queues: _abc.Iterable[_builtins.str] | None = ...,
+        room_tasks: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["enqueued_unix_s", b"enqueued_unix_s", "gm_id", b"gm_id", "queues", b"queues", "sent_unix_nanos", b"sent_unix_nanos", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enqueued_unix_s", b"enqueued_unix_s", "gm_id", b"gm_id", "queues", b"queues", "room_queues", b"room_queues", "room_tasks", b"room_tasks", "sent_unix_nanos", b"sent_unix_nanos", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
