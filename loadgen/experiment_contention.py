@@ -2,7 +2,7 @@
 as the Yahoo sample fills the federation.
 
     contention() ──SimConfig per (size, run kind)──▶ ``megha-loadgen experiment contention``
-        ──▶ OUT/contention/{megha,megha-oldest,central,sparrow}-{3,5,7.5,10}k/summary.json
+        ──▶ OUT/contention/{megha,megha-owner,central,sparrow}-{3,5,7.5,10}k/summary.json
         ──▶ OUT/contention/contention.png (mean, p99, per-GM spread, inconsistencies per
             task against workers) + table.md (``markdown_table``) + the targets, met or not
 
@@ -10,8 +10,8 @@ The sample averages 3,227 tasks running at once, with bursts far above: at 10,00
 the federation is two-thirds idle, at 3,000 it is full for hours. ``--arrival-scale``
 compresses the arrivals to load every size harder.
 
-``megha`` is Megha under the default contention rule (``claims: owner``),
-``megha-oldest`` under ``claims: oldest`` (``services/core/contention.py``).
+``megha`` is Megha under the default contention rule (``claims: oldest``),
+``megha-owner`` under ``claims: owner`` (``services/core/contention.py``).
 
 "same job groups" is the spread the Megha runs' split of the jobs (job j to GM j % 10)
 shows in any run, central's and Sparrow's too (``group_spread``): where one FIFO queue
@@ -38,8 +38,8 @@ from loadgen.sim.config import SimConfig
 
 SIZES = (3_000, 5_000, 7_500, 10_000)
 # Run kinds: Megha under each contention rule (``claims``), then the two references.
-SCHEDULERS = ("megha", "megha-oldest", "central", "sparrow")
-MEGHA_KINDS = ("megha", "megha-oldest")
+SCHEDULERS = ("megha", "megha-owner", "central", "sparrow")
+MEGHA_KINDS = ("megha", "megha-owner")
 GMS = LMS = 10
 # Issue 29's targets (see the module doc).
 MEAN_VS_CENTRAL = 1.1
@@ -63,7 +63,7 @@ def contention() -> dict[str, SimConfig]:
             workers=workers,
             gms=GMS,
             lms=LMS,
-            claims="oldest" if kind == "megha-oldest" else "owner",
+            claims="owner" if kind == "megha-owner" else "oldest",
         )
         for workers in SIZES
         for kind in SCHEDULERS
@@ -73,8 +73,8 @@ def contention() -> dict[str, SimConfig]:
 def kind(summary: dict[str, Any]) -> str:
     """A run's kind (``SCHEDULERS``): its scheduler, and for Megha its contention rule."""
     scheduler = summary["scheduler"]
-    claims = (summary.get("model") or {}).get("claims", "owner")
-    return f"{scheduler}-{claims}" if scheduler == "megha" and claims != "owner" else scheduler
+    claims = (summary.get("model") or {}).get("claims", "oldest")
+    return f"{scheduler}-{claims}" if scheduler == "megha" and claims != "oldest" else scheduler
 
 
 def group_spread(directory: Path, groups: int = GMS) -> float | None:

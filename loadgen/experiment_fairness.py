@@ -31,7 +31,10 @@ PAPER_QUEUES = (
     QueueConfig(name="q4", share=0.50, gm="gm-3"),
 )
 SIZES = (200, 500, 1_500)
-FAIR = SimConfig(scheduler="megha", gms=3, lms=3, fair_share=True, queues=PAPER_QUEUES)
+# The paper's Alg. 2 alone (with shares ``claims: owner`` turns every contention rule off).
+FAIR = SimConfig(
+    scheduler="megha", gms=3, lms=3, fair_share=True, queues=PAPER_QUEUES, claims="owner"
+)
 
 
 def fig10() -> dict[str, SimConfig]:

@@ -91,8 +91,9 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         "--claims",
         choices=CLAIMS,
         default=defaults.claims,
-        help="who has the first claim on room a finished task freed: the node's owner GM "
-        "(default) or the GM whose work waited oldest (backlogs reported every heartbeat)",
+        help="who has the first claim on room a finished task freed: the GM whose work "
+        "waited oldest, within its queue's share (default; backlogs reported every "
+        "heartbeat) or the node's owner GM",
     )
     parser.add_argument(
         "--preemption-slack",

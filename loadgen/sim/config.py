@@ -76,10 +76,11 @@ class SimConfig:
     owner_grace_s: float = OWNER_GRACE_S
     """Room freed on a GM's partition is left to that GM this long before others
     repartition onto it (``services.core.contention.OwnerFirst``; 0: no such rule)."""
-    claims: str = "owner"
+    claims: str = "oldest"
     """Who has the first claim on room an end freed (``services.core.contention.CLAIMS``):
-    the node's ``owner`` (``OwnerFirst``), or the GM whose work waited ``oldest``
-    (``OldestFirst``: every GM reports its backlog to all every heartbeat interval)."""
+    the GM whose work waited ``oldest`` (``OldestFirst``: every GM reports its backlog to
+    all every heartbeat interval; the live GM's default too), or the node's ``owner``
+    (``OwnerFirst``)."""
     preemption_slack: float = 0.0
     """Alg. 2: a queue preempts only when more than this below its share (0.01 = 1 pp)."""
     arrival_scale: float = 1.0

@@ -403,12 +403,13 @@ class FederationConfig(_Model):
         "shows it, at most this long; 0 turns the rule off (every GM races for it).",
     )
     claims: Literal["owner", "oldest"] = Field(
-        "owner",
+        "oldest",
         description="Contention (issue 29, services/core/contention.py): who has the first "
-        "claim on room a task's end frees: the node's owner GM (OwnerFirst), or the GM "
-        "whose work waited longest (OldestFirst: every GM tells every GM its oldest waiting "
-        "work every heartbeat interval, so a full federation serves its GMs' work in "
-        "arrival order, as one queue would). Holds last owner_grace_s at most.",
+        "claim on room a task's end frees: the GM whose work waited longest (OldestFirst, "
+        "the default: every GM tells every GM its oldest waiting work every heartbeat "
+        "interval, so a full federation serves its GMs' work in arrival order, as one queue "
+        "would, each queue within its share), or the node's owner GM (OwnerFirst). Holds "
+        "last owner_grace_s at most.",
     )
     preemption_slack: float = Field(
         0.0,

@@ -79,7 +79,10 @@ def test_compare_shows_the_per_gm_spread(tmp_path):
 def test_contention_experiment_sweeps_the_sizes_and_checks_the_targets():
     configs = EXPERIMENTS["contention"].runs()
     kinds = {
-        (c.scheduler + ("-oldest" if c.claims == "oldest" else ""), c.workers)
+        (
+            c.scheduler + ("-owner" if c.scheduler == "megha" and c.claims == "owner" else ""),
+            c.workers,
+        )
         for c in configs.values()
     }
     assert kinds == {(s, w) for s in SCHEDULERS for w in SIZES}
@@ -103,10 +106,10 @@ def test_contention_experiment_sweeps_the_sizes_and_checks_the_targets():
 
     fair = [summary("megha", 10, 100), summary("central", 10, 100), summary("sparrow", 20, 200)]
     assert targets(fair) == ["3,000 workers, megha (overloaded): ok"]
-    oldest = {**fair[0], "model": {"claims": "oldest"}}
-    assert targets([*fair, oldest]) == [
+    owner = {**fair[0], "model": {"claims": "owner"}}
+    assert targets([*fair, owner]) == [
         "3,000 workers, megha (overloaded): ok",
-        "3,000 workers, megha-oldest (overloaded): ok",
+        "3,000 workers, megha-owner (overloaded): ok",
     ]
     unfair = [summary("megha", 20, 300, (1.0, 3.0), incons=50), *fair[1:]]
     (line,) = targets(unfair)

@@ -21,7 +21,8 @@ PAPER = (
     QueueConfig(name="q3", share=0.15, gm="gm-2"),
     QueueConfig(name="q4", share=0.50, gm="gm-3"),
 )
-CONFIG = SimConfig(workers=60, gms=3, lms=2, fair_share=True, queues=PAPER, seed=1)
+# Alg. 2 alone: with shares, ``claims: owner`` turns every contention rule off.
+CONFIG = SimConfig(workers=60, gms=3, lms=2, fair_share=True, queues=PAPER, seed=1, claims="owner")
 
 
 def backlog(jobs: int = 30, tasks: int = 40, duration_s: float = 20.0) -> list[TraceJob]:
