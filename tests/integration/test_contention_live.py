@@ -66,20 +66,26 @@ async def test_two_gms_with_backlogs_share_freed_workers_within_1_5x(tmp_path):
     assert ratio <= RATIO, seen
 
 
+# A third queue holds the federation while the two second jobs queue: its long tasks'
+# ends leave a and b, both under their share, room to claim (a: 8 tasks, b: 6).
+THREE = [
+    {"name": "a", "share": 0.5, "gm": "gm-1"},
+    {"name": "b", "share": 0.4, "gm": "gm-2"},
+    {"name": "c", "share": 0.1, "gm": "gm-2"},
+]
+
+
 async def older_starts_on_freed_workers(tmp_path, claims: str) -> str:
-    """Both queues at their share on a full federation (``WIDE // 2`` long tasks each);
-    then queue a's second job, and a second later queue b's, wait for room. The long
-    tasks end: who got the first ``WIDE`` freed workers, in order of start ('A' the older
-    job, 'b' the younger)."""
+    """Queue c's ``WIDE`` long tasks fill the federation; then queue a's job, and a second
+    later queue b's, wait for room. The long tasks end: who got the first ``WIDE`` freed
+    workers, in order of start ('A' the older job, 'b' the younger). No preemption (the
+    slack is wider than any deficit here): only the claims decide."""
     async with Federation(
         tmp_path, gms=2, lms=2, workers_per_lm=WIDE // 2, capacity="cpu=1,mem=2Gi",
-        queues=QUEUES, claims=claims,
+        queues=THREE, claims=claims, preemption_slack=0.9,
     ) as fed:  # fmt: skip
-        long = await asyncio.gather(
-            fed.gm("gm-1").submit(sim_tasks(WIDE // 2, LONG_S), queue="a"),
-            fed.gm("gm-2").submit(sim_tasks(WIDE // 2, LONG_S), queue="b"),
-        )
-        await fed.events.wait_running({t for j in long for t in j.task_ids}, timeout_s=10)
+        long = await fed.gm("gm-2").submit(sim_tasks(WIDE, LONG_S), queue="c")
+        await fed.events.wait_running(set(long.task_ids), timeout_s=10)
         older = await fed.gm("gm-1").submit(sim_tasks(WAITING, TASK_S), queue="a")
         await asyncio.sleep(1.0)
         younger = await fed.gm("gm-2").submit(sim_tasks(WAITING, TASK_S), queue="b")
@@ -100,19 +106,19 @@ WAITING = 32  # tasks of each second job
 
 
 @pytest.mark.slow  # ~35 s: both rules, one after the other
-async def test_with_claims_oldest_freed_workers_serve_the_older_work_first(tmp_path):
+async def test_with_claims_oldest_freed_workers_fill_each_queues_room_older_first(tmp_path):
     (tmp_path / "oldest").mkdir()
     (tmp_path / "owner").mkdir()
     oldest = await older_starts_on_freed_workers(tmp_path / "oldest", "oldest")
     owner = await older_starts_on_freed_workers(tmp_path / "owner", "owner")
     print(f"\nthe first {WIDE} freed workers (A older, b younger): oldest {oldest}, owner {owner}")
-    # Both queues are at their share (no preemption), and every slot frees within some
-    # 20 ms. Under the owner rule (off with shares: the GMs race) the older job gets about
-    # half of them. Under oldest it gets all until its queue is over its share; past
-    # that, a GM's report that finds it so (every heartbeat) rightly hands the rest to the
-    # younger job of the queue under its share (issue 29, item 3). So only the first
-    # WIDE // 2 are the older job's by rule: all but one, allowing one node a snapshot
-    # offered to both GMs before the claimant's launch landed. Measured (one sitting, also
-    # with three CPU hogs): oldest AAAAAAAAAAAAAAAA x6; owner bbbbAAAAbbbbAAAA,
-    # bbbbbbbbbbbbAAAA, AAAAbbbbAAAAbbbb, AAAAbAbbbAAAAAAA; a CI run's oldest: 9 of 16.
-    assert oldest[: WIDE // 2].count("A") >= WIDE // 2 - 1, (oldest, owner)
+    # Every slot frees within some 20 ms. Under the owner rule (off with shares: the GMs
+    # race) the split is luck: A 4 to 12 of 16 in 9 runs. Under oldest each queue gets
+    # its room under its share (a: 8, b: 6) and the older job the rest: A 10 and b 6 in
+    # each of 9 runs. Which start comes first is not asserted: GMs hear the ends
+    # of two LMs in different orders (each counts claims in the order it heard them), so
+    # at times they name claimants for different nodes and some launches wait a snapshot
+    # (AAAAbbbbAAAAbbAA, bbbbAAAAbAAAAbAA); and with one LM all claims land at once.
+    # (Before each queue's claims were capped by its room, both queues started at their
+    # share and the older job took every freed worker until a report found it over.)
+    assert oldest.count("A") >= 8 and oldest.count("b") >= 6, (oldest, owner)

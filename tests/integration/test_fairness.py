@@ -159,13 +159,14 @@ async def test_claims_oldest_with_a_slack_keeps_shares_with_fewer_preemptions(tm
     # not fewer (142 against 141). Measured after, 6 runs: shares within 3.3 pp, 52-70
     # preemptions against 145-156.
     (tmp_path / "rule").mkdir()
-    (tmp_path / "default").mkdir()
+    (tmp_path / "alg2").mkdir()
     shares, preempted = await shares_and_preemptions(
         tmp_path / "rule", claims="oldest", preemption_slack=0.02
     )
-    _, before = await shares_and_preemptions(tmp_path / "default")
+    # Alg. 2 alone: with shares, ``claims: owner`` turns every contention rule off.
+    _, before = await shares_and_preemptions(tmp_path / "alg2", claims="owner")
     measured = {q: round(s, 3) for q, s in shares.items()}
-    print(f"\n{measured}: {preempted} preempted, {before} without the rule")
+    print(f"\n{measured}: {preempted} preempted, {before} with Alg. 2 alone")
     for queue, share in SHARES.items():
         assert abs(shares[queue] - share) <= 0.05, f"{queue}: {shares[queue]:.3f} vs {share}"
     assert preempted < before / 2, (preempted, before)
