@@ -337,11 +337,18 @@ class GlobalView:
         rule = self.owner_first
         for ended in heard:
             assert rule is not None
-            claimant = rule.claimant(ended.queue)
-            if not self._mine(view, ended.node, claimant):
-                rule.freed(view.lm_id, view.table.size, ended.node, now)
-            else:
-                rule.mine(view.lm_id, ended.node)
+            self._hold(view, ended.node, rule.claimant(ended.queue), now)
+
+    def _hold(self, view: LMView, node: int, claimant: str | None, now: float) -> bool:
+        """Room an end freed on ``node``: held for the GM it is for (True), or this GM's
+        to take now, a hold it kept there for another GM ending (``OwnerFirst.mine``)."""
+        rule = self.owner_first
+        assert rule is not None
+        if not self._mine(view, node, claimant):
+            rule.freed(view.lm_id, view.table.size, node, now)
+            return True
+        rule.mine(view.lm_id, node)
+        return False
 
     def _mine(self, view: LMView, node: int, claimant: str | None) -> bool:
         """Whether room freed on ``node`` is this GM's to take now: the claimant's, or
@@ -636,13 +643,8 @@ class GlobalView:
         if allocation is not None:
             back = allocation.resources if evicted is None else allocation.resources - evicted[1]
             view.table.give_back(allocation.node, back, allocation.usage_mean, allocation.usage_var)
-            mine = self._mine(view, allocation.node, claimant)
             if ended and now is not None and self.owner_first is not None:
-                if not mine:
-                    self.owner_first.freed(lm_id, view.table.size, allocation.node, now)
-                    held = True
-                else:
-                    self.owner_first.mine(lm_id, allocation.node)
+                held = self._hold(view, allocation.node, claimant, now)
         # A preemption that ended (the task ran) killed its victims; one that was refused
         # or never left did not: they hold their node again.
         self._end_eviction(view, task_id, allocation, restore=not ended)

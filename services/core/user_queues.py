@@ -111,13 +111,12 @@ class UserQueues(Generic[T]):
                 moved += len(parked)
                 ready = self._ready[name]
                 ready.count += len(parked)
-                priority = self._priority
                 if self.age is not None:
                     self._merge(ready, parked)
                     continue
                 while parked:
                     item = parked.pop()  # the newest first, each to the front of its lane
-                    ready.lane(priority(item)).appendleft(item)
+                    ready.lane(self._priority(item)).appendleft(item)
         return moved
 
     def _merge(self, ready: _Lanes[T], parked: deque[T]) -> None:
