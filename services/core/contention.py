@@ -247,9 +247,10 @@ class OldestFirst(OwnerFirst):
     def __init__(self, gm_id: str, grace_s: float = OWNER_GRACE_S):
         super().__init__(grace_s)
         self.gm_id = gm_id
-        # Per (GM, queue) that reported waiting work: its runs of (enqueued, tasks), the
-        # index of its oldest run with tasks unclaimed, and the tasks of it claimed so far.
-        self._lanes: dict[tuple[str, str], tuple[list[tuple[float, int]], int, int]] = {}
+        # Per GM, per queue it reported waiting work of: [its runs of (enqueued, tasks),
+        # the index of its oldest run with tasks unclaimed, the tasks of it claimed so
+        # far] (changed in place: a claim allocates nothing, so it wakes no GC).
+        self._lanes: dict[str, dict[str, list]] = {}
         # (enqueued of its oldest unclaimed run, GM, queue) of the lanes that may claim.
         self._heads: list[tuple[float, str, str]] = []
         # Per queue with a share: the tasks it may still claim (its GM's last report, plus
@@ -282,16 +283,12 @@ class OldestFirst(OwnerFirst):
         for at, n, queue in runs:
             if n > 0:
                 lanes.setdefault(queue, []).append((float(at), int(n)))
-        stale = [key for key in self._lanes if key[0] == gm_id]
-        if not lanes and not stale and not room:
+        if not lanes and not self._lanes.get(gm_id) and not room:
             return
-        for key in stale:
-            del self._lanes[key]
-        for queue, queued in lanes.items():
-            self._lanes[(gm_id, queue)] = (queued, 0, 0)
+        self._lanes[gm_id] = {queue: [queued, 0, 0] for queue, queued in lanes.items()}
         if room:
             self._credit.update(room)
-        self._waiting = frozenset(queue for _, queue in self._lanes)
+        self._waiting = frozenset(queue for mine in self._lanes.values() for queue in mine)
         self._heap()
 
     def waiting_queues(self) -> frozenset[str]:
@@ -300,12 +297,13 @@ class OldestFirst(OwnerFirst):
 
     def _heap(self) -> None:
         heads, blocked = [], {}
-        for (gm_id, queue), (queued, index, _used) in self._lanes.items():
-            head = (queued[index][0], gm_id, queue)
-            if self._credit.get(queue, 1) > 0:
-                heads.append(head)
-            else:
-                blocked.setdefault(queue, []).append(head)
+        for gm_id, mine in self._lanes.items():
+            for queue, (queued, index, _used) in mine.items():
+                head = (queued[index][0], gm_id, queue)
+                if self._credit.get(queue, 1) > 0:
+                    heads.append(head)
+                else:
+                    blocked.setdefault(queue, []).append(head)
         heapq.heapify(heads)
         self._heads, self._blocked = heads, blocked
 
@@ -329,6 +327,8 @@ class OldestFirst(OwnerFirst):
     def next_claimant(self, queue: str = "") -> str | None:
         """Who ``claimant(queue)`` would name now, without counting the claim."""
         heads, blocked = self._heads, self._blocked
+        if not blocked and not self._credit:  # no shares: the heap's top (every end)
+            return heads[0][1] if heads else None
         if not heads and not blocked:
             return None
         may = [head for head in heads if self._may(head[2], queue)]
@@ -343,11 +343,12 @@ class OldestFirst(OwnerFirst):
         of any (room no waiting queue may take would idle until a snapshot offered it to
         all: a queue at its share has none, and Alg. 2 is there if this puts one over).
         None: no GM reported waiting work."""
-        self._ended(queue)
         heads, credit, blocked = self._heads, self._credit, self._blocked
-        while heads and credit.get(heads[0][2], 1) <= 0:
-            head = heapq.heappop(heads)
-            blocked.setdefault(head[2], []).append(head)
+        if credit:  # shares: room counts (else every lane may claim: the heap's top)
+            self._ended(queue)
+            while heads and credit.get(heads[0][2], 1) <= 0:
+                head = heapq.heappop(heads)
+                blocked.setdefault(head[2], []).append(head)
         if heads:
             head = heads[0]
         elif blocked:
@@ -357,16 +358,16 @@ class OldestFirst(OwnerFirst):
         _, gm_id, lane = head
         if lane in credit:
             credit[lane] -= 1
-        queued, index, used = self._lanes[(gm_id, lane)]
-        used += 1
-        if used < queued[index][1]:
-            self._lanes[(gm_id, lane)] = (queued, index, used)
+        state = self._lanes[gm_id][lane]
+        queued, index = state[0], state[1]
+        state[2] += 1
+        if state[2] < queued[index][1]:
             return gm_id
         if index + 1 < len(queued):
-            self._lanes[(gm_id, lane)] = (queued, index + 1, 0)
+            state[1], state[2] = index + 1, 0
             following = (queued[index + 1][0], gm_id, lane)
         else:
-            del self._lanes[(gm_id, lane)]
+            del self._lanes[gm_id][lane]
             following = None
         if heads:
             if following is None:
