@@ -66,7 +66,7 @@ HELD_SLACK_S = 1e-6  # a recheck lands just after a hold ends, never just before
 # a preemption went unanswered and the LM does not hold it) is tried again this soon,
 # whatever the view does: in a quiet federation nothing else would wake it.
 BLIND_RECHECK_S = 5.0
-ROOM_MOST = 2**31 - 1  # ``room``: a queue whose tasks ask nothing shares limit
+ROOM_MOST = 2**31 - 1  # ``room`` of a queue whose tasks ask no CPU or memory: unlimited
 
 
 class Work(Protocol):
@@ -528,9 +528,9 @@ class Scheduler(Generic[W]):
         """With shares: for each of ``queues`` served here, how many tasks of its oldest
         waiting work it may still take before it is over its share, by this GM's view of
         what it holds (its launches no LM answered yet too: counted out, the next report
-        would offer the room they take again). Sent with
-        ``backlog``: every GM then counts the same claims for each queue, none beyond
-        its share (``OldestFirst``). Without shares: nothing (no queue is limited)."""
+        would offer the room they take again). Sent with ``backlog``: every GM then
+        counts the same claims for each queue, none beyond its share (``OldestFirst``).
+        Without shares: nothing (no queue is limited)."""
         if self.fair is None or len(self.fair.queues) < 2:
             return {}
         usage, total = self.view.queue_usage(), self.view.total_capacity()
