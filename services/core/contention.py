@@ -313,7 +313,7 @@ class OldestFirst(OwnerFirst):
         if credit is None:
             return
         self._credit[queue] = credit + 1
-        if credit <= 0 < credit + 1:
+        if credit == 0:  # it may claim again: its blocked lanes go back to the heap
             for head in self._blocked.pop(queue, ()):
                 heapq.heappush(self._heads, head)
 

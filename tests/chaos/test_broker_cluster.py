@@ -234,3 +234,81 @@ async def test_a_first_publish_racing_the_leader_election_is_confirmed(cluster, 
         print(f"\nfirst publish after the kill confirmed in {took:.2f} s, {nacks} new channels")
         assert took < 5.0
         assert await publisher.queue_depth("q") == 1
+
+
+SUBSCRIBERS = 3  # of each kind, on each of nodes 1 and 2
+HEARD_WITHIN_S = 15.0
+
+
+async def test_subscriptions_come_back_after_their_node_dies(cluster):
+    """Issue #30's other open case, alone: in 3 of 13 early multi-host runs a process whose
+    broker node was killed stopped receiving after it reconnected (a GM's consumer of its
+    own quorum queue: acknowledged tasks never ran; a client's event subscription). Here
+    work-queue consumers and topic subscribers connected to node 1 (which also holds the
+    work queues' leaders) and to node 2 each get what is published after node 1 is killed:
+    every consumer each message enqueued since, every topic subscriber at least one of the
+    messages published every half second (a subscriber hears only what is published once
+    its queue is declared again on its new node)."""
+    env, urls, _name = cluster
+    prefix = f"subs-{uuid.uuid4().hex[:8]}"
+    consumed: dict[str, list[bytes]] = {}
+    heard: dict[int, list[bytes]] = {}
+    buses = []
+
+    def on_node(node: int) -> RabbitBus:
+        bus = RabbitBus(",".join(urls[node:] + urls[:node]), prefix=prefix)
+        buses.append(bus)
+        return bus
+
+    async def consumer(queue: str, node: int) -> None:
+        bus = on_node(node)
+        await bus.connect()
+        consumed[queue] = []
+
+        async def take(delivery) -> None:
+            consumed[queue].append(delivery.body)
+            await delivery.ack()
+
+        await bus.consume(queue, take, prefetch=100)  # declared here: its leader on node
+
+    async def subscriber(index: int, node: int) -> None:
+        bus = on_node(node)
+        await bus.connect()
+        heard[index] = []
+
+        async def hear(_key: str, body: bytes) -> None:
+            heard[index].append(body)
+
+        await bus.subscribe_topic("events", "task.#", hear)
+
+    for node in (0, 1):
+        for i in range(SUBSCRIBERS):
+            await consumer(f"q{node}{i}", node)
+            await subscriber(node * SUBSCRIBERS + i, node)
+    publisher = on_node(2)
+    await publisher.connect()
+    try:
+        for queue in consumed:
+            await publisher.enqueue(queue, b"before")
+        _cluster("kill", "1", env=env)
+        killed = time.monotonic()
+        for queue in consumed:
+            for _ in range(3):
+                await publisher.enqueue(queue, b"after")
+        while time.monotonic() - killed < HEARD_WITHIN_S:
+            await publisher.publish_topic("events", "task.x", b"after")
+            if all(len(got) == 4 for got in consumed.values()) and all(heard.values()):
+                break
+            await asyncio.sleep(0.5)
+        took = time.monotonic() - killed
+        stuck = {q: len(got) for q, got in consumed.items() if len(got) < 4}
+        deaf = [i for i, got in heard.items() if not got]
+        print(f"\nheard again {took:.2f} s after the kill; stuck {stuck}, deaf {deaf}")
+        assert not stuck, f"consumers that did not get what was enqueued after the kill: {stuck}"
+        assert not deaf, f"topic subscribers that heard nothing after the kill: {deaf}"
+        assert all(got.count(b"after") == 3 for got in consumed.values()), consumed
+    finally:
+        for bus in buses:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(5):
+                    await bus.close()
