@@ -904,6 +904,8 @@ def summarise(
         submit_answer_s=report.percentiles(offer.answer_s),
         answers_over_1s=sum(1 for took in offer.answer_s if took > 1.0),
         events_seen=events.events,
+        # What every subscriber of the events exchange (each GM too) reads, in messages.
+        event_messages_seen=events.batches,
         exchange_prefix=config.exchange_prefix,
     )
     judged = verdict(summary)
@@ -951,6 +953,17 @@ def _answers_line(s: dict[str, Any]) -> str:
     )
 
 
+def _events_line(s: dict[str, Any]) -> str:
+    """What each subscriber of the events exchange read, per task that ran."""
+    ran = max(1, s["completed"] + s.get("unacknowledged_ran", 0))
+    messages = s.get("event_messages_seen", 0)
+    return (
+        f"task events            {s['events_seen']} in {messages} messages to every "
+        f"subscriber (each GM too): {s['events_seen'] / ran:.2f} events and "
+        f"{messages / ran:.3f} messages per task"
+    )
+
+
 def render(result: BenchResult) -> str:
     s = result.summary
     lag = s["offer_lag_s"]
@@ -960,6 +973,7 @@ def render(result: BenchResult) -> str:
         f"(lag p99 {report.ms(lag['p99'])} ms, max {report.ms(lag['max'])} ms), "
         f"{s.get('submit_api', 'SubmitJob')} p50 {report.ms(s['submit_rpc_s']['p50'])} ms",
         _answers_line(s),
+        _events_line(s),
         f"percentiles over {s['measured_tasks']} tasks that started after the "
         f"{s['warmup_s']:g} s warm-up ({s['excluded_warmup']} warm-up tasks excluded)",
     ]

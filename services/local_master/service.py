@@ -146,6 +146,19 @@ def _leading_starts(commands: deque) -> list:
     return starts
 
 
+def drop_superseded(events: list[common_pb2.TaskEvent]) -> list[common_pb2.TaskEvent]:
+    """One batch's events less each PLACED whose attempt has a later event in the batch
+    (its RUNNING or its end: the same node, every stamp the PLACED had and more). At
+    light load a task starts within the batch's window (``event_batch_s``) of its
+    placement, so every subscriber (each GM, each watcher) parses a third fewer events
+    per task; a task that starts later still shows PLACED. Order kept."""
+    placed = common_pb2.TASK_STATE_PLACED
+    later = {(e.task_id, e.attempt) for e in events if e.state != placed}
+    if not later or len(later) == len(events):
+        return events
+    return [e for e in events if e.state != placed or (e.task_id, e.attempt) not in later]
+
+
 class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
     def __init__(self, config: FederationConfig, lm_id: str, bus: Bus):
         self.config = config
@@ -1231,7 +1244,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         # (an ending joins the events when it is made, and is written a turn later).
         journalled = self.journal.seq if self.journal is not None else 0
         if events:
-            body = common_pb2.TaskEventBatch(events=events).SerializeToString()
+            body = common_pb2.TaskEventBatch(events=drop_superseded(events)).SerializeToString()
             try:
                 await self.bus.publish_topic(EVENT_EXCHANGE, event_key(self.lm_id), body)
             except BaseException:
