@@ -135,6 +135,13 @@ _NACK_PAUSE_S = 0.1
 _NACK_PAUSE_MAX_S = 1.0
 # Errors that mean "this channel or connection is gone"; the broker requeues what we held.
 _GONE = (AMQPError, ChannelInvalidStateError, ConnectionError, asyncio.TimeoutError)
+# A subscription that got no delivery for this long while its queue holds ready messages
+# and it holds fewer than its prefetch unsettled is consuming nothing: it consumes again
+# (``_RabbitSubscription._watch``). Seen in the multi-host broker-kill test (issue #30, 3 of
+# 17 runs on RabbitMQ 3.10.8): a consumer aio-pika restored on a surviving node while its
+# quorum queue elected a new leader got no delivery ever after (a GM's own queue: the
+# acknowledged tasks relayed into it never ran), and once a GM's event subscription.
+SILENT_CHECK_S = 2.0
 # Pause between reconnection attempts with several broker URLs. Each attempt tries the next
 # node, so a short pause crosses a dead node quickly; with one URL aio-pika's default (5 s)
 # stays, as before.
@@ -704,7 +711,9 @@ class RabbitBus(Bus):
                 amqp_queue = await channel.declare_queue(
                     name, durable=True, arguments=self._user_queue_arguments()
                 )
-            subscription = _RabbitConsumer(self, channel, amqp_queue, handler, name)
+            subscription = _RabbitConsumer(
+                self, channel, amqp_queue, handler, name, prefetch, self.single_active
+            )
             await subscription.start()
         except BaseException:
             with contextlib.suppress(*_GONE):
@@ -740,18 +749,91 @@ class _RabbitSubscription:
     """A consumer on its own channel; cancelling closes the channel, which requeues unacked."""
 
     def __init__(
-        self, bus: RabbitBus, channel: AbstractChannel, queue: AbstractQueue, name: str
+        self,
+        bus: RabbitBus,
+        channel: AbstractChannel,
+        queue: AbstractQueue,
+        name: str,
+        prefetch: int,
+        single_active: bool = False,
     ) -> None:
         self._bus = bus
         self._channel = channel
         self._queue = queue
         self._name = name
+        self._prefetch = prefetch
+        # With the broker's single active consumer a standby gets nothing by design: it is
+        # watched only once it got a delivery (it was the active one) since it consumed.
+        self._single_active = single_active
         self._tag: str | None = None
         self._cancelled = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._unsettled = 0  # delivered, not yet acked or nacked
+        self._delivered_at = time.monotonic()
+        self._delivered_since_consume = False
+        self.reconsumed = 0  # times ``_watch`` found it consuming nothing
 
     async def start(self) -> None:
         self._tag = await self._queue.consume(self._on_message, no_ack=False)
+        self._delivered_since_consume = False
+        watch = asyncio.get_running_loop().create_task(self._watch(), name=f"watch:{self._name}")
+        self._tasks.add(watch)
+
+    def _delivered(self) -> None:
+        self._unsettled += 1
+        self._delivered_at = time.monotonic()
+        self._delivered_since_consume = True
+
+    def _settled(self, count: int = 1) -> None:
+        self._unsettled = max(0, self._unsettled - count)
+
+    async def _watch(self) -> None:
+        """Consume again when the broker delivers nothing although it could (``SILENT_CHECK_S``).
+        Asks the queue's depth only after a silent interval: a subscription that gets
+        deliveries costs nothing."""
+        while not self._cancelled:
+            await asyncio.sleep(SILENT_CHECK_S)
+            try:
+                if await self._silent():
+                    await self._reconsume()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # reconnecting: the next round looks again
+                log.debug("no check", extra={"queue": self._name, "error": repr(err)})
+
+    async def _silent(self) -> bool:
+        checked = time.monotonic()
+        if checked - self._delivered_at < SILENT_CHECK_S or self._unsettled >= self._prefetch:
+            return False
+        if self._single_active and not self._delivered_since_consume:
+            return False
+        channel = await self._channel.get_underlay_channel()
+        declared = await channel.queue_declare(
+            self._queue.name,
+            durable=self._queue.durable,
+            exclusive=self._queue.exclusive,
+            auto_delete=self._queue.auto_delete,
+            arguments=self._queue.arguments,
+            timeout=SILENT_CHECK_S,
+        )
+        ready = int(declared.message_count or 0)
+        return ready > 0 and self._delivered_at < checked and not self._cancelled
+
+    async def _reconsume(self) -> None:
+        log.warning(
+            "a subscription got no delivery for %.1f s while its queue held ready messages: "
+            "consuming again",
+            time.monotonic() - self._delivered_at,
+            extra={"queue": self._name},
+        )
+        self.reconsumed += 1
+        old, self._tag = self._tag, None
+        if old is not None:
+            with contextlib.suppress(*_GONE):
+                await self._queue.cancel(old)
+        self._tag = await self._queue.consume(self._on_message, no_ack=False)
+        self._delivered_since_consume = False
+        self._delivered_at = time.monotonic()
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         raise NotImplementedError
@@ -785,7 +867,7 @@ class _RabbitStream(_RabbitSubscription):
         name: str,
         ttl_s: float | None,
     ) -> None:
-        super().__init__(bus, channel, queue, name)
+        super().__init__(bus, channel, queue, name, 1 if ttl_s is not None else _STREAM_PREFETCH)
         self._call = call
         self._ttl_s = ttl_s
         self._inbox: asyncio.Queue[tuple[AbstractIncomingMessage, float]] = asyncio.Queue()
@@ -802,6 +884,7 @@ class _RabbitStream(_RabbitSubscription):
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         # aio-pika runs each callback in a new task; they start in arrival order, and this
         # one does not await, so the inbox keeps that order.
+        self._delivered()
         self._inbox.put_nowait((message, time.monotonic()))
 
     async def _pump(self) -> None:
@@ -820,6 +903,7 @@ class _RabbitStream(_RabbitSubscription):
                         message, received = await self._inbox.get()
                 except TimeoutError:
                     await self._ack(unacked, multiple=True)
+                    self._settled(count)
                     unacked = None
                     continue
             else:
@@ -831,12 +915,14 @@ class _RabbitStream(_RabbitSubscription):
                     log.exception("handler for %s failed; message dropped", self._name)
             if not batched:
                 await self._ack(message)
+                self._settled()
                 continue
             if unacked is None:
                 count, due = 0, time.monotonic() + _STREAM_ACK_EVERY_S
             unacked, count = message, count + 1
             if count >= _STREAM_PREFETCH // 2 or time.monotonic() >= due:
                 await self._ack(unacked, multiple=True)
+                self._settled(count)
                 unacked = None
 
     @staticmethod
@@ -856,10 +942,21 @@ class _RabbitStream(_RabbitSubscription):
 
 
 class _RabbitDelivery:
-    __slots__ = ("_message", "_settled", "body", "headers", "message_id", "redelivered")
+    __slots__ = (
+        "_message",
+        "_on_settled",
+        "_settled",
+        "body",
+        "headers",
+        "message_id",
+        "redelivered",
+    )
 
-    def __init__(self, message: AbstractIncomingMessage) -> None:
+    def __init__(
+        self, message: AbstractIncomingMessage, on_settled: Callable[[], None] | None = None
+    ) -> None:
         self._message = message
+        self._on_settled = on_settled
         self._settled = False
         self.body: bytes = message.body
         self.redelivered: bool = bool(message.redelivered)
@@ -869,11 +966,15 @@ class _RabbitDelivery:
     async def ack(self) -> None:
         if not self._settled:
             self._settled = True
+            if self._on_settled is not None:
+                self._on_settled()
             await self._settle(self._message.ack(), "ack")
 
     async def nack(self, requeue: bool = True) -> None:
         if not self._settled:
             self._settled = True
+            if self._on_settled is not None:
+                self._on_settled()
             await self._settle(self._message.nack(requeue=requeue), "nack")
 
     @staticmethod
@@ -895,8 +996,10 @@ class _RabbitConsumer(_RabbitSubscription):
         queue: AbstractQueue,
         handler: Callable[[Delivery], Awaitable[None]],
         name: str,
+        prefetch: int,
+        single_active: bool = False,
     ) -> None:
-        super().__init__(bus, channel, queue, name)
+        super().__init__(bus, channel, queue, name, prefetch, single_active)
         self._handler = handler
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
@@ -905,7 +1008,8 @@ class _RabbitConsumer(_RabbitSubscription):
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
-        delivery = _RabbitDelivery(message)
+        self._delivered()
+        delivery = _RabbitDelivery(message, self._settled)
         try:
             await self._handler(delivery)
         except Exception:

@@ -21,6 +21,7 @@ import pytest
 
 from services.common.bus import (
     MEMORY_URL,
+    SILENT_CHECK_S,
     BrokerUnreachable,
     Bus,
     Delivery,
@@ -700,3 +701,64 @@ async def test_a_nacked_publish_is_tried_again_on_a_new_channel():
             subprocess.run(["rabbitmqctl", "clear_policy", policy], capture_output=True, timeout=60)
             with contextlib.suppress(Exception):
                 await bus.delete_queue("q")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("kind", ["work queue", "kept fan-out"])
+async def test_a_subscription_the_broker_stopped_delivering_to_consumes_again(kind: str) -> None:
+    """Issue #30: in the multi-host broker-kill test a subscription aio-pika had restored
+    on a surviving node sometimes got no delivery ever again (a GM's consumer of its own
+    quorum queue, restored while the queue elected a new leader: the acknowledged tasks
+    relayed into it never ran). The same from the client's side: the broker stops
+    delivering (its consumer is cancelled behind the subscription's back) while messages
+    wait. The subscription finds its queue holding ready messages it gets none of, and
+    consumes again within a few ``SILENT_CHECK_S``; nothing is lost or delivered twice.
+    (Live-state subscriptions watch the same way, but their queues are auto-deleted with
+    their last consumer, so cancelling it here would delete the queue instead.)"""
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    publisher, subscriber = make_bus(RABBIT_URL, prefix=prefix), make_bus(RABBIT_URL, prefix=prefix)
+    got: list[bytes] = []
+
+    async def on_body(body: bytes) -> None:
+        got.append(body)
+
+    async def on_delivery(delivery: Delivery) -> None:
+        got.append(delivery.body)
+        await delivery.ack()
+
+    async def publish(body: bytes) -> None:
+        if kind == "work queue":
+            await publisher.enqueue(QUEUE, body)
+        else:
+            await publisher.publish_fanout(HEARTBEATS, body)
+
+    try:
+        await publisher.connect()
+        await subscriber.connect()
+        if kind == "work queue":
+            sub = await subscriber.consume(QUEUE, on_delivery, prefetch=10)
+        else:
+            sub = await subscriber.subscribe_fanout(HEARTBEATS, on_body, keep_as=KEPT)
+        await publish(b"before")
+        await wait_until(lambda: got == [b"before"])
+        # The broker forgets the consumer; the subscription (and aio-pika) do not know.
+        channel = await sub._channel.get_underlay_channel()  # type: ignore[attr-defined]
+        await channel.basic_cancel(sub._tag)  # type: ignore[attr-defined]
+        began = asyncio.get_running_loop().time()
+        for i in range(3):
+            await publish(f"after-{i}".encode())
+        await wait_until(lambda: len(got) == 4, timeout=4 * SILENT_CHECK_S)
+        took = asyncio.get_running_loop().time() - began
+        await asyncio.sleep(QUIET_S)
+        assert got == [b"before", b"after-0", b"after-1", b"after-2"], got
+        assert sub.reconsumed == 1  # type: ignore[attr-defined]
+        print(f"\n{kind}: consuming again {took:.1f} s after the broker stopped delivering")
+    finally:
+        for bus in (publisher, subscriber):
+            await bus.close()
+        connection = await aio_pika.connect(RABBIT_URL)
+        async with connection:
+            channel = await connection.channel()
+            for queue in (QUEUE, KEPT):
+                await channel.queue_delete(f"{prefix}.queue.{queue}")
+            await channel.exchange_delete(f"{prefix}.{HEARTBEATS}")
