@@ -86,6 +86,18 @@ async def new_bus(request: pytest.FixtureRequest) -> AsyncIterator[BusFactory]:
                 await channel.exchange_delete(f"{prefix}.{exchange}")
 
 
+async def close_and_delete(buses: tuple[Bus, ...], prefix: str, queues: list[str]) -> None:
+    """Close ``buses``, then delete the prefix's ``queues`` and its heartbeat exchange."""
+    for bus in buses:
+        await bus.close()
+    connection = await aio_pika.connect(RABBIT_URL)
+    async with connection:
+        channel = await connection.channel()
+        for queue in queues:
+            await channel.queue_delete(f"{prefix}.queue.{queue}")
+        await channel.exchange_delete(f"{prefix}.{HEARTBEATS}")
+
+
 async def wait_until(condition: Callable[[], bool], timeout: float = WAIT_S) -> None:
     async def poll() -> None:
         while not condition():
@@ -240,13 +252,7 @@ async def test_a_kept_fanout_queue_holds_what_is_published_while_its_subscriber_
         await asyncio.sleep(QUIET_S)
         assert got == [b"while-there", b"while-away"]  # the acked one is not sent again
     finally:
-        for bus in (publisher, subscriber):
-            await bus.close()
-        connection = await aio_pika.connect(RABBIT_URL)
-        async with connection:
-            channel = await connection.channel()
-            await channel.queue_delete(f"{prefix}.queue.{KEPT}")
-            await channel.exchange_delete(f"{prefix}.{HEARTBEATS}")
+        await close_and_delete((publisher, subscriber), prefix, [KEPT])
 
 
 # --------------------------------------------------------------------------- topic
@@ -754,11 +760,4 @@ async def test_a_subscription_the_broker_stopped_delivering_to_consumes_again(ki
         assert sub.reconsumed == 1  # type: ignore[attr-defined]
         print(f"\n{kind}: consuming again {took:.1f} s after the broker stopped delivering")
     finally:
-        for bus in (publisher, subscriber):
-            await bus.close()
-        connection = await aio_pika.connect(RABBIT_URL)
-        async with connection:
-            channel = await connection.channel()
-            for queue in (QUEUE, KEPT):
-                await channel.queue_delete(f"{prefix}.queue.{queue}")
-            await channel.exchange_delete(f"{prefix}.{HEARTBEATS}")
+        await close_and_delete((publisher, subscriber), prefix, [QUEUE, KEPT])
