@@ -99,6 +99,7 @@ from aio_pika.exceptions import (
 )
 from yarl import URL
 
+from services.common import metrics
 from services.common.config import split_urls
 from services.common.queue_signing import SIGNATURE_HEADER, sign, verify
 from services.common.server import broker_ssl_context, warn_if_broker_plaintext
@@ -827,6 +828,7 @@ class _RabbitSubscription:
             extra={"queue": self._name},
         )
         self.reconsumed += 1
+        metrics.SUBSCRIPTIONS_RENEWED.labels(self._name).inc()
         old, self._tag = self._tag, None
         if old is not None:
             with contextlib.suppress(*_GONE):

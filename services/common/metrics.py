@@ -78,6 +78,12 @@ EVENTS_RECOVERED = Counter(
     "Task ends a GM never heard of on the broker and learnt from the LM instead.",
     ["gm"],
 )
+SUBSCRIPTIONS_RENEWED = Counter(
+    "megha_bus_subscriptions_renewed",
+    "Times a subscription that got no delivery while its queue held ready messages "
+    "consumed again (services.common.bus, SILENT_CHECK_S).",
+    ["queue"],
+)
 UNAUTHENTICATED_MESSAGES = Counter(
     "megha_gm_unauthenticated_messages",
     "Messages a GM dropped from a user queue it serves because they carried no valid "
