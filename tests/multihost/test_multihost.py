@@ -460,13 +460,6 @@ def test_a_gm_cut_off_mid_replay_its_queue_moves_nothing_lost_or_twice(net, tmp_
     assert waited["q2"] < CUT_FOR_S - 1, waited
 
 
-@pytest.mark.xfail(
-    reason="issue #30, open: after the broker node dies some processes' subscriptions do "
-    "not come back on the new node in some runs (a client stops hearing of a GM's jobs; "
-    "in 2 of 13 runs acknowledged tasks did not run) and publishes of one GM were nacked "
-    "(now tried again on a new channel); docs/multihost.md",
-    strict=False,
-)
 def test_a_broker_node_killed_mid_replay_loses_nothing_and_runs_nothing_twice(net, tmp_path):
     """kill -9 of b1, the node every process connected to first and which holds the user
     queues' quorum leaders, mid-replay (through both GMs). The processes reconnect to b2,
