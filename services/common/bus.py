@@ -139,9 +139,10 @@ _GONE = (AMQPError, ChannelInvalidStateError, ConnectionError, asyncio.TimeoutEr
 # A subscription that got no delivery for this long while its queue holds ready messages
 # and it holds fewer than its prefetch unsettled is consuming nothing: it consumes again
 # (``_RabbitSubscription._watch``). Seen in the multi-host broker-kill test (issue #30, 3 of
-# 17 runs on RabbitMQ 3.10.8): a consumer aio-pika restored on a surviving node while its
-# quorum queue elected a new leader got no delivery ever after (a GM's own queue: the
-# acknowledged tasks relayed into it never ran), and once a GM's event subscription.
+# 19 runs on RabbitMQ 3.10.8): a consumer aio-pika restored on a surviving node while its
+# quorum queue elected a new leader got no delivery ever after (a GM's consumer of q2: the
+# acknowledged tasks relayed into it never ran), and in the others a GM's event and, it
+# seems, heartbeat subscriptions (docs/multihost.md).
 SILENT_CHECK_S = 2.0
 # Pause between reconnection attempts with several broker URLs. Each attempt tries the next
 # node, so a short pause crosses a dead node quickly; with one URL aio-pika's default (5 s)
