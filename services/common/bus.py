@@ -777,7 +777,6 @@ class _RabbitSubscription:
 
     async def start(self) -> None:
         self._tag = await self._queue.consume(self._on_message, no_ack=False)
-        self._delivered_since_consume = False
         watch = asyncio.get_running_loop().create_task(self._watch(), name=f"watch:{self._name}")
         self._tasks.add(watch)
 
@@ -798,8 +797,6 @@ class _RabbitSubscription:
             try:
                 if await self._silent():
                     await self._reconsume()
-            except asyncio.CancelledError:
-                raise
             except Exception as err:  # reconnecting: the next round looks again
                 log.debug("no check", extra={"queue": self._name, "error": repr(err)})
 
@@ -967,18 +964,21 @@ class _RabbitDelivery:
         self.message_id: str = message.message_id or ""
 
     async def ack(self) -> None:
-        if not self._settled:
-            self._settled = True
-            if self._on_settled is not None:
-                self._on_settled()
+        if self._first_settle():
             await self._settle(self._message.ack(), "ack")
 
     async def nack(self, requeue: bool = True) -> None:
-        if not self._settled:
-            self._settled = True
-            if self._on_settled is not None:
-                self._on_settled()
+        if self._first_settle():
             await self._settle(self._message.nack(requeue=requeue), "nack")
+
+    def _first_settle(self) -> bool:
+        """Whether this is the delivery's first ack or nack (later ones do nothing)."""
+        if self._settled:
+            return False
+        self._settled = True
+        if self._on_settled is not None:
+            self._on_settled()
+        return True
 
     @staticmethod
     async def _settle(action: Awaitable[None], what: str) -> None:

@@ -241,7 +241,7 @@ HEARD_WITHIN_S = 15.0
 
 
 async def test_subscriptions_come_back_after_their_node_dies(cluster):
-    """Issue #30's other open case, alone: in 3 of 13 early multi-host runs a process whose
+    """Issue #30's other open case, alone: in 3 of 14 early multi-host runs a process whose
     broker node was killed stopped receiving after it reconnected (a GM's consumer of its
     own quorum queue: acknowledged tasks never ran; a client's event subscription). Here
     work-queue consumers and topic subscribers connected to node 1 (which also holds the
