@@ -99,15 +99,18 @@ class OwnerFirst:
         self._until[(lm_id, node)] = until
         self._due.append((until, lm_id, node))
 
-    def mine(self, lm_id: str, node: int) -> None:
+    def mine(self, lm_id: str, node: int) -> bool:
         """Room an end freed on ``node`` is this GM's to take (``OldestFirst``: it is the
         claimant): a hold it kept there since an earlier end, for another GM, ends, or
-        the claimant would pass its own room by until a snapshot offered it to all."""
+        the claimant would pass its own room by until a snapshot offered it to all.
+        Whether a hold ended (room this GM could not use before, it can now)."""
         held = self._held.get(lm_id)
         if held is not None and node < len(held) and held[node]:
             held[node] = 0
             del self._until[(lm_id, node)]
             self.epoch += 1
+            return True
+        return False
 
     def expire(self, now: float) -> None:
         due = self._due

@@ -575,10 +575,12 @@ class GlobalView:
         """Give a task's resources back in the view: a launch the LM rejected (or that
         never left), or, with ``ended``, attempt ``attempt`` of a task whose end a
         lifecycle event reported, remembered until a snapshot confirms it (even if the
-        view never saw the task run). Returns whether the view knew the allocation and
-        its room is this GM's to use now: room an end freed on another GM's partition is
-        left to that GM (``OwnerFirst``) until a snapshot shows the node, which wakes the
-        GM then; waking every GM for every end was most of an overloaded run's work.
+        view never saw the task run). Returns whether room is this GM's to use now that
+        was not: the view knew the allocation and its room is this GM's, or this GM is
+        the claimant and a hold of its own there ended. Room an end freed on another
+        GM's partition is left to that GM (``OwnerFirst``) until a snapshot shows the
+        node, which wakes the GM then; waking every GM for every end was most of an
+        overloaded run's work.
         ``node``: the ended task's node id (its event says it), for a claimant that never
         saw the task run: a hold it kept there since an earlier end ends
         (``OwnerFirst.mine``). ``queue``: the ended task's user queue (its event says
@@ -613,14 +615,16 @@ class GlobalView:
         view = self.lms.get(lm_id)
         if view is None:
             return False
+        lifted = False
         if claimant is not None and claimant == self.gm_id and rule is not None:
             # This GM's room, known or not: a task placed and ended by another GM between
             # two of its snapshots is not in its view, and its hold from the node's last
             # end (held for that GM) would keep it from its own room until a snapshot
-            # offered the node to every GM at once.
+            # offered the node to every GM at once. The hold ending frees room here
+            # (``lifted``: parked work must be tried, or younger work takes it first).
             at = view.table.index_of(node) if node else None
             if at is not None:
-                rule.mine(lm_id, at)
+                lifted = rule.mine(lm_id, at)
         newer = view.allocations.get(task_id)
         if ended and newer is not None and newer.attempt > attempt:
             # An earlier attempt's end, heard after the view booked or saw the next one
@@ -628,7 +632,7 @@ class GlobalView:
             earlier = view.ended.get(task_id)
             if earlier is None or earlier.attempt < attempt:
                 view.ended[task_id] = Ended(attempt, now)
-            return False
+            return lifted
         booked_here = view.inflight.pop(task_id, None) is not None  # no snapshot showed it
         view.unanswered.discard(task_id)
         allocation = view.allocations.pop(task_id, None)
@@ -648,7 +652,7 @@ class GlobalView:
         # A preemption that ended (the task ran) killed its victims; one that was refused
         # or never left did not: they hold their node again.
         self._end_eviction(view, task_id, allocation, restore=not ended)
-        return allocation is not None and not held
+        return (allocation is not None and not held) or lifted
 
     # ------------------------------------------------------------- matching
     def match(self, task: TaskSpec, now: float | None = None) -> Placement | None:

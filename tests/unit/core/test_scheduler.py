@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from services.core.cluster_state import ClusterState
 from services.core.fairness import FairShare, QueueShare
 from services.core.global_view import ApplyResult, GlobalView
@@ -379,3 +382,109 @@ def test_lost_starts_wait_for_the_restarted_lm_to_settle_and_skip_later_launches
     accepted = {"old": ("lm-0", restarted_at - 1), "new": ("lm-0", restarted_at + 1)}
     assert sched.lost_starts("lm-0", {"old", "new"}, accepted, restarted_at + 1, 15.0) == []
     assert sched.lost_starts("lm-0", {"old", "new"}, accepted, restarted_at + 16, 15.0) == ["old"]
+
+
+def _other_gm_takes(state: ClusterState, spec: TaskSpec, node: int) -> bool:
+    """Another GM ("gm-b") places ``spec`` on ``node`` of ``state`` (its partition or not)."""
+    decision = state.launch("gm-b", spec, node)
+    if decision.status is S.REJECTED_WRONG_PARTITION:
+        decision = state.repartition("gm-b", spec, node)
+    return decision.ok
+
+
+def test_a_snapshot_that_frees_no_cpu_wakes_no_round_for_work_that_needs_cpu():
+    """Issue 29: most rounds of an overloaded federation were woken by a heartbeat that
+    showed room already taken again, and placed nothing. Such a snapshot wakes none; one
+    that shows a core free does, and the parked work takes it."""
+    h = Harness(gms=("gm-a", "gm-b"), lms=2, nodes=1, queues={"q": (1.0, "gm-a")})
+    sched = h.gms["gm-a"]
+    for i in range(9):
+        sched.submit("q", One(task(f"t{i}", cpu=1000, queue="q", job_id="j")))
+    plan = sched.round(0.0)
+    assert len(placed(plan)) == 8 and [w.spec.task_id for w, _ in plan.waiting] == ["t8"]
+    h.send("gm-a", plan)
+    h.heartbeat()
+    lm0, lm1 = h.lms["lm-0"], h.lms["lm-1"]
+    node0 = lm0.allocations["t0"].node
+    lm0.release("t0")  # ends, and another GM's task takes its core before the next beat
+    assert _other_gm_takes(lm0, task("b0", cpu=1000, queue="q", job_id="b"), node0)
+    assert not h.heartbeat()["gm-a"]
+    assert sched.round(0.0).taken == []  # still parked: nothing to try it on
+    lm1.release(next(iter(lm1.allocations)))
+    assert h.heartbeat()["gm-a"]
+    assert placed(sched.round(0.0)) == ["t8"]
+
+
+def test_work_that_asks_no_cpu_or_waits_for_a_limit_is_woken_by_every_change():
+    h = Harness(gms=("gm-a", "gm-b"), nodes=1, queues={"q": (1.0, "gm-a")})
+    sched = h.gms["gm-a"]
+    for i in range(4):
+        sched.submit("q", One(task(f"t{i}", cpu=1000, mem=1024, queue="q", job_id="j")))
+    sched.submit("q", One(task("big", cpu=1000, mem=8192, queue="q", job_id="j")))
+    sched.submit("q", One(task("nocpu", cpu=0, mem=8192, queue="q", job_id="j")))
+    plan = sched.round(0.0)
+    assert len(placed(plan)) == 4 and len(plan.waiting) == 2
+    h.send("gm-a", plan)
+    lm = h.lms["lm-0"]
+    lm.release("t0")
+    assert _other_gm_takes(lm, task("b0", cpu=1000, mem=1024, queue="q", job_id="b"), 0)
+    assert h.heartbeat()["gm-a"]  # "nocpu" might fit where no CPU is free
+    limited = Harness(
+        gms=("gm-a", "gm-b"), nodes=2, queues={"q": (1.0, "gm-a")}, limits=[("q", "cpu=1")]
+    )
+    capped = limited.gms["gm-a"]
+    for i in range(2):
+        capped.submit("q", One(task(f"c{i}", cpu=1000, queue="q", job_id="j")))
+    limited.send("gm-a", capped.round(0.0))
+    full = limited.lms["lm-0"]
+    for n in range(2):
+        while _other_gm_takes(full, task(f"x{n}{full.version}", cpu=1000, job_id="x"), n):
+            pass
+    assert limited.heartbeat()["gm-a"]  # it waits for its limit, not for room
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["submit", "end", "fill", "beat"]), st.integers(0, 7)),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_a_snapshot_that_wakes_no_round_leaves_nothing_a_round_would_place(ops):
+    """Property: whenever a snapshot wakes no round, unparking and running one anyway
+    (what every snapshot did before) places nothing. Random submissions (some asking no
+    CPU), ends, other GMs' launches and heartbeats on 2 LMs of 2 nodes."""
+    h = Harness(gms=("gm-a", "gm-b"), lms=2, nodes=2, queues={"q": (1.0, "gm-a")})
+    sched = h.gms["gm-a"]
+    lms = list(h.lms.values())
+
+    def settle() -> None:  # rounds until nothing is ready (refused launches come back)
+        for _ in range(20):
+            if not sched.ready():
+                return
+            h.send("gm-a", sched.round(0.0))
+
+    for count, (op, k) in enumerate(ops):
+        if op == "submit":
+            spec = task(f"t{count}", cpu=1000 * (k % 3), mem=512 * (1 + k), queue="q", job_id="j")
+            sched.submit("q", One(spec))
+            settle()
+        elif op == "end":
+            state = lms[k % 2]
+            if state.allocations:
+                ended = sorted(state.allocations)[k % len(state.allocations)]
+                state.release(ended)
+        elif op == "fill":
+            state = lms[k % 2]
+            _other_gm_takes(state, task(f"b{count}", cpu=1000, mem=512, job_id="b"), k % 2)
+        else:
+            for state in lms:
+                lmv = sched.view.lms[state.lm_id]
+                result, wake = sched.apply(state.snapshot(lmv.version), 0.0)
+                if result is ApplyResult.APPLIED and not wake:
+                    assert not sched.ready()
+                    sched.unpark()
+                    assert placed(sched.round(0.0)) == []
+                elif wake:
+                    settle()
