@@ -60,7 +60,10 @@ class GrowingMap(Generic[V]):
         return holder[key]
 
     def get(self, key: str, default: V | None = None) -> V | None:
-        for gen in reversed(self._gens):
+        gens = self._gens
+        if len(gens) == 1:  # most maps never fill a generation
+            return gens[0].get(key, default)
+        for gen in reversed(gens):
             value = gen.get(key, _MISSING)
             if value is not _MISSING:
                 return value  # type: ignore[return-value]
@@ -82,7 +85,10 @@ class GrowingMap(Generic[V]):
             yield from gen.items()
 
     def _holder(self, key: str) -> dict[str, V] | None:
-        for gen in reversed(self._gens):
+        gens = self._gens
+        if len(gens) == 1:
+            return gens[0] if key in gens[0] else None
+        for gen in reversed(gens):
             if key in gen:
                 return gen
         return None

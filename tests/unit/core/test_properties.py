@@ -181,7 +181,7 @@ def test_match_finds_a_node_iff_brute_force_does(table, cpu, mem, mask, partitio
 @given(
     ops=st.lists(
         st.tuples(
-            st.sampled_from(["add", "take", "give_back", "set_free", "vacate", "columns"]),
+            st.sampled_from(["add", "take", "give_back", "set_free", "delta", "vacate", "columns"]),
             st.integers(0, 7),
             st.integers(0, 4000),
         ),
@@ -192,6 +192,8 @@ def test_has_cpu_is_always_the_nodes_with_cpu_free(ops):
     """``NodeTable.has_cpu`` (what matching ANDs in first) is ``free[CPU] > 0`` after any
     sequence of the table's mutators, a GM view's (snapshot columns) and an LM's alike."""
     table = NodeTable(num_partitions=2, num_constraints=2)
+    for n in range(12 if ops and ops[0][1] % 2 else 0):  # big enough for deltas of one row
+        table.add(f"pre{n}", resources(1000 * (n % 3), 1024), 0, n % 2)
     for step, (op, k, amount) in enumerate(ops):
         node = k % table.size if table.size else None
         if op == "add" or node is None:
@@ -202,6 +204,10 @@ def test_has_cpu_is_always_the_nodes_with_cpu_free(ops):
             table.give_back(node, resources(amount, 0), 0.0, 0.0)
         elif op == "set_free":
             set_free_at(table, np.s_[0, node], amount - 2000)
+        elif op == "delta":  # a heartbeat's delta: one row (the table's only, or a few)
+            column = table.free[:, [node]].copy()
+            column[0, 0] = amount - 2000
+            table.set_free(np.array([node]), column, np.zeros(1), np.zeros(1))
         elif op == "vacate":
             table.vacate(node)
         else:  # a snapshot's columns of a node, as a GM's view applies them
