@@ -158,7 +158,9 @@ def run_experiment(
     plot_path = out / name / f"{name}.png"
     if experiment.plot == "contention":
         for run, label in zip(runs, configs, strict=True):
-            run.summary["job_group_spread"] = contention.group_spread(out / name / label)
+            means = contention.group_means(out / name / label)
+            run.summary["job_group_means"] = means
+            run.summary["job_group_spread"] = contention.group_spread(means)
     if experiment.plot == "cdf":
         compare.plot(runs, plot_path, experiment.title)
     elif experiment.plot == "contention":

@@ -118,7 +118,16 @@ def test_contention_experiment_sweeps_the_sizes_and_checks_the_targets():
     assert "0.50 inconsistencies per task" in line
     light = [summary("megha", 0.001, 0.03, p50=0.004), summary("central", 0.001, 0.02)]
     assert targets(light) == ["3,000 workers, megha (light load): p50 4.00 ms; p99 30.00 ms"]
-    assert "| 3,000 | megha | 100/100 | 20.0 | 300.0 | 3.00 | - | 0.500 |" in markdown_table(unfair)
+    assert "| 3,000 | megha | 100/100 | 20.0 | 300.0 | 3.00 | - | - | 0.500 |" in markdown_table(
+        unfair
+    )
+    # Each GM's jobs against the same jobs under central: the worst-served GM's ratio.
+    central = {**fair[1], "job_group_means": [2.0, 4.0], "job_group_spread": 2.0}
+    spread = {**unfair[0], "job_group_means": [1.0, 4.4]}
+    (line,) = targets([spread, central, fair[2]])
+    assert "GM spread 3.00 (central, same job groups: 2.00; each GM's jobs at most 1.10x" in line
+    table = markdown_table([spread, central, fair[2]])
+    assert "| 3.00 | - | 1.10x | 0.500 |" in table and "| - | 2.00 | - | 0.000 |" in table
 
 
 @pytest.mark.parametrize("claims", ["owner", "oldest"])
@@ -225,3 +234,19 @@ def test_a_run_is_as_old_as_its_next_task_and_joins_no_younger_run():
     assert run.join(TaskRun([2], 0, specs, queued)) and len(run) == 2
     assert not run.join(TaskRun([3], 0, specs, queued))  # older than its tail: stays apart
     assert not run.join(TaskRun([2], 1, specs, queued))  # another shape
+
+
+def test_group_means_split_the_jobs_as_the_megha_runs_do(tmp_path):
+    from loadgen import report
+    from loadgen.experiment_contention import group_means, group_spread, worst_vs
+
+    rows = ["job_id,alloc_s", "a,1.0", "a,3.0", "b,4.0", "c,6.0", "c,", "d,10.0"]
+    (tmp_path / report.TASKS_FILE).write_text("\n".join(rows) + "\n")
+    # jobs in order of appearance: a -> 0, b -> 1, c -> 2, d -> 0 (3 groups)
+    assert group_means(tmp_path, groups=3) == [(1.0 + 3.0 + 10.0) / 3, 4.0, 6.0]
+    assert group_means(tmp_path, groups=5) == [2.0, 4.0, 6.0, 10.0, None]
+    assert group_means(tmp_path / "none") is None
+    assert group_spread([2.0, None, 8.0]) == 4.0 and group_spread([None, 1.0]) is None
+    megha = {"scheduler": "megha", "job_group_means": [1.0, 9.0, None]}
+    assert worst_vs(megha, {"job_group_means": [2.0, 6.0, 1.0]}) == 1.5
+    assert worst_vs(megha, None) is None and worst_vs(megha, {"job_group_means": [1.0]}) is None
