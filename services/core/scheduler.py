@@ -233,6 +233,12 @@ class Scheduler(Generic[W]):
         # Parked work that room without free CPU might take (``_may_fit``).
         self._parked_wide = False
 
+    @property
+    def shares(self) -> bool:
+        """Whether queues share the federation (two or more): Alg. 2 and the share rules
+        apply; with one queue or none, nothing is preempted for fairness."""
+        return self.fair is not None and len(self.fair.queues) > 1
+
     # ------------------------------------------------------------------ intake
     def never_runs(self, queue: str, spec: TaskSpec, now: float | None) -> str | None:
         """Why ``spec`` can never run in ``queue`` (it is refused at submission), or
@@ -292,7 +298,7 @@ class Scheduler(Generic[W]):
         reports waiting work of a queue under its share (``OldestFirst`` only: the
         reports are its)."""
         rule = self.view.owner_first
-        if self.fair is None or len(self.fair.queues) < 2 or not isinstance(rule, OldestFirst):
+        if not self.shares or not isinstance(rule, OldestFirst):
             return frozenset()
         waiting = rule.waiting_queues()
         if not waiting:
@@ -412,7 +418,7 @@ class Scheduler(Generic[W]):
         The victims are pledged (no other preemption picks them) until the driver has
         asked their LMs (``evictions_replied``); it plans the gang again once their room
         is free. Without ``pledge`` (a dry run) nothing changes."""
-        if self.fair is None or len(self.fair.queues) < 2:
+        if not self.shares:
             return "one queue: nothing to preempt for fairness"
         limited = limit_gang(gang, queue, self.ledger(now))
         if isinstance(limited, Verdict):  # it waits for its own queue's tasks
@@ -451,7 +457,7 @@ class Scheduler(Generic[W]):
         """No node internal or external: fairness (Alg. 2) picks victims, booked into
         their room and pledged so that no other task picks them while the request is
         out. Else why the task waits."""
-        if self.fair is None or len(self.fair.queues) < 2:
+        if not self.shares:
             return self._room(spec)
         # Alg. 2 is a function of the view (its tables, which LMs are silent) and the
         # pledged victims: while none changed, a shape it refused is refused again.
@@ -537,7 +543,7 @@ class Scheduler(Generic[W]):
         would offer the room they take again). Sent with ``backlog``: every GM then
         counts the same claims for each queue, none beyond its share (``OldestFirst``).
         Without shares: nothing (no queue is limited)."""
-        if self.fair is None or len(self.fair.queues) < 2:
+        if not self.shares:
             return {}
         usage, total = self.view.queue_usage(), self.view.total_capacity()
         room = {}
@@ -555,7 +561,7 @@ class Scheduler(Generic[W]):
         counts. True when a round should run: with shares, a queue that yielded
         (``_yielding``) may not now."""
         self.view.backlog(gm_id, runs, room)
-        return self.fair is not None and len(self.fair.queues) > 1 and self.ready()
+        return self.shares and self.ready()
 
     # ----------------------------------------------------------------- replies
     def accepted(self, lm_id: str, task_id: str) -> None:
@@ -708,10 +714,10 @@ class Scheduler(Generic[W]):
         rather than for room, or waits blind (``_park``)."""
         if self._parked_wide:
             return True
-        if self.fair is not None and len(self.fair.queues) > 1:
+        if self.shares:
             return True
-        view = self.view.lms.get(lm_id)
-        return view is None or not self.view.policy.strict_cpu or view.table.has_cpu.any()
+        # (``apply`` asks only for an LM it just applied or heard again: in the view.)
+        return not self.view.policy.strict_cpu or self.view.lms[lm_id].table.has_cpu.any()
 
     def ended(self, ends: Iterable[tuple[str, str, int, str, str]], now: float | None) -> bool:
         """Attempts that ended, as (LM, task id, attempt, node id or "", queue or ""):
