@@ -346,6 +346,29 @@ def counters_from(texts: dict[str, str]) -> dict[str, int]:
     return totals
 
 
+def histogram_from(texts: dict[str, str], name: str) -> dict[str, Any] | None:
+    """One histogram summed over every process that has it: its count and, for p50 and
+    p99, the upper edge of the bucket the quantile falls in (an upper bound, within the
+    buckets' factor of 2); None when no process has one observation."""
+    buckets: dict[float, float] = {}
+    for text in texts.values():
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == f"{name}_bucket":
+                    edge = float(sample.labels["le"])
+                    buckets[edge] = buckets.get(edge, 0.0) + sample.value
+    total = buckets.get(float("inf"), 0.0)
+    if not total:
+        return None
+    edges = sorted(buckets)
+
+    def below(q: float) -> float | None:
+        edge = next(e for e in edges if buckets[e] >= q * total)
+        return None if edge == float("inf") else edge
+
+    return {"count": int(total), "p50_le": below(0.5), "p99_le": below(0.99)}
+
+
 def stalls_from(texts: dict[str, str]) -> dict[str, dict[str, Any]]:
     """Per process: how often its event loop ran more than ``STALL_S`` late, a bound on the
     worst lag (the histogram bucket it fell in), and its garbage collections by generation
@@ -783,6 +806,9 @@ async def _measure(
         **(stalls_from(texts) if texts is not None else {}),
         "loadgen": tally.as_dict(),
     }
+    if texts is not None:  # where a try's wait went: the GM's part of it, and the broker's
+        result.summary["gm_answer_s"] = histogram_from(texts, "megha_submission_answer_seconds")
+        result.summary["broker_confirm_s"] = histogram_from(texts, "megha_broker_confirm_seconds")
     result.summary["cpu"] = cpu
     result.summary["memory"] = memory
     result.summary["submit_api"] = "SubmitStream" if streaming else "SubmitJob"
@@ -949,8 +975,24 @@ def _answers_line(s: dict[str, Any]) -> str:
     return (
         f"answers                each try's wait p50 {report.ms(answer['p50'])} ms, "
         f"p99 {report.ms(answer['p99'])} ms, max {report.ms(answer['max'])} ms; "
-        f"{s.get('answers_over_1s', 0)} over 1 s"
+        f"{s.get('answers_over_1s', 0)} over 1 s{_at_the_gms(s)}"
     )
+
+
+def _at_the_gms(s: dict[str, Any]) -> str:
+    """The GMs' part of a try's wait (from reading a submission they took to its answer)
+    and the broker's confirm within it, as bucket bounds from their histograms."""
+
+    def bound(edge: float | None) -> str:
+        return "> 100 s" if edge is None else f"<= {report.ms(edge)} ms"
+
+    gm, confirm = s.get("gm_answer_s"), s.get("broker_confirm_s")
+    if not gm:
+        return ""
+    said = f"; at the GMs p50 {bound(gm['p50_le'])}, p99 {bound(gm['p99_le'])}"
+    if confirm:
+        said += f" (broker confirm p50 {bound(confirm['p50_le'])}, p99 {bound(confirm['p99_le'])})"
+    return said
 
 
 def _events_line(s: dict[str, Any]) -> str:

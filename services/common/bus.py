@@ -644,7 +644,9 @@ class RabbitBus(Bus):
                 channel = self._confirmed
                 assert channel is not None
                 try:
+                    began = time.monotonic()
                     await self._publish_persistent(channel, name, body)
+                    metrics.BROKER_CONFIRM_SECONDS.observe(time.monotonic() - began)
                     return
                 except PublishError:
                     # Returned as unroutable: the queue was deleted since we declared it.

@@ -134,10 +134,19 @@ class GlobalMasterClient:
         ``jittered``), each announced to ``on_busy``; then its refusal is raised.
         ``on_answer`` is told how long each try waited for its answer (seconds), whatever
         the answer."""
+        # Built once: each try only stamps its own time (the tasks are copies made here).
+        request = global_master_pb2.SubmitJobRequest(
+            job_id=job_id, queue=queue, gang=gang, min_tasks=min_tasks, vdc=vdc
+        )
+        request.tasks.extend(tasks)
+        unstamped = [t for t in request.tasks if not t.timestamps.submitted_unix_nanos]
         for pause in [*map(jittered, busy_pauses(busy_tries)), None]:
             began = time.perf_counter()
+            now = time.time_ns()
+            for task in unstamped:
+                task.timestamps.submitted_unix_nanos = now
             try:
-                return await self._submit_once(tasks, queue, job_id, gang, min_tasks, vdc)
+                return await self._submit_once(request)
             except grpc.aio.AioRpcError as err:
                 if pause is None or err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                     raise
@@ -150,24 +159,8 @@ class GlobalMasterClient:
         raise AssertionError("unreachable: the last try raises or returns")
 
     async def _submit_once(
-        self,
-        tasks: Sequence[common_pb2.Task],
-        queue: str,
-        job_id: str,
-        gang: bool = False,
-        min_tasks: int = 0,
-        vdc: common_pb2.Vdc | None = None,
+        self, request: global_master_pb2.SubmitJobRequest
     ) -> global_master_pb2.SubmitJobResponse:
-        stamped = []
-        now = time.time_ns()
-        for task in tasks:
-            if not task.timestamps.submitted_unix_nanos:
-                task = common_pb2.Task.FromString(task.SerializeToString())
-                task.timestamps.submitted_unix_nanos = now
-            stamped.append(task)
-        request = global_master_pb2.SubmitJobRequest(
-            job_id=job_id, queue=queue, tasks=stamped, gang=gang, min_tasks=min_tasks, vdc=vdc
-        )
         if self._submitter is not None:
             return await self._submitter.request(request, timeout=30)
         return await self.stub.SubmitJob(request, timeout=30)

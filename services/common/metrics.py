@@ -46,6 +46,19 @@ SUBMISSIONS_REFUSED = Counter(
     "Submissions a GM refused RESOURCE_EXHAUSTED: its intake was full (Admission).",
     ["gm"],
 )
+SUBMISSION_ANSWER_SECONDS = Histogram(
+    "megha_submission_answer_seconds",
+    "Time from a GM reading a submission it took on to its answer (the broker confirmed "
+    "the job's message, or it failed); refusals are answered at once and not counted.",
+    ["gm"],
+    buckets=_SECONDS,
+)
+BROKER_CONFIRM_SECONDS = Histogram(
+    "megha_broker_confirm_seconds",
+    "Time from publishing a durable message (a job, a task's return to its queue) to "
+    "the broker's confirm.",
+    buckets=_SECONDS,
+)
 SUBMISSION_LIMIT = Gauge(
     "megha_submission_limit",
     "How many submissions a GM takes on at once now (adapted, services/core/admission.py).",

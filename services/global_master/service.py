@@ -575,6 +575,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         finally:
             now = time.monotonic()
             self.admission.ended(queue, now - began, now)
+            metrics.SUBMISSION_ANSWER_SECONDS.labels(self.gm_id).observe(now - began)
 
     async def _submit_job(self, request) -> global_master_pb2.SubmitJobResponse:
         """``_submit`` once admitted.

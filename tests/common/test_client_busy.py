@@ -24,9 +24,10 @@ async def gm(monkeypatch):
     """A client whose GM answers from ``answers`` (an error or a reply, in turn); the
     pauses it slept are in ``slept``."""
     target = GlobalMasterClient("127.0.0.1:1")
-    target.answers, target.slept = [], []
+    target.answers, target.slept, target.sent = [], [], []
 
-    async def submit_once(tasks, queue, job_id, *_gang):
+    async def submit_once(request):
+        target.sent.append([t.timestamps.submitted_unix_nanos for t in request.tasks])
         answer = target.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
@@ -92,6 +93,19 @@ async def test_each_try_says_how_long_it_waited_for_its_answer(gm) -> None:
     with pytest.raises(grpc.aio.AioRpcError):
         await gm.submit([], busy_tries=8, on_answer=waited.append)
     assert len(waited) == 4  # an error is an answer too
+
+
+async def test_each_try_stamps_its_own_time_on_copies_of_the_tasks(gm) -> None:
+    from services._proto.megha.v1 import common_pb2
+
+    given = [common_pb2.Task(task_id="a"), common_pb2.Task(task_id="b")]
+    given[1].timestamps.submitted_unix_nanos = 7  # the caller's own stamp is kept
+    gm.answers = [BUSY, BUSY, "queued"]
+    assert await gm.submit(given, busy_tries=8) == "queued"
+    (first, keep1), (second, keep2), (third, keep3) = gm.sent
+    assert keep1 == keep2 == keep3 == 7
+    assert 0 < first < second < third  # each try's time, not the first one's
+    assert not given[0].timestamps.submitted_unix_nanos  # the caller's task is unchanged
 
 
 def test_a_pause_is_jittered_within_half_of_itself_either_way() -> None:

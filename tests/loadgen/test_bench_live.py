@@ -21,6 +21,7 @@ from loadgen.bench_live import (
     BenchOptions,
     Offer,
     bench_config,
+    histogram_from,
     render,
     stalls_from,
     summarise,
@@ -169,6 +170,38 @@ def test_stalls_are_read_from_each_process_histograms() -> None:
     assert "predictor" not in stalls
 
 
+def test_a_histogram_is_summed_over_processes_and_read_as_bucket_bounds() -> None:
+    texts = {}
+    for name, seconds in (("gm-1", [0.001] * 60), ("gm-2", [0.3] * 39 + [200.0])):
+        registry = CollectorRegistry()
+        answers = Histogram(
+            "megha_submission_answer_seconds", "", ["gm"], buckets=(0.002, 0.5), registry=registry
+        )
+        for took in seconds:
+            answers.labels(name).observe(took)
+        texts[name] = generate_latest(registry).decode()
+    texts["lm-1"] = "# none here\n"
+
+    # 60 of 100 within 2 ms, 39 more within 0.5 s, one beyond the last bucket.
+    assert histogram_from(texts, "megha_submission_answer_seconds") == {
+        "count": 100,
+        "p50_le": 0.002,
+        "p99_le": 0.5,
+    }
+    assert histogram_from(texts, "megha_broker_confirm_seconds") is None
+    texts["gm-1"] = texts["gm-2"]  # now 78 within 0.5 s, 2 beyond: p99 past every bucket
+    assert histogram_from(texts, "megha_submission_answer_seconds")["p99_le"] is None
+    line = render_answers({"gm_answer_s": {"count": 2, "p50_le": 0.0016, "p99_le": None}})
+    assert line.endswith("at the GMs p50 <= 1.60 ms, p99 > 100 s")
+
+
+def render_answers(extra: dict) -> str:
+    from loadgen.bench_live import _answers_line
+
+    summary = {"submit_answer_s": {"p50": 0.001, "p99": 0.002, "max": 0.003}, **extra}
+    return _answers_line(summary)
+
+
 def run_cli(argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "MEGHA_RABBITMQ_URL": RABBIT_URL}
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
@@ -209,6 +242,10 @@ def test_bench_live_end_to_end(tmp_path: Path) -> None:
     assert all(s["loop_lags"] >= 20 for s in stalls.values())
     assert stalls["gm-1"]["gc"]["0"][0] > 0 and stalls["lm-1"]["gc"]["0"][0] > 0
     assert "loop stalls > 0.128 s" in done.stdout
+    # Where a submission's wait went: the GM's part (read to answer), the broker's confirm.
+    assert summary["gm_answer_s"]["count"] == 40 and summary["gm_answer_s"]["p50_le"] > 0
+    assert summary["broker_confirm_s"]["count"] >= 40
+    assert "at the GMs p50 <= " in done.stdout
 
 
 @pytest.mark.parametrize(
