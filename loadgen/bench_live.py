@@ -809,6 +809,9 @@ async def _measure(
     if texts is not None:  # where a try's wait went: the GM's part of it, and the broker's
         result.summary["gm_answer_s"] = histogram_from(texts, "megha_submission_answer_seconds")
         result.summary["broker_confirm_s"] = histogram_from(texts, "megha_broker_confirm_seconds")
+        result.summary["gm_read_wait_s"] = histogram_from(
+            texts, "megha_submission_read_wait_seconds"
+        )
     result.summary["cpu"] = cpu
     result.summary["memory"] = memory
     result.summary["submit_api"] = "SubmitStream" if streaming else "SubmitJob"
@@ -989,7 +992,10 @@ def _at_the_gms(s: dict[str, Any]) -> str:
     gm, confirm = s.get("gm_answer_s"), s.get("broker_confirm_s")
     if not gm:
         return ""
-    said = f"; at the GMs p50 {bound(gm['p50_le'])}, p99 {bound(gm['p99_le'])}"
+    said = ""
+    if wait := s.get("gm_read_wait_s"):
+        said += f"; before the GMs' read p50 {bound(wait['p50_le'])}, p99 {bound(wait['p99_le'])}"
+    said += f"; at the GMs p50 {bound(gm['p50_le'])}, p99 {bound(gm['p99_le'])}"
     if confirm:
         said += f" (broker confirm p50 {bound(confirm['p50_le'])}, p99 {bound(confirm['p99_le'])})"
     return said

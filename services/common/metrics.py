@@ -53,6 +53,13 @@ SUBMISSION_ANSWER_SECONDS = Histogram(
     ["gm"],
     buckets=_SECONDS,
 )
+SUBMISSION_READ_WAIT_SECONDS = Histogram(
+    "megha_submission_read_wait_seconds",
+    "How long a streamed submission waited in front of the GM's read (the client's stream, "
+    "flow control), by the client's clock against the least delay seen on its stream.",
+    ["gm"],
+    buckets=_SECONDS,
+)
 BROKER_CONFIRM_SECONDS = Histogram(
     "megha_broker_confirm_seconds",
     "Time from publishing a durable message (a job, a task's return to its queue) to "

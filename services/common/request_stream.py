@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
@@ -47,8 +48,9 @@ class RequestStream(Generic[Request, Reply]):
 
     ``wrap(request_id, request)`` makes the stream message; ``unwrap(message)`` gives the
     request ids and their answers, or an ``AioRpcError`` to raise for a request. With
-    ``wrap_many`` (a list of (request id, request) into one message), the requests that
-    queue while a write is in flight go out together as one message: under load a
+    ``wrap_many`` (a list of (request id, request, when it was asked: wall clock, ns)
+    into one message), the requests that queue while a write is in flight go out
+    together as one message: under load a
     stream then carries fewer, bigger messages instead of falling behind one write at a
     time (gRPC allows one write in flight per call)."""
 
@@ -58,7 +60,7 @@ class RequestStream(Generic[Request, Reply]):
         wrap: Callable[[int, Request], Any],
         unwrap: Callable[[Any], Answers],
         what: str,
-        wrap_many: Callable[[list[tuple[int, Request]]], Any] | None = None,
+        wrap_many: Callable[[list[tuple[int, Request, int]]], Any] | None = None,
     ) -> None:
         self._open_call = open_call
         self._wrap = wrap
@@ -70,7 +72,8 @@ class RequestStream(Generic[Request, Reply]):
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._ids = itertools.count(1)
         self._write_lock = asyncio.Lock()  # grpc.aio allows one write at a time per call
-        self._outbox: list[tuple[int, Request]] = []  # with wrap_many: not written yet
+        # With wrap_many: not written yet, with when each was asked (wall clock, ns).
+        self._outbox: list[tuple[int, Request, int]] = []
         self._writer: asyncio.Task[None] | None = None
         self.written = 0  # stream messages written (fewer than requests when coalesced)
 
@@ -81,7 +84,7 @@ class RequestStream(Generic[Request, Reply]):
         try:
             async with asyncio.timeout(timeout):
                 if self._wrap_many is not None:
-                    self._outbox.append((rid, request))
+                    self._outbox.append((rid, request, time.time_ns()))
                     if self._writer is None or self._writer.done():
                         self._writer = asyncio.create_task(self._write_outbox())
                 else:
@@ -115,14 +118,14 @@ class RequestStream(Generic[Request, Reply]):
         empty; a request given up on meanwhile (its deadline) is left out."""
         assert self._wrap_many is not None
         while self._outbox:
-            take = [(rid, r) for rid, r in self._outbox[:MAX_COALESCED] if rid in self._pending]
+            take = [one for one in self._outbox[:MAX_COALESCED] if one[0] in self._pending]
             del self._outbox[:MAX_COALESCED]
             if not take:
                 continue
             try:
                 await self._write(self._open(), self._wrap_many(take))
             except Exception as err:  # a broken stream, or a request that cannot be sent
-                for rid, _ in take:
+                for rid, *_ in take:
                     waiting = self._pending.get(rid)
                     if waiting is not None and not waiting.done():
                         waiting.set_exception(err)
@@ -218,13 +221,19 @@ class Submitter(
 
 
 def _submit_many(
-    requests: list[tuple[int, global_master_pb2.SubmitJobRequest]],
+    requests: list[tuple[int, global_master_pb2.SubmitJobRequest, int]],
 ) -> global_master_pb2.SubmitStreamRequest:
-    (rid, first), rest = requests[0], requests[1:]
+    """Jobs as one stream message, each saying when it was asked: the GM's intake counts
+    the wait in front of its read (``services/core/admission.py``, ``QueueingDelay``)."""
+    (rid, first, asked), rest = requests[0], requests[1:]
     return global_master_pb2.SubmitStreamRequest(
         request_id=rid,
         submit=first,
-        more_jobs=[global_master_pb2.SubmitStreamRequest(request_id=r, submit=q) for r, q in rest],
+        asked_unix_nanos=asked,
+        more_jobs=[
+            global_master_pb2.SubmitStreamRequest(request_id=r, submit=q, asked_unix_nanos=at)
+            for r, q, at in rest
+        ],
     )
 
 

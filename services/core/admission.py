@@ -21,9 +21,18 @@ when it shrank were already late: counting each would collapse it), never below
 ``min_limit``. A queue may hold at most ``queue_share`` of the limit while other queues'
 submissions are under way too, so one queue's flood leaves room for the others' jobs.
 
-Assumptions: an answer's time, measured from the GM's read, and the loop's lag are what
-the GM can see of its own backlog; the wait in front of the read (the client's stream,
-the transport) grows only while the loop is late, which ``lagged`` sees. No clock: the
+An answer's time counts the wait in front of the GM's read too (the client's stream, the
+transport, HTTP/2 flow control), where an overloaded GM's backlog hides: a client that
+says when it asked (``SubmitStreamRequest.asked_unix_nanos``) has its wait read by
+``QueueingDelay``, the one-way delay above the least seen on its stream, as LEDBAT reads
+a queue's delay (RFC 6817), so the two clocks need not agree. Without it the GM saw only
+its own part: with that part made fast (the broker's confirms pipelined) the limit grew
+while the clients' tries waited longer in front of the read (docs/overload.md).
+
+Assumptions: the answer's time, the wait before the read and the loop's lag are what
+the GM can see of its backlog; the least delay of a stream is its clocks' offset plus a
+transit with no queue, and the client's clock does not jump forward during the stream
+(a jump reads as a wait, and shrinks the limit, until the stream ends). No clock: the
 driver passes ``now`` and the durations.
 """
 
@@ -129,3 +138,24 @@ class Admission:
             return
         self._shrunk_at = now
         self.limit = max(self.min_limit, self.limit * self.backoff)
+
+
+@dataclass
+class QueueingDelay:
+    """How long a stream's messages waited in front of their reader, from the time each
+    was sent by the sender's clock: the one-way delay (read on the reader's clock less
+    sent on the sender's) above the least seen on the stream, which is the clocks'
+    offset plus a transit with no queue (LEDBAT's base delay, RFC 6817). One per stream:
+    each sender's clock has its own offset."""
+
+    least_ns: int | None = None
+
+    def wait_s(self, sent_ns: int, read_ns: int) -> float:
+        """The wait of a message sent at ``sent_ns`` and read at ``read_ns``; 0 when the
+        sender did not say (``sent_ns`` 0) or this is the least delay yet."""
+        if sent_ns <= 0:
+            return 0.0
+        delay = read_ns - sent_ns
+        if self.least_ns is None or delay < self.least_ns:
+            self.least_ns = delay
+        return (delay - self.least_ns) / 1e9

@@ -160,7 +160,13 @@ class SubmitStreamRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SUBMIT_FIELD_NUMBER: _builtins.int
     MORE_JOBS_FIELD_NUMBER: _builtins.int
+    ASKED_UNIX_NANOS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.int
+    asked_unix_nanos: _builtins.int
+    """When the client asked (its wall clock, Unix ns; 0: not said): the GM reads from it
+    how long the job waited in front of its read, against the least such delay it has
+    seen on the stream, so the two clocks need not agree (services/core/admission.py).
+    """
     @_builtins.property
     def submit(self) -> Global___SubmitJobRequest: ...
     @_builtins.property
@@ -176,10 +182,11 @@ class SubmitStreamRequest(_message.Message):
         request_id: _builtins.int = ...,
         submit: Global___SubmitJobRequest | None = ...,
         more_jobs: _abc.Iterable[Global___SubmitStreamRequest] | None = ...,
+        asked_unix_nanos: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["submit", b"submit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["more_jobs", b"more_jobs", "request_id", b"request_id", "submit", b"submit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["asked_unix_nanos", b"asked_unix_nanos", "more_jobs", b"more_jobs", "request_id", b"request_id", "submit", b"submit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
