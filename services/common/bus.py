@@ -695,20 +695,8 @@ class RabbitBus(Bus):
             message_id=uuid.uuid4().hex,  # names it in a consumer's logs
         )
         # With publisher confirms this returns once the broker has stored the message, and
-        # raises DeliveryError if the broker nacks it (PublishError if it returns it).
-        # What aio-pika's ``Exchange.publish`` does, but pipelined (``wait=False``): aiormq
-        # otherwise holds the channel's lock until the connection's writer has written and
-        # drained the frame, so concurrent publishes on the channel go out one per turn of
-        # a busy event loop, and under load a confirm "took" 0.4-0.8 s that was all waiting
-        # for that lock (docs/overload.md). The confirm is still what is awaited.
-        underlay = await channel.get_underlay_channel()
-        await underlay.basic_publish(
-            body,
-            routing_key=name,
-            properties=message.properties,
-            mandatory=True,
-            wait=False,
-        )
+        # raises DeliveryError if the broker nacks it.
+        await channel.default_exchange.publish(message, name, mandatory=True)
 
     async def enqueue_many(self, queue: str, bodies: Sequence[bytes]) -> None:
         self._require()

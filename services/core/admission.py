@@ -21,19 +21,12 @@ when it shrank were already late: counting each would collapse it), never below
 ``min_limit``. A queue may hold at most ``queue_share`` of the limit while other queues'
 submissions are under way too, so one queue's flood leaves room for the others' jobs.
 
-An answer's time counts the wait in front of the GM's read too (the client's stream, the
-transport, HTTP/2 flow control), where an overloaded GM's backlog hides: a client that
-says when it asked (``SubmitStreamRequest.asked_unix_nanos``) has its wait read by
-``QueueingDelay``, the one-way delay above the least seen on its stream, as LEDBAT reads
-a queue's delay (RFC 6817), so the two clocks need not agree. Without it the GM saw only
-its own part: with that part made fast (the broker's confirms pipelined) the limit grew
-while the clients' tries waited longer in front of the read (docs/overload.md).
-
-Assumptions: the answer's time, the wait before the read and the loop's lag are what
-the GM can see of its backlog; the least delay of a stream is its clocks' offset plus a
-transit with no queue, and the client's clock does not jump forward during the stream
-(a jump reads as a wait, and shrinks the limit, until the stream ends). No clock: the
-driver passes ``now`` and the durations.
+Assumptions: an answer's time, measured from the GM's read, and the loop's lag are what
+the GM can see of its own backlog; the wait in front of the read (the client's stream,
+the transport) grows only while the loop is late, which ``lagged`` sees. That wait is
+measured (``QueueingDelay``, for the reports) but not counted: counted, it made the
+overloaded runs no better (docs/overload.md). No clock: the driver passes ``now`` and
+the durations.
 """
 
 from __future__ import annotations
@@ -146,7 +139,8 @@ class QueueingDelay:
     was sent by the sender's clock: the one-way delay (read on the reader's clock less
     sent on the sender's) above the least seen on the stream, which is the clocks'
     offset plus a transit with no queue (LEDBAT's base delay, RFC 6817). One per stream:
-    each sender's clock has its own offset."""
+    each sender's clock has its own offset. Assumes the sender's clock does not jump
+    forward during the stream (a jump reads as a wait until the stream ends)."""
 
     least_ns: int | None = None
 

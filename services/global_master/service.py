@@ -491,10 +491,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         answers: asyncio.Queue = asyncio.Queue()
         done_reading = object()
 
-        async def handle(message, waited_s: float) -> None:
+        async def handle(message) -> None:
             reply = global_master_pb2.SubmitStreamResponse(request_id=message.request_id)
             try:
-                reply.submit.CopyFrom(await self._submit(message.submit, waited_s))
+                reply.submit.CopyFrom(await self._submit(message.submit))
             except Refused as refused:
                 reply.error_code = refused.code.value[0]
                 reply.error_message = refused.details
@@ -516,13 +516,14 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     for one in (message, *message.more_jobs):
                         outstanding += 1
                         # How long it waited in front of this read (the client's stream,
-                        # flow control): part of the wait the intake bounds.
+                        # flow control), for the reports (not counted by the intake:
+                        # ``QueueingDelay``).
                         waited_s = queueing.wait_s(one.asked_unix_nanos, read_ns)
                         metrics.SUBMISSION_READ_WAIT_SECONDS.labels(self.gm_id).observe(waited_s)
                         # Not tied to the stream: a job being queued finishes queueing
                         # even if the client goes (it learns of it through GetJob, as
                         # after a lost unary answer).
-                        self._spawn(handle(one, waited_s))
+                        self._spawn(handle(one))
             except Exception as err:  # the stream broke; answers still owed are dropped
                 log.debug("SubmitStream ended", extra={"error": repr(err)})
             finally:
@@ -551,10 +552,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         finally:
             reader.cancel()
 
-    async def _submit(self, request, waited_s: float = 0.0) -> global_master_pb2.SubmitJobResponse:
+    async def _submit(self, request) -> global_master_pb2.SubmitJobResponse:
         """Queue one job, or raise ``Refused`` (what the client is told): RESOURCE_EXHAUSTED
-        when the GM's intake is full (``Admission``). ``waited_s``: how long it waited in
-        front of the GM's read (a stream's ``QueueingDelay``), counted in its answer's time."""
+        when the GM's intake is full (``Admission``)."""
         for name in ("job_id", "queue"):  # a SubmitStream's are not checked on arrival
             if problem := id_problem(name, getattr(request, name)):
                 raise Refused(grpc.StatusCode.INVALID_ARGUMENT, problem)
@@ -581,7 +581,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             return await self._submit_job(request)
         finally:
             now = time.monotonic()
-            self.admission.ended(queue, waited_s + now - began, now)
+            self.admission.ended(queue, now - began, now)
             metrics.SUBMISSION_ANSWER_SECONDS.labels(self.gm_id).observe(now - began)
 
     async def _submit_job(self, request) -> global_master_pb2.SubmitJobResponse:

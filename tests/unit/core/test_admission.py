@@ -111,3 +111,29 @@ def test_under_way_never_passes_the_limit_and_the_limit_stays_in_its_bounds(step
             intake.lagged(value, now)
         assert 8 <= intake.current <= 64
         assert intake.under_way == len(taken) == sum(intake.by_queue.values())
+
+
+def test_the_wait_before_a_read_is_the_delay_above_the_least_whatever_the_clocks() -> None:
+    from services.core.admission import QueueingDelay
+
+    for offset in (0, 7 * 10**9, -(3 * 10**9)):  # the sender's clock ahead, or behind
+        stream = QueueingDelay()
+        sent = [now + 100 for now in range(4)]  # ns, the true time a message was sent
+        sent = [1_764_000_000 * 10**9 + at for at in sent]
+        transit = [5, 3, 250_000_003, 3]  # ns; the third waited 0.25 s in a queue
+        waits = [  # sent by the sender's clock (off by ``offset``), read by the reader's
+            stream.wait_s(at + offset, at + took) for at, took in zip(sent, transit, strict=True)
+        ]
+        # The first is its own least (0); the second sets a lower least and reads 0 too.
+        assert waits == [0.0, 0.0, 0.25, 0.0]
+    assert QueueingDelay().wait_s(0, 123) == 0.0  # the sender did not say
+
+
+def test_a_streamed_job_says_when_it_was_asked() -> None:
+    from services._proto.megha.v1 import global_master_pb2
+    from services.common.request_stream import _submit_many
+
+    job = global_master_pb2.SubmitJobRequest(job_id="j")
+    message = _submit_many([(1, job, 11), (2, job, 22), (3, job, 33)])
+    assert message.asked_unix_nanos == 11
+    assert [(m.request_id, m.asked_unix_nanos) for m in message.more_jobs] == [(2, 22), (3, 33)]
