@@ -983,8 +983,9 @@ def _answers_line(s: dict[str, Any]) -> str:
 
 
 def _at_the_gms(s: dict[str, Any]) -> str:
-    """The GMs' part of a try's wait (from reading a submission they took to its answer)
-    and the broker's confirm within it, as bucket bounds from their histograms."""
+    """Where a try's wait went, as bucket bounds from the GMs' histograms: in front of
+    their read (streamed jobs), from their read to their answer (jobs they took on), and
+    the broker's confirm within that."""
 
     def bound(edge: float | None) -> str:
         return "> 100 s" if edge is None else f"<= {report.ms(edge)} ms"
