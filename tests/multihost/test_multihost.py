@@ -78,7 +78,7 @@ RECOVERY_TARGET_S = 5.0
 
 
 @pytest.fixture(scope="module")
-def net():
+def net(request):
     why = why_unavailable()
     if why:
         pytest.skip(f"multi-host test: {why}")
@@ -89,6 +89,7 @@ def net():
     root = Path(tempfile.mkdtemp(prefix="megha-netns-"))
     root.chmod(0o711)
     network = Network(root)
+    failed_before = request.session.testsfailed
     try:
         network.add("broker", 2)
         for i in range(1, BROKER_NODES + 1):
@@ -107,7 +108,9 @@ def net():
         yield network
     finally:
         network.close()
-        if os.environ.get("MEGHA_NETNS_KEEP") == "1":
+        # A failure keeps them too: a rare one (a run of CI) is read from its logs.
+        failed = request.session.testsfailed > failed_before
+        if os.environ.get("MEGHA_NETNS_KEEP") == "1" or failed:
             print(f"\nhosts' directories and logs kept in {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
