@@ -223,7 +223,7 @@ class Submitter(
 def _submit_many(
     requests: list[tuple[int, global_master_pb2.SubmitJobRequest, int]],
 ) -> global_master_pb2.SubmitStreamRequest:
-    """Jobs as one stream message, each saying when it was asked: the GM's intake counts
+    """Jobs as one stream message, each saying when it was asked: the GM measures from it
     the wait in front of its read (``services/core/admission.py``, ``QueueingDelay``)."""
     (rid, first, asked), rest = requests[0], requests[1:]
     return global_master_pb2.SubmitStreamRequest(

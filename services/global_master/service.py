@@ -506,6 +506,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
         outstanding = 0
         queueing = QueueingDelay()  # this client's clock against ours
+        read_waits = metrics.SUBMISSION_READ_WAIT_SECONDS.labels(self.gm_id)
 
         async def read() -> None:
             nonlocal outstanding
@@ -519,7 +520,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                         # flow control), for the reports (not counted by the intake:
                         # ``QueueingDelay``).
                         waited_s = queueing.wait_s(one.asked_unix_nanos, read_ns)
-                        metrics.SUBMISSION_READ_WAIT_SECONDS.labels(self.gm_id).observe(waited_s)
+                        read_waits.observe(waited_s)
                         # Not tied to the stream: a job being queued finishes queueing
                         # even if the client goes (it learns of it through GetJob, as
                         # after a lost unary answer).
