@@ -69,7 +69,7 @@ from services.core.global_view import ApplyResult, GlobalView, PreemptionPlan
 from services.core.limits import QueueLimits
 from services.core.lm_lifecycle import Lifecycle
 from services.core.match import make_policy
-from services.core.reservations import GangVerdict, Reservations
+from services.core.reservations import GangVerdict, Reservations, room_id
 from services.core.resources import NET, resources
 from services.core.scheduler import Decided, Scheduler
 from services.core.snapshot import Snapshot
@@ -200,6 +200,9 @@ class GangWait:
     missed: tuple = ()
     evict_after: int = 0  # no preemption for it before then (virtual ns; GANG_EVICT_S)
     evict_due: bool = False  # a round is set for evict_after, view changed or not
+    # (lm_id, placeholder id) of the room its victims left it, held by their LMs for
+    # its job (``Reservations.hold_room``), as the live GangJob's.
+    held: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(eq=False, slots=True)
@@ -537,7 +540,9 @@ class MeghaSim:
             t += self.match_ns * len(wait.gang.members)
             # Judged "never" at arrival (the simulated nodes never change).
             queue = wait.gang.members[0].queue
-            outcome = gm.scheduler.plan_gang(queue, wait.gang, t / 1e9, judge_never=False)
+            outcome = gm.scheduler.plan_gang(
+                queue, wait.gang, t / 1e9, judge_never=False, held=wait.held
+            )
             if not isinstance(outcome, GangPlan):
                 wait.missed = stamp
                 if self.config.fair_share:
@@ -612,6 +617,10 @@ class MeghaSim:
         gm.gangs.appendleft(attempt.wait)
         self._wake(gm)
 
+    def _lm_expire(self, lm: SimLM) -> None:
+        assert lm.reservations is not None
+        lm.reservations.expire(self.engine.now / 1e9)
+
     def _lm_release(self, lm: SimLM, gang_id: str) -> None:
         assert lm.reservations is not None
         lm.reservations.release(gang_id, self.engine.now / 1e9)
@@ -652,6 +661,7 @@ class MeghaSim:
         if not isinstance(eviction, Eviction):
             return
         wait.evict_after = t + ns(GANG_EVICT_S)
+        wait.held = []
         by_lm: dict[str, list[tuple[str, int]]] = {}
         for lm_id, task_id, attempt in eviction.victims:
             by_lm.setdefault(lm_id, []).append((task_id, attempt))
@@ -672,18 +682,24 @@ class MeghaSim:
         lm.busy_until = t
         over = self._over_share_now()
         stopped = 0
+        job_id = asked.wait.gang.members[0].job_id
+        assert lm.reservations is not None
         for task_id, attempt in victims:
             if lm.life.evictable(task_id, attempt, over) is None:
                 continue
             allocation = lm.state.allocations[task_id]
             node, queue = lm.state.table.node_ids[allocation.node], allocation.queue
             lm.state.release(task_id)
+            # Its room is the gang's until the gang reserves here (the live LM's StopTasks
+            # with ``for_job_id``): a gang comes for it a round trip later.
+            lm.reservations.hold_room(job_id, allocation, t / 1e9, GANG_EVICT_S)
+            asked.wait.held.append((lm.state.lm_id, room_id(task_id, job_id)))
             stopped += 1
             # Its next attempt is queued once its worker reports the kill took effect
-            # (``Lifecycle`` ``stopping``): a kill there and the report back. (A
-            # preempting task takes its victims' room in the LM's step; a gang comes
-            # for it a round trip later, and would lose it to retries queued at once.)
+            # (``Lifecycle`` ``stopping``): a kill there and the report back.
             self._requeue(task_id, t, after=2 * self.delay)
+        if stopped:  # what no reserve took is released then (the live LM's timer)
+            self.engine.at(t + ns(GANG_EVICT_S), self._lm_expire, lm)
             if self.config.finish_notify == "all":  # the PREEMPTED events of the live LM
                 self.engine.at(
                     t + self.delay,

@@ -276,6 +276,14 @@ class ClusterState:
             raise ValueError(f"no node with index {node}")
         return self._allocate(task, node, int(self.table.owner[node]), logical=False)
 
+    def hold(self, task: TaskSpec, node: int, partition: int, logical: bool) -> Allocation:
+        """Book ``task`` (a placeholder holding room: ``Reservations.hold_room``) on
+        ``node`` in ``partition`` exactly as given, with no checks: it takes the room an
+        allocation just released there, so it fits."""
+        if not 0 <= node < self.table.size:
+            raise ValueError(f"no node with index {node}")
+        return self._allocate(task, node, partition, logical)
+
     def release(self, task_id: str) -> Allocation | None:
         """Give a task's resources back (to the owner partition, for a logical node).
 

@@ -228,16 +228,21 @@ def plan_gang(
     now: float | None = None,
     policy: Colocate | None = None,
     judge_never: bool = True,
+    held: Sequence[tuple[str, str]] = (),
 ) -> GangPlan | Verdict:
     """Every member of ``gang`` on a node of ``view`` (at least ``gang.needed`` of them),
     or a ``Verdict`` saying why not: UNSCHEDULABLE (wait) or INFEASIBLE (never).
 
     Without ``judge_never`` a gang that does not fit now is UNSCHEDULABLE without asking
     whether it ever could (a second packing over every node): for a caller that judged
-    it at submission and retries it on every view change."""
+    it at submission and retries it on every view change. ``held``: (lm_id, placeholder
+    id) of the room LMs hold for this gang's job (``room_id``: its preemption's victims
+    left it), counted free for it."""
     policy = policy or Colocate()
     requests = np.stack([m.resources for m in gang.members]).astype(np.int64)
     usable = _slots(view, gang.constraint_mask, now, alive_only=True)
+    if held and len(usable.rows):
+        _count_held(view, usable, held)
 
     def every() -> np.ndarray:
         # "Never" is judged on every node that could ever take the gang, dead ones too,
@@ -258,6 +263,19 @@ def plan_gang(
     if isinstance(outcome, Verdict):
         return outcome
     return _plan(gang, view, usable, outcome)
+
+
+def _count_held(view: GlobalView, slots: _Slots, held: Sequence[tuple[str, str]]) -> None:
+    """Add to ``slots.free`` the room the view shows held for the gang (placeholders
+    that the gang's reserve releases before it books its pieces)."""
+    pairs = zip(slots.lm_ids, slots.rows.tolist(), strict=True)
+    slot_of = {(lm_id, row): k for k, (lm_id, row) in enumerate(pairs)}
+    for lm_id, holder_id in held:
+        lm = view.lms.get(lm_id)
+        allocation = None if lm is None else lm.allocations.get(holder_id)
+        slot = None if allocation is None else slot_of.get((lm_id, allocation.node))
+        if slot is not None:
+            slots.free[:, slot] += allocation.resources
 
 
 def _plan(gang: Gang, view: GlobalView, slots: _Slots, packing: Packing) -> GangPlan:

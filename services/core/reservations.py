@@ -29,6 +29,13 @@ Model and assumptions:
 - With a VDC layout the uplink is checked first with ``vdc.fits_uplinks`` on this LM's
   nodes (the GM planned with the same function), and each piece must book exactly its
   member's uplink share as ``net_mbps``.
+- **Room held for a gang** (``hold_room``): a victim preempted for a waiting gang job
+  leaves its room booked as a placeholder for that job (id ``room_id(victim, job)``,
+  the victim's node, resources and queue) until ``now + ttl_s``: the room the gang
+  preempted for is the gang's, not whoever's launch reaches the LM first (another GM
+  that heard of the freed room, the victims' own next attempts). The job's first
+  reserve here takes every room held for it (released, then the pieces booked; a
+  refusal books them again as they were); ``expire`` releases what no reserve took.
 """
 
 from __future__ import annotations
@@ -48,11 +55,18 @@ from services.core.task import TaskSpec
 from services.core.vdc import UNJUDGED, fits_uplinks, member_uplink
 
 _MARK = "#gang"
+_ROOM = "#gang-room:"  # a placeholder holding a preempted victim's room for a gang job
 
 
 def is_placeholder(task_id: str) -> bool:
     """Whether an allocation is a reservation's placeholder (no worker runs it)."""
     return _MARK in task_id
+
+
+def room_id(victim_task_id: str, job_id: str) -> str:
+    """The placeholder that holds ``victim_task_id``'s room for gang job ``job_id``
+    (``Reservations.hold_room``); the GM that preempted names it the same way."""
+    return f"{victim_task_id}{_ROOM}{job_id}"
 
 
 class Held(enum.Enum):
@@ -76,6 +90,17 @@ class GangVerdict:
     @property
     def ok(self) -> bool:
         return self.status.ok
+
+
+@dataclass(frozen=True, slots=True)
+class _Room:
+    holder_id: str
+    node: int
+    resources: np.ndarray
+    queue: str
+    partition: int
+    logical: bool
+    deadline: float
 
 
 @dataclass(slots=True)
@@ -117,6 +142,64 @@ class Reservations:
         # Gang id -> its reservation, held, committed or gone (until ``expire`` forgets it).
         self._records: dict[str, _Record] = {}
         self._sequence = 0  # numbers placeholders: a new id per reservation
+        # Gang job id -> the room preempted victims left it (``hold_room``).
+        self._rooms: dict[str, list[_Room]] = {}
+
+    # ------------------------------------------------------------ held room
+    def hold_room(self, job_id: str, victim: Allocation, now: float, ttl_s: float) -> Allocation:
+        """Book the room ``victim`` (just released from the books: preempted for gang job
+        ``job_id``) held, for that job alone, until ``now + ttl_s``: a placeholder on its
+        node with its resources, in its queue and partition (fairness and the owner's
+        books see nothing change until the gang takes it). Holding again what is held
+        already (a retried preemption) changes nothing."""
+        if not ttl_s > 0:
+            raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+        holder_id = room_id(victim.task_id, job_id)
+        held = self.cluster.allocations.get(holder_id)
+        if held is not None:
+            return held
+        room = _Room(
+            holder_id,
+            victim.node,
+            victim.resources.copy(),
+            victim.queue,
+            victim.partition,
+            victim.logical,
+            now + ttl_s,
+        )
+        self._rooms.setdefault(job_id, []).append(room)
+        return self._book_room(job_id, room)
+
+    def rooms_held(self, job_id: str) -> list[str]:
+        """The placeholders holding room for gang job ``job_id`` here."""
+        return [room.holder_id for room in self._rooms.get(job_id, ())]
+
+    def _book_room(self, job_id: str, room: _Room) -> Allocation:
+        holder = TaskSpec(
+            task_id=room.holder_id,
+            resources=room.resources,
+            queue=room.queue,
+            job_id=job_id,
+            gang=True,  # never a preemption's victim
+        )
+        return self.cluster.hold(holder, room.node, room.partition, room.logical)
+
+    def _take_rooms(self, job_id: str) -> list[_Room]:
+        """Release the room held for ``job_id`` so that its reserve books its pieces
+        there; ``_give_rooms`` books them again if the reserve is refused."""
+        rooms = self._rooms.pop(job_id, [])
+        for room in rooms:
+            self.cluster.release(room.holder_id)
+        return rooms
+
+    def _give_rooms(self, job_id: str, rooms: list[_Room]) -> None:
+        if not rooms:
+            return
+        kept = [room for room in rooms if self.cluster.table.is_alive(room.node)]
+        for room in kept:
+            self._book_room(job_id, room)
+        if kept:
+            self._rooms[job_id] = kept
 
     # ----------------------------------------------------------------- reserve
     def reserve(
@@ -153,9 +236,12 @@ class Reservations:
         early = self._refusal(gang_id, gm_id, pieces)
         if early is not None:
             return early
+        job_id = pieces[0].task.job_id
+        rooms = self._take_rooms(job_id)  # the room preempted for this job is its own
         if layout is not None:
             up = self._uplinks(gang_id, pieces, layout)
             if up is not None:
+                self._give_rooms(job_id, rooms)
                 return up
         self._sequence += 1
         booked: list[Allocation] = []
@@ -165,6 +251,7 @@ class Reservations:
             if not decision.ok or decision.allocation is None:
                 for allocation in booked:  # all or nothing
                     self.cluster.release(allocation.task_id)
+                self._give_rooms(job_id, rooms)
                 node = self.cluster.table.node_ids[piece.node]
                 why = f"{piece.task.task_id} on {node}: {decision.reason}"
                 return self._refused(gang_id, decision.status, why)
@@ -245,7 +332,19 @@ class Reservations:
 
     def expire(self, now: float) -> list[str]:
         """Release every reservation past its deadline; their gang ids. Also forgets the
-        ids released or committed more than their ``ttl_s`` ago."""
+        ids released or committed more than their ``ttl_s`` ago, and releases the room
+        held for a gang job (``hold_room``) that no reserve took by its deadline."""
+        for job_id, rooms in list(self._rooms.items()):
+            kept = []
+            for room in rooms:
+                if now >= room.deadline:
+                    self.cluster.release(room.holder_id)  # no reserve came for it
+                else:
+                    kept.append(room)
+            if kept:
+                self._rooms[job_id] = kept
+            else:
+                del self._rooms[job_id]
         released = []
         for gang_id, record in list(self._records.items()):
             if record.state is Held.HELD and now >= record.deadline:
@@ -267,6 +366,7 @@ class Reservations:
     def next_deadline(self) -> float | None:
         """When ``expire`` next has something to do (for the driver's timer)."""
         times = [r.deadline if r.state is Held.HELD else r.until for r in self._records.values()]
+        times += [room.deadline for rooms in self._rooms.values() for room in rooms]
         return min(times, default=None)
 
     # ------------------------------------------------------------- internals

@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Generic, Protocol, TypeVar
@@ -400,15 +400,21 @@ class Scheduler(Generic[W]):
 
     # ------------------------------------------------------------------ gangs
     def plan_gang(
-        self, queue: str, gang: Gang, now: float | None, judge_never: bool = False
+        self,
+        queue: str,
+        gang: Gang,
+        now: float | None,
+        judge_never: bool = False,
+        held: Sequence[tuple[str, str]] = (),
     ) -> GangPlan | Verdict:
         """A gang job of ``queue``, planned whole over the view (``plan_gang``) with the
-        members its queue's limit lets start now (``limit_gang``). Nothing is booked: the
-        driver books the plan (``book``) before it asks the LMs."""
+        members its queue's limit lets start now (``limit_gang``), counting free the room
+        LMs hold for it (``held``: its preemption's victims', ``Reservations.hold_room``).
+        Nothing is booked: the driver books the plan (``book``) before it asks the LMs."""
         limited = limit_gang(gang, queue, self.ledger(now))
         if isinstance(limited, Verdict):
             return limited
-        return plan_gang(limited, self.view, now, judge_never=judge_never)
+        return plan_gang(limited, self.view, now, judge_never=judge_never, held=held)
 
     def gang_evictions(
         self, queue: str, gang: Gang, now: float | None, pledge: bool = True

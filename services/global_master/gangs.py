@@ -23,8 +23,11 @@ one unit (``Scheduler.gang_evictions``): only if its queue is under its share an
 within it with the members that start together, victims of the queue most over its
 share down to that queue's share, never a gang's (``Allocation.gang``: no half gang is
 preempted); each LM ends them PREEMPTED only if it too finds their queue over its share
-(``Lifecycle.evict``), and answers with its state, so the gang is planned in the room at
-once (before the victims' next attempts come back). An LM that refused every victim (its
+(``Lifecycle.evict``), holds each victim's room for the gang's job alone
+(``Reservations.hold_room``: a placeholder until the job's reserve there, or
+``GANG_EVICT_S``; no other GM's launch and no victim's next attempt takes it) and answers
+with its state, so the gang is planned in that room at once (``plan_gang``'s ``held``).
+An LM that refused every victim (its
 word on the other LMs' usage lags by a heartbeat) is asked again after
 ``GANG_RETRY_S``; a gang that preempted does not again for ``GANG_EVICT_S``.
 
@@ -43,7 +46,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import grpc
@@ -63,6 +66,7 @@ from services.core.gang import (
     unbook,
 )
 from services.core.gang_restart import Standing, Stop, kill_reason, regather
+from services.core.reservations import room_id
 from services.core.resources import NET
 from services.core.scheduler import Drop
 from services.core.states import TaskState
@@ -108,6 +112,9 @@ class GangJob:
     items: list[Pending]
     min_tasks: int
     evict_after: float = 0.0  # monotonic: no preemption for it before then
+    # (lm_id, placeholder id) of the room its last preemption's victims left it, which
+    # their LMs hold for it (``room_id``) until it reserves there: counted free for it.
+    held: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -269,12 +276,19 @@ class Gangs:
         )
 
     async def _stop_on(
-        self, lm_id: str, these: list[Stop], reason: str, preempt: bool = False
-    ) -> int:
-        """StopTasks on ``lm_id``: how many it stopped (0 if it did not answer)."""
+        self, lm_id: str, these: list[Stop], reason: str, for_job: str = ""
+    ) -> list[str]:
+        """StopTasks on ``lm_id``: the tasks it stopped (none if it did not answer). With
+        ``for_job`` they are victims preempted for that gang job (``preempt``), and the
+        LM holds their room for it."""
         gm = self.gm
+        preempt = bool(for_job)
         request = local_master_pb2.StopTasksRequest(
-            gm_id=gm.gm_id, reason=reason, preempt=preempt, known_version=self._known(lm_id)
+            gm_id=gm.gm_id,
+            reason=reason,
+            preempt=preempt,
+            known_version=self._known(lm_id),
+            for_job_id=for_job,
         )
         for stop in these:
             request.tasks.add(task_id=stop.task_id, attempt=stop.attempt)
@@ -283,7 +297,7 @@ class Gangs:
         except grpc.aio.AioRpcError as err:
             log.warning("StopTasks failed", extra={"lm": lm_id, "code": err.code().name})
             await asyncio.sleep(REGATHER_RETRY_S)
-            return 0
+            return []
         if reply.HasField("state"):
             await gm._apply_state(reply.state)
         if reply.stopped_task_ids or not preempt:
@@ -291,7 +305,7 @@ class Gangs:
                 "preempted for a waiting gang" if preempt else "stopped a gang's members",
                 extra={"lm": lm_id, "tasks": list(reply.stopped_task_ids)},
             )
-        return len(reply.stopped_task_ids)
+        return list(reply.stopped_task_ids)
 
     async def _run(self, job: GangJob) -> None:
         gm = self.gm
@@ -308,7 +322,9 @@ class Gangs:
                 try:
                     specs = [item.spec for item in job.items]
                     gang = gang_of(job.job_id, specs, job.min_tasks, vdc_of(job.items[0].task))
-                    outcome = gm.scheduler.plan_gang(job.queue, gang, time.monotonic())
+                    outcome = gm.scheduler.plan_gang(
+                        job.queue, gang, time.monotonic(), held=job.held
+                    )
                     if isinstance(outcome, Verdict):
                         evicted = await self._evict(job, gang)
                         for item in job.items:
@@ -354,16 +370,19 @@ class Gangs:
         by_lm: dict[str, list[Stop]] = {}
         for lm_id, task_id, attempt in eviction.victims:
             by_lm.setdefault(lm_id, []).append(Stop(task_id, attempt, lm_id))
+        lm_ids = list(by_lm)
         try:
             stopped = await asyncio.gather(
-                *(
-                    self._stop_on(lm_id, these, reason, preempt=True)
-                    for lm_id, these in by_lm.items()
-                )
+                *(self._stop_on(lm_id, by_lm[lm_id], reason, job.job_id) for lm_id in lm_ids)
             )
         finally:
             gm.scheduler.evictions_replied(eviction)
-        count = sum(stopped)
+        job.held = [
+            (lm_id, room_id(task_id, job.job_id))
+            for lm_id, ids in zip(lm_ids, stopped, strict=True)
+            for task_id in ids
+        ]
+        count = len(job.held)
         if not count:
             # The LMs found none of them over-share victims (an LM's word on the other
             # LMs' usage comes by heartbeat: it may lag this GM's): asked again soon.

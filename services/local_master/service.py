@@ -65,7 +65,7 @@ from services.core.cancels import CancelledJobs
 from services.core.cluster_state import ClusterState, Decision
 from services.core.constraints import to_mask
 from services.core.fairness import FairShare, usage_by_queue
-from services.core.gang import GangPiece
+from services.core.gang import GANG_EVICT_S, GangPiece
 from services.core.global_view import GlobalView
 from services.core.lm_lifecycle import (
     Action,
@@ -527,7 +527,13 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             if over is None:
                 actions = self.life.stop(known.task_id, known.attempt, reason)
             else:
+                victim = self.state.allocations.get(known.task_id)
                 actions = self.life.evict(known.task_id, known.attempt, over, reason)
+                if actions and victim is not None and request.for_job_id:
+                    # Its room is the gang's until the gang reserves here (or GANG_EVICT_S).
+                    now = time.monotonic()
+                    self.gangs.hold_room(request.for_job_id, victim, now, GANG_EVICT_S)
+                    self._gangs_changed.set()  # the expiry timer learns the deadline
             if actions:
                 reply.stopped_task_ids.append(known.task_id)
                 self._apply(actions)  # no re-queue in it: that follows the kill

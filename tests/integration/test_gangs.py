@@ -18,7 +18,7 @@ import pytest
 from loadgen.invariants import check
 from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
 from services.common.server import channel, wait_all_healthy
-from services.core.reservations import is_placeholder
+from services.core.reservations import is_placeholder, room_id
 from tests.integration.harness import Federation, job_in_state, shell_task, sim_tasks
 
 pytestmark = pytest.mark.integration
@@ -539,4 +539,66 @@ async def test_a_waiting_gang_under_its_share_preempts_for_itself_whole(tmp_path
         report = check(events, ids)
         assert report.ok, report.summary() + "".join(f"\n{v}" for v in report.violations)
         print(f"\nthe gang started {waited:.2f} s after its submission, preempting 2 of 4")
+        await fed.assert_books_balanced()
+
+
+@pytest.mark.slow  # ~15 s; run apart by .ci/run (MEGHA_SLOW_TESTS=1)
+async def test_room_preempted_for_a_gang_is_held_for_it_not_taken_by_the_victims(tmp_path):
+    """StopTasks with preempt and ``for_job_id`` on lm-1 (what the GM sends for a waiting
+    gang): the two victims end PREEMPTED and their room is held for that job. Their next
+    attempts come back to the GM at once and find no room (lm-2 is full too), for the
+    hold's GANG_EVICT_S; the job's ReserveGang there in the meantime gets the room, and
+    its task runs; the victims run again afterwards, each attempt once."""
+    queues = [{"name": "a", "share": 0.5, "gm": "gm-1"}, {"name": "b", "share": 0.5, "gm": "gm-1"}]
+    async with two_lms(tmp_path, queues=queues) as fed:
+        gm = fed.gm()
+        hog = await gm.submit(sim_tasks(4, 3.0), queue="a", job_id="hog")
+        job = await job_in_state(gm, "hog", RUNNING, timeout_s=10)
+        victims = sorted(t.task_id for t in job.tasks if t.lm_id == "lm-1")
+        assert len(victims) == 2
+        state = await fed.lm_state("lm-1")
+        node_id = state.nodes[0].node_id
+        async with channel(fed.config.lm("lm-1").target) as ch:
+            stub = local_master_pb2_grpc.LocalMasterStub(ch)
+            stop = local_master_pb2.StopTasksRequest(
+                gm_id="gm-1", reason="for gx", preempt=True, for_job_id="gx"
+            )
+            for victim in victims:
+                stop.tasks.add(task_id=victim, attempt=0)
+            deadline = time.monotonic() + 5
+            while True:  # until lm-1 heard lm-2's usage: a over its share federation-wide
+                reply = await stub.StopTasks(stop, timeout=5)
+                if reply.stopped_task_ids or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.3)
+            stopped_at = time.monotonic()
+            assert sorted(reply.stopped_task_ids) == victims
+            holders = {room_id(v, "gx") for v in victims}
+            assert holders <= {a.task_id for a in reply.state.allocations}
+            # The victims' next attempts are back at the GM by now; the room is not theirs.
+            await asyncio.sleep(1.5)
+            retried = [e for e in started(fed, victims) if e.attempt == 1]
+            assert not retried, retried
+            task = sim_tasks(1, 1.0, cpu_milli=2000)[0]  # the two victims' room
+            task.task_id, task.job_id, task.queue = "gx.0", "gx", "b"
+            placement = local_master_pb2.GangPlacement(task=task, node_index=0, node_id=node_id)
+            reserve = local_master_pb2.ReserveGangRequest(
+                gm_id="gm-1", gang_id="gx/1", placements=[placement], ttl_s=5.0
+            )
+            accepted = local_master_pb2.PLACEMENT_STATUS_ACCEPTED
+            answer = await stub.ReserveGang(reserve, timeout=5)
+            assert answer.status == accepted, answer.reason
+            assert time.monotonic() - stopped_at < 5.0  # within the hold
+            commit = local_master_pb2.CommitGangRequest(gm_id="gm-1", gang_id="gx/1")
+            assert (await stub.CommitGang(commit, timeout=5)).status == accepted
+        ids = {*hog.task_ids, "gx.0"}
+        await fed.events.wait_succeeded(ids, timeout_s=40)
+        await asyncio.sleep(0.5)
+        events = [e for e in fed.events.events if e.task_id in ids]
+        report = check(events, ids)
+        assert report.ok, report.summary() + "".join(f"\n{v}" for v in report.violations)
+        gang_start = min(e.timestamps.started_unix_nanos for e in started(fed, ["gx.0"]))
+        for e in started(fed, victims):
+            if e.attempt == 1 and e.timestamps.started_unix_nanos:
+                assert e.timestamps.started_unix_nanos > gang_start, e
         await fed.assert_books_balanced()

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from services.core.cluster_state import ClusterState
 from services.core.gang import Gang, GangPiece, GangPlan, VdcLayout, plan_gang
 from services.core.global_view import GlobalView
-from services.core.reservations import Held, Reservations, is_placeholder
+from services.core.reservations import Held, Reservations, is_placeholder, room_id
 from services.core.resources import NET, resources
 from services.core.status import PlacementStatus as S
 from services.core.task import TaskSpec
@@ -246,3 +246,96 @@ def test_a_gang_refused_by_one_lm_leaves_nothing_held_on_the_other():
     assert_books(lms["lm-0"], before["lm-0"])
     assert not lms["lm-0"].allocations
     assert sorted(lms["lm-1"].allocations) == ["late"]
+
+
+def preempted_for(state: ClusterState, res: Reservations, job: str, *victims: str, now=0.0):
+    """The LM's StopTasks with ``for_job_id``: each victim off the books, its room held."""
+    for victim in victims:
+        allocation = state.release(victim)
+        assert allocation is not None
+        res.hold_room(job, allocation, now, ttl_s=5.0)
+
+
+def hog(state: ClusterState, *nodes: int) -> list[str]:
+    """Fill ``nodes`` with queue b's 1-core tasks; their ids."""
+    ids = []
+    for node in nodes:
+        for k in range(4):
+            t = replace(task(f"b{node}.{k}", cpu=1000, job_id="hog"), queue="b")
+            assert state._place("gm-a" if node % 2 == 0 else "gm-b", t, node, False).ok
+            ids.append(t.task_id)
+    return ids
+
+
+def test_room_preempted_for_a_gang_is_held_for_its_job_alone():
+    """A victim's room stays booked (a placeholder in the victim's queue, never a victim
+    itself) for the gang job it was preempted for: another GM's launch and the victims'
+    next attempts are refused it; the job's reserve takes it."""
+    state = lm(1)
+    res = Reservations(state)
+    hog(state, 0)
+    preempted_for(state, res, "j", "b0.0", "b0.1")
+    holders = res.rooms_held("j")
+    assert holders == [room_id("b0.0", "j"), room_id("b0.1", "j")]
+    assert all(is_placeholder(h) for h in holders)
+    held = state.allocations[holders[0]]
+    assert held.queue == "b" and held.gang and held.node == 0
+    assert state.table.free[0, 0] == 0  # nothing to take
+    assert state.launch("gm-a", task("other", cpu=1000, job_id="x"), 0).status is (
+        S.REJECTED_RESOURCES
+    )
+    retry = replace(task("b0.0", cpu=1000, job_id="hog", attempt=1), queue="b")
+    assert state.launch("gm-a", retry, 0).status is S.REJECTED_RESOURCES
+    # Another job's gang is refused the room too.
+    other = [GangPiece(0, task("o0", cpu=1000, job_id="o"), "lm-1", 0, "w0", False)]
+    assert res.reserve("o/1", other, 0.5, 5.0, gm_id="gm-a").status is S.REJECTED_RESOURCES
+    assert res.rooms_held("j") == holders  # still held
+    verdict = res.reserve("j/1", [piece(0, 0), piece(1, 0)], 1.0, 5.0, gm_id="gm-a")
+    assert verdict.ok and res.rooms_held("j") == []
+    assert not any(h in state.allocations for h in holders)
+    assert res.commit("j/1", 1.5).ok
+    assert {"t0", "t1"} <= set(state.allocations)
+
+
+def test_a_refused_reserve_keeps_the_held_room_and_expiry_frees_it_exactly():
+    state = lm(1)
+    res = Reservations(state)
+    victims = hog(state, 0)
+    for v in victims[2:]:
+        state.release(v)  # two of b's tasks ended on their own
+    empty = books(state)
+    first = state.allocations["b0.0"]
+    preempted_for(state, res, "j", *victims[:2], now=0.0)
+    res.hold_room("j", first, 0.0, 5.0)  # the same victim again: nothing more held
+    assert len(res.rooms_held("j")) == 2
+    assert res.next_deadline() == 5.0
+    held_books = books(state)
+    # Five cores on a four-core node: refused, and the room is held again as it was.
+    pieces = [piece(i, 0) for i in range(5)]
+    assert res.reserve("j/1", pieces, 1.0, 5.0, gm_id="gm-a").status is S.REJECTED_RESOURCES
+    assert len(res.rooms_held("j")) == 2
+    assert_books(state, held_books)
+    assert res.expire(4.9) == [] and len(res.rooms_held("j")) == 2
+    res.expire(5.0)  # no reserve took it: free for anyone
+    assert res.rooms_held("j") == [] and res.next_deadline() is None
+    for v in victims[2:]:
+        assert v not in state.allocations
+    np.testing.assert_array_equal(state.table.free, empty[0] + 2 * resources(1000, 1024)[:, None])
+
+
+def test_a_gang_plan_counts_the_room_held_for_it_free():
+    state = lm(1)
+    res = Reservations(state)
+    hog(state, 0)
+    preempted_for(state, res, "j", "b0.0", "b0.1")
+    view = GlobalView("gm-a")
+    view.apply(state.snapshot(), 0.0)
+    gang = Gang("j/1", tuple(task(f"t{i}", cpu=1000, job_id="j") for i in range(2)))
+    assert not isinstance(plan_gang(gang, view, judge_never=False), GangPlan)  # no room
+    held = [("lm-1", h) for h in res.rooms_held("j")]
+    plan = plan_gang(gang, view, judge_never=False, held=held)
+    assert isinstance(plan, GangPlan) and {p.node for p in plan.pieces} == {0}
+    assert res.reserve("j/1", list(plan.pieces), 0.5, 5.0, gm_id="gm-a").ok
+    # Room held for another job, or gone, counts for nothing.
+    other = plan_gang(gang, view, judge_never=False, held=[("lm-1", room_id("b0.2", "j"))])
+    assert not isinstance(other, GangPlan)

@@ -383,6 +383,7 @@ class StopTasksRequest(_message.Message):
     REASON_FIELD_NUMBER: _builtins.int
     PREEMPT_FIELD_NUMBER: _builtins.int
     KNOWN_VERSION_FIELD_NUMBER: _builtins.int
+    FOR_JOB_ID_FIELD_NUMBER: _builtins.int
     gm_id: _builtins.str
     reason: _builtins.str
     """Why, in words a user can act on (the LOST event's reason)."""
@@ -394,6 +395,12 @@ class StopTasksRequest(_message.Message):
     known_version: _builtins.int
     """As LaunchRequest.known_version: with preempt, the answer carries the LM's state
     since it, so that the GM sees the victims' room free at once.
+    """
+    for_job_id: _builtins.str
+    """With preempt: the waiting gang's job. Each victim's room stays held for that job
+    alone (a placeholder allocation, "<victim>#gang-room:<job>") until its first
+    ReserveGang here or a few seconds (GANG_EVICT_S) pass, so that no other launch takes
+    the room the gang preempted for. Empty: the room is free for anyone at once.
     """
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___KnownTask]:
@@ -407,10 +414,11 @@ class StopTasksRequest(_message.Message):
         reason: _builtins.str = ...,
         preempt: _builtins.bool = ...,
         known_version: _builtins.int = ...,
+        for_job_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gm_id", b"gm_id", "known_version", b"known_version", "preempt", b"preempt", "reason", b"reason", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["for_job_id", b"for_job_id", "gm_id", b"gm_id", "known_version", b"known_version", "preempt", b"preempt", "reason", b"reason", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
