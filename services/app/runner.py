@@ -23,6 +23,7 @@ from services.common import stalls
 from services.common.bus import Bus, InMemoryBroker, make_bus
 from services.common.config import FederationConfig, WorkerGroup
 from services.common.server import Service, start_metrics, wait_all_healthy
+from services.common.tasks import install_dump
 
 log = logging.getLogger("megha.runner")
 
@@ -147,7 +148,9 @@ async def until_signalled() -> None:
 
 @contextlib.asynccontextmanager
 async def watching_stalls() -> AsyncIterator[None]:
-    """``stalls.watch`` for as long as the block runs: one per process."""
+    """``stalls.watch`` for as long as the block runs: one per process; SIGUSR1 logs
+    every asyncio task and where it waits (``services.common.tasks``)."""
+    install_dump()
     watcher = asyncio.create_task(stalls.watch())
     try:
         yield

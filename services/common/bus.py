@@ -103,6 +103,7 @@ from services.common import metrics
 from services.common.config import split_urls
 from services.common.queue_signing import SIGNATURE_HEADER, sign, verify
 from services.common.server import broker_ssl_context, warn_if_broker_plaintext
+from services.common.tasks import long_lived
 
 log = logging.getLogger("megha.bus")
 
@@ -779,8 +780,7 @@ class _RabbitSubscription:
 
     async def start(self) -> None:
         self._tag = await self._queue.consume(self._on_message, no_ack=False)
-        watch = asyncio.get_running_loop().create_task(self._watch(), name=f"watch:{self._name}")
-        self._tasks.add(watch)
+        self._tasks.add(long_lived(self._watch, f"watch:{self._name}"))
 
     def _delivered(self) -> None:
         self._unsettled += 1
@@ -875,7 +875,7 @@ class _RabbitStream(_RabbitSubscription):
         self._inbox: asyncio.Queue[tuple[AbstractIncomingMessage, float]] = asyncio.Queue()
 
     async def start(self) -> None:
-        pump = asyncio.get_running_loop().create_task(self._pump(), name=f"bus:{self._name}")
+        pump = long_lived(self._pump, f"bus:{self._name}")
         self._tasks.add(pump)
         try:
             await super().start()
@@ -929,8 +929,12 @@ class _RabbitStream(_RabbitSubscription):
 
     @staticmethod
     async def _ack(message: AbstractIncomingMessage, multiple: bool = False) -> None:
-        with contextlib.suppress(*_GONE):
+        # Whatever the channel raises (aio-pika's RuntimeError for a closed connection
+        # too): a message of a dead channel goes back with it, and the pump must go on.
+        try:
             await message.ack(multiple=multiple)
+        except Exception as err:
+            log.debug("ack not sent", extra={"error": repr(err)})
 
     def _expired(self, message: AbstractIncomingMessage, received: float) -> bool:
         """Whether it waited here longer than its TTL (only possible with prefetch > 1).

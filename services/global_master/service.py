@@ -62,6 +62,7 @@ from services.common.queue_signing import seal, sealed
 from services.common.request_stream import MAX_COALESCED, Launcher
 from services.common.requeue import RESTART_GRACE_S, enqueue_next_attempt
 from services.common.server import channel
+from services.common.tasks import long_lived
 from services.core.admission import Admission, QueueingDelay
 from services.core.autoscale import waiting_shapes
 from services.core.dry_run import dry_run, dry_run_gang
@@ -400,7 +401,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     BACKLOG_EXCHANGE, self._on_backlog, ttl_s=self.config.heartbeat_interval_s
                 )
             )
-            self._loops.append(asyncio.create_task(self._backlog_loop(), name="gm-backlog"))
+            self._loops.append(long_lived(self._backlog_loop, "gm-backlog"))
         if self.bus.signing_key is None and self.config.tls is not None:
             log.warning(
                 "tls is set but broker.queue_signing_key is not: this GM schedules any "
@@ -409,11 +410,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         for queue in self.preferred:
             await self._consume(queue)
         if self.failover:
-            self._loops.append(asyncio.create_task(self._standby(), name="gm-standby"))
-        self._loops.append(asyncio.create_task(self._schedule_loop(), name="gm-schedule"))
-        self._loops.append(asyncio.create_task(self._gauge_loop(), name="gm-gauges"))
-        self._loops.append(asyncio.create_task(self._recover_loop(), name="gm-recover"))
-        self._loops.append(asyncio.create_task(self._catch_up(), name="gm-catch-up"))
+            self._loops.append(long_lived(self._standby, "gm-standby"))
+        self._loops.append(long_lived(self._schedule_loop, "gm-schedule"))
+        self._loops.append(long_lived(self._gauge_loop, "gm-gauges"))
+        self._loops.append(long_lived(self._recover_loop, "gm-recover"))
+        self._loops.append(long_lived(self._catch_up, "gm-catch-up"))
         stalls.LAG_LISTENERS.append(self._on_lag)
 
     def _on_lag(self, lag_s: float) -> None:
@@ -1604,6 +1605,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
     # ------------------------------------------------------------ scheduling
     async def _schedule_loop(self) -> None:
+        self._wake.set()  # (started again after an error: what waits gets a round)
         while True:
             await self._wake.wait()
             self._wake.clear()

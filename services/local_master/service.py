@@ -61,6 +61,7 @@ from services.common.names import (
     event_key,
 )
 from services.common.requeue import RESTART_GRACE_S, enqueue_attempt
+from services.common.tasks import long_lived
 from services.core.cancels import CancelledJobs
 from services.core.cluster_state import ClusterState, Decision
 from services.core.constraints import to_mask
@@ -282,15 +283,15 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         if self._events:
             self._events_ready.set()  # the endings an earlier life did not publish
         self._loops = [
-            asyncio.create_task(self._heartbeat_loop(), name="lm-heartbeats"),
-            asyncio.create_task(self._event_loop(), name="lm-events"),
-            asyncio.create_task(self._watchdog_loop(), name="lm-watchdog"),
-            asyncio.create_task(self._gang_loop(), name="lm-gangs"),
+            long_lived(self._heartbeat_loop, "lm-heartbeats"),
+            long_lived(self._event_loop, "lm-events"),
+            long_lived(self._watchdog_loop, "lm-watchdog"),
+            long_lived(self._gang_loop, "lm-gangs"),
         ]
         if self.journal is not None:
-            self._loops.append(asyncio.create_task(self._journal_loop(), name="lm-journal"))
+            self._loops.append(long_lived(self._journal_loop, "lm-journal"))
         if self.life.unclaimed:
-            self._loops.append(asyncio.create_task(self._orphans_loop(), name="lm-orphans"))
+            self._loops.append(long_lived(self._orphans_loop, "lm-orphans"))
         for again in self._owed.values():  # the broker may not have them: sent again
             self._send_requeue(again)
 

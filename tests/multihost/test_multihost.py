@@ -28,6 +28,7 @@ succeeds twice, and the client's submissions are accepted again within
 from __future__ import annotations
 
 import collections
+import contextlib
 import csv
 import itertools
 import json
@@ -267,6 +268,37 @@ class Run:
             host.stop([proc])
         self.procs.clear()
 
+    def diagnose(self, alive: list[int]) -> str:
+        """What to read when acknowledged work did not finish, taken before ``stop``:
+        each GM's view (``megha status``: LMs heard from, tasks pending per queue), the
+        user queues' depths and consumers on the live cluster nodes ``alive``, and every
+        GM's and LM's asyncio tasks (SIGUSR1: written to its log, kept with the hosts)."""
+        out = []
+        for _host, proc in self.procs[:4]:  # lm-1, lm-2, gm-1, gm-2 (``start``'s order)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGUSR1)
+        env = role_env(self.client)
+        for gm in self.gms.split(","):
+            argv = megha("status", "--config", str(self.config), "--gm", gm)
+            done = self.client.run(argv, env, 30)
+            out.append(f"megha status --gm {gm}:\n{done.stdout}{done.stderr}")
+        cluster = self.net.cluster
+        for i in alive:
+            with contextlib.suppress(Exception):
+                rows = rabbitmqctl(
+                    cluster.hosts[i],
+                    cluster.cookie,
+                    "list_queues",
+                    "--local",
+                    "name",
+                    "messages_ready",
+                    "messages_unacknowledged",
+                    "consumers",
+                )
+                out.append(f"queues led by {node_name(cluster.hosts[i])}:\n{rows}")
+        time.sleep(1.0)  # the task dumps reach the logs
+        return "\n".join(out)
+
     def replay(
         self, name: str, trace: Path, gms: str = "", during=None, fill_ends: bool = False
     ) -> tuple[dict, list[dict], object]:
@@ -492,6 +524,8 @@ def test_a_broker_node_killed_mid_replay_loses_nothing_and_runs_nothing_twice(ne
             "kill-replay", trace, during=kill_b1, fill_ends=True
         )
         after = cluster.leaders(run.prefix, [1, 2])
+        if summary["completed"] != len(acknowledged):
+            print(run.diagnose(alive=[1, 2]))
     finally:
         run.stop()
     at = killed["at"]
