@@ -933,8 +933,10 @@ class _RabbitStream(_RabbitSubscription):
         # too): a message of a dead channel goes back with it, and the pump must go on.
         try:
             await message.ack(multiple=multiple)
-        except Exception as err:
+        except _GONE as err:
             log.debug("ack not sent", extra={"error": repr(err)})
+        except Exception as err:
+            log.warning("ack not sent", extra={"error": repr(err)})
 
     def _expired(self, message: AbstractIncomingMessage, received: float) -> bool:
         """Whether it waited here longer than its TTL (only possible with prefetch > 1).
