@@ -187,19 +187,16 @@ class Reservations:
     def _take_rooms(self, job_id: str) -> list[_Room]:
         """Release the room held for ``job_id`` so that its reserve books its pieces
         there; ``_give_rooms`` books them again if the reserve is refused."""
+        # Only what was still booked: a dead node took the rest off the books (its room
+        # may hold another task since), so it is not booked again on a refusal.
         rooms = self._rooms.pop(job_id, [])
-        for room in rooms:
-            self.cluster.release(room.holder_id)
-        return rooms
+        return [room for room in rooms if self.cluster.release(room.holder_id) is not None]
 
     def _give_rooms(self, job_id: str, rooms: list[_Room]) -> None:
-        if not rooms:
-            return
-        kept = [room for room in rooms if self.cluster.table.is_alive(room.node)]
-        for room in kept:
+        for room in rooms:
             self._book_room(job_id, room)
-        if kept:
-            self._rooms[job_id] = kept
+        if rooms:
+            self._rooms[job_id] = rooms
 
     # ----------------------------------------------------------------- reserve
     def reserve(

@@ -339,3 +339,18 @@ def test_a_gang_plan_counts_the_room_held_for_it_free():
     # Room held for another job, or gone, counts for nothing.
     other = plan_gang(gang, view, judge_never=False, held=[("lm-1", room_id("b0.2", "j"))])
     assert not isinstance(other, GangPlan)
+
+
+def test_room_a_dead_node_dropped_is_not_booked_again_on_a_refusal():
+    state = lm(2)
+    res = Reservations(state)
+    hog(state, 0)
+    preempted_for(state, res, "j", "b0.0")
+    state.set_alive(0, False)  # the placeholder goes with the node
+    state.set_alive(0, True)
+    assert state.launch("gm-a", task("late", cpu=1000, job_id="x"), 0).ok  # in its room
+    before = books(state)
+    pieces = [piece(i, 0) for i in range(5)]  # never fits: refused
+    assert res.reserve("j/1", pieces, 1.0, 5.0, gm_id="gm-a").status is S.REJECTED_RESOURCES
+    assert room_id("b0.0", "j") not in state.allocations and res.rooms_held("j") == []
+    assert_books(state, before)
