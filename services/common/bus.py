@@ -145,6 +145,11 @@ _GONE = (AMQPError, ChannelInvalidStateError, ConnectionError, asyncio.TimeoutEr
 # acknowledged tasks relayed into it never ran), and in the others a GM's event and, it
 # seems, heartbeat subscriptions (docs/multihost.md).
 SILENT_CHECK_S = 2.0
+# Making a subscription again (``_RabbitSubscription.renew_soon``): each try bounded, then
+# paused, the pause doubling while it fails.
+_RENEW_TIMEOUT_S = 10.0
+_RENEW_PAUSE_S = 0.5
+_RENEW_PAUSE_MAX_S = 8.0
 # Pause between reconnection attempts with several broker URLs. Each attempt tries the next
 # node, so a short pause crosses a dead node quickly; with one URL aio-pika's default (5 s)
 # stays, as before.
@@ -460,6 +465,19 @@ class RabbitBus(Bus):
             await connection.close()
             raise
         self._connection = connection
+        connection.reconnect_callbacks.add(self._reconnected)
+
+    def _reconnected(self, *_: Any) -> None:
+        """aio-pika re-established the connection (to this node or another) and restored
+        what it could: every subscription is made again on a new channel."""
+        for subscription in list(self._subscriptions):
+            subscription.renew_soon("the connection to the broker was re-established")
+
+    @property
+    def connected(self) -> bool:
+        """Whether the connection to a node is up now (not being re-established)."""
+        connection = self._connection
+        return connection is not None and not connection.is_closed and connection.connected.is_set()
 
     async def _first_reachable(self) -> AbstractRobustConnection:
         """A robust connection to the first node that answers, in the order listed; it
@@ -590,6 +608,30 @@ class RabbitBus(Bus):
         call: TopicHandler,
         kept: str | None = None,
     ) -> Subscription:
+        def reopen() -> Awaitable[tuple[AbstractChannel, AbstractQueue]]:
+            return self._open_stream(exchange_name, kind, binding_key, ttl_s, kept)
+
+        channel, queue = await reopen()
+        try:
+            subscription = _RabbitStream(self, channel, queue, call, exchange_name, ttl_s, reopen)
+            await subscription.start()
+        except BaseException:
+            with contextlib.suppress(*_GONE):
+                await channel.close()
+            raise
+        self._subscriptions.add(subscription)
+        return subscription
+
+    async def _open_stream(
+        self,
+        exchange_name: str,
+        kind: aio_pika.ExchangeType,
+        binding_key: str,
+        ttl_s: float | None,
+        kept: str | None,
+    ) -> tuple[AbstractChannel, AbstractQueue]:
+        """A new channel with a queue bound to the exchange: a new exclusive queue each
+        time (a new name), or the ``kept`` one."""
         channel = await self._require().channel(publisher_confirms=False)
         try:
             # With a TTL, one message at a time: the rest wait in the broker, where they expire.
@@ -609,14 +651,11 @@ class RabbitBus(Bus):
                         kept, durable=True, arguments=self._queue_arguments(**arguments)
                     )
             await queue.bind(exchange, routing_key=binding_key)
-            subscription = _RabbitStream(self, channel, queue, call, exchange_name, ttl_s)
-            await subscription.start()
         except BaseException:
             with contextlib.suppress(*_GONE):
                 await channel.close()
             raise
-        self._subscriptions.add(subscription)
-        return subscription
+        return channel, queue
 
     async def _work_queue(self, name: str) -> None:
         if name in self._work_queues:
@@ -709,15 +748,14 @@ class RabbitBus(Bus):
     ) -> Subscription:
         _check_prefetch(prefetch)
         name = self.queue_name(queue)
-        channel = await self._require().channel(publisher_confirms=False)
+
+        def reopen() -> Awaitable[tuple[AbstractChannel, AbstractQueue]]:
+            return self._open_work_queue(name, prefetch)
+
+        channel, amqp_queue = await reopen()
         try:
-            await channel.set_qos(prefetch_count=prefetch)
-            with self._declaring(name):
-                amqp_queue = await channel.declare_queue(
-                    name, durable=True, arguments=self._user_queue_arguments()
-                )
             subscription = _RabbitConsumer(
-                self, channel, amqp_queue, handler, name, prefetch, self.single_active
+                self, channel, amqp_queue, handler, name, prefetch, reopen, self.single_active
             )
             await subscription.start()
         except BaseException:
@@ -726,6 +764,22 @@ class RabbitBus(Bus):
             raise
         self._subscriptions.add(subscription)
         return subscription
+
+    async def _open_work_queue(
+        self, name: str, prefetch: int
+    ) -> tuple[AbstractChannel, AbstractQueue]:
+        channel = await self._require().channel(publisher_confirms=False)
+        try:
+            await channel.set_qos(prefetch_count=prefetch)
+            with self._declaring(name):
+                amqp_queue = await channel.declare_queue(
+                    name, durable=True, arguments=self._user_queue_arguments()
+                )
+        except BaseException:
+            with contextlib.suppress(*_GONE):
+                await channel.close()
+            raise
+        return channel, amqp_queue
 
     async def delete_queue(self, queue: str) -> None:
         self._require()
@@ -751,7 +805,14 @@ class RabbitBus(Bus):
 
 
 class _RabbitSubscription:
-    """A consumer on its own channel; cancelling closes the channel, which requeues unacked."""
+    """A consumer on its own channel; cancelling closes the channel, which requeues unacked.
+
+    ``reopen`` makes a new channel and queue for it (a stream: a new exclusive queue bound
+    to its exchange). After every reconnection the subscription is made again that way
+    (``renew_soon``) instead of trusting aio-pika's restore of its channel: in the
+    multi-host broker kill a restored subscription now and then got nothing ever after
+    while its channel looked restored (a GM's events, the work queue of another), and
+    nothing said so. Also when its channel stays closed while the connection is up."""
 
     def __init__(
         self,
@@ -760,6 +821,7 @@ class _RabbitSubscription:
         queue: AbstractQueue,
         name: str,
         prefetch: int,
+        reopen: Callable[[], Awaitable[tuple[AbstractChannel, AbstractQueue]]],
         single_active: bool = False,
     ) -> None:
         self._bus = bus
@@ -767,6 +829,8 @@ class _RabbitSubscription:
         self._queue = queue
         self._name = name
         self._prefetch = prefetch
+        self._reopen = reopen
+        self._renewing: asyncio.Task[None] | None = None
         # With the broker's single active consumer a standby gets nothing by design: it is
         # watched only once it got a delivery (it was the active one) since it consumed.
         self._single_active = single_active
@@ -777,6 +841,7 @@ class _RabbitSubscription:
         self._delivered_at = time.monotonic()
         self._delivered_since_consume = False
         self.reconsumed = 0  # times ``_watch`` found it consuming nothing
+        self.renewed = 0  # times it was made again on a new channel
 
     async def start(self) -> None:
         self._tag = await self._queue.consume(self._on_message, no_ack=False)
@@ -793,9 +858,16 @@ class _RabbitSubscription:
     async def _watch(self) -> None:
         """Consume again when the broker delivers nothing although it could (``SILENT_CHECK_S``).
         Asks the queue's depth only after a silent interval: a subscription that gets
-        deliveries costs nothing."""
+        deliveries costs nothing. A channel closed for two checks in a row while the
+        connection is up is not being restored: the subscription is made again."""
+        closed = 0
         while not self._cancelled:
             await asyncio.sleep(SILENT_CHECK_S)
+            closed = closed + 1 if self._channel.is_closed and self._bus.connected else 0
+            if closed >= 2:
+                self.renew_soon("its channel stayed closed while the connection was up")
+                closed = 0
+                continue
             try:
                 if await self._silent():
                     await self._reconsume()
@@ -837,6 +909,57 @@ class _RabbitSubscription:
         self._delivered_since_consume = False
         self._delivered_at = time.monotonic()
 
+    def renew_soon(self, why: str) -> None:
+        """Make the subscription again on a new channel (``_renew``), tried until it
+        works; nothing if that is under way already."""
+        if self._cancelled or (self._renewing is not None and not self._renewing.done()):
+            return
+        self._renewing = asyncio.get_running_loop().create_task(
+            self._renew_until_done(why), name=f"renew:{self._name}"
+        )
+        self._tasks.add(self._renewing)
+        self._renewing.add_done_callback(self._tasks.discard)
+
+    async def _renew_until_done(self, why: str) -> None:
+        pause = _RENEW_PAUSE_S
+        while not self._cancelled:
+            try:
+                async with asyncio.timeout(_RENEW_TIMEOUT_S):
+                    await self._renew()
+            except Exception as err:
+                log.warning(
+                    "could not make a subscription again; trying again",
+                    extra={"queue": self._name, "error": repr(err)},
+                )
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, _RENEW_PAUSE_MAX_S)
+                continue
+            self.renewed += 1
+            metrics.SUBSCRIPTIONS_RENEWED.labels(self._name).inc()
+            log.info(
+                "subscription made again on a new channel: %s", why, extra={"queue": self._name}
+            )
+            return
+
+    async def _renew(self) -> None:
+        """A new channel and queue (``reopen``), consumed; then the old channel closed
+        (what it delivered and was not acked goes back to the queue, or with it)."""
+        channel, queue = await self._reopen()
+        try:
+            tag = await queue.consume(self._on_message, no_ack=False)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await channel.close()
+            raise
+        old = self._channel
+        self._channel, self._queue, self._tag = channel, queue, tag
+        self._unsettled = 0
+        self._delivered_at = time.monotonic()
+        self._delivered_since_consume = False
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                await old.close()
+
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         raise NotImplementedError
 
@@ -868,8 +991,10 @@ class _RabbitStream(_RabbitSubscription):
         call: TopicHandler,
         name: str,
         ttl_s: float | None,
+        reopen: Callable[[], Awaitable[tuple[AbstractChannel, AbstractQueue]]],
     ) -> None:
-        super().__init__(bus, channel, queue, name, 1 if ttl_s is not None else _STREAM_PREFETCH)
+        prefetch = 1 if ttl_s is not None else _STREAM_PREFETCH
+        super().__init__(bus, channel, queue, name, prefetch, reopen)
         self._call = call
         self._ttl_s = ttl_s
         self._inbox: asyncio.Queue[tuple[AbstractIncomingMessage, float]] = asyncio.Queue()
@@ -1008,9 +1133,10 @@ class _RabbitConsumer(_RabbitSubscription):
         handler: Callable[[Delivery], Awaitable[None]],
         name: str,
         prefetch: int,
+        reopen: Callable[[], Awaitable[tuple[AbstractChannel, AbstractQueue]]],
         single_active: bool = False,
     ) -> None:
-        super().__init__(bus, channel, queue, name, prefetch, single_active)
+        super().__init__(bus, channel, queue, name, prefetch, reopen, single_active)
         self._handler = handler
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:

@@ -100,8 +100,9 @@ EVENTS_RECOVERED = Counter(
 )
 SUBSCRIPTIONS_RENEWED = Counter(
     "megha_bus_subscriptions_renewed",
-    "Times a subscription that got no delivery while its queue held ready messages "
-    "consumed again (services.common.bus, SILENT_CHECK_S).",
+    "Times a subscription consumed again (it got no delivery while its queue held ready "
+    "messages, SILENT_CHECK_S) or was made again on a new channel (after a reconnection, "
+    "or its channel stayed closed) (services.common.bus).",
     ["queue"],
 )
 UNAUTHENTICATED_MESSAGES = Counter(

@@ -9,6 +9,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 import services.common.metrics
 import services.common.stalls
+import services.common.tasks
 import services.global_master.predictions
 import services.predictor.service
 
@@ -17,6 +18,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 MODULES = (
     services.common.metrics,
     services.common.stalls,
+    services.common.tasks,
     services.global_master.predictions,
     services.predictor.service,
 )
