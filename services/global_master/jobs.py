@@ -11,6 +11,7 @@ forgotten first. Task ids are global: the book knows which job each of its task 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -129,6 +130,9 @@ class JobBook:
         self.open: dict[tuple[str, str], global_master_pb2.TaskStatus] = {}
         # The job each task id was first heard of with (``holder``).
         self._job_of: dict[str, str] = {}
+        # Tasks relayed from here (``queued(relayed=True)``) by (job id, task id), with
+        # when they were last asked about (monotonic s), oldest first: ``relayed_unheard``.
+        self._relayed: OrderedDict[tuple[str, str], float] = OrderedDict()
 
     def get(self, job_id: str) -> JobRecord | None:
         return self.jobs.get(job_id)
@@ -200,6 +204,8 @@ class JobBook:
             if job.relayed is None:
                 job.relayed = set()
             job.relayed.add(task_id)
+            self._relayed[(task.job_id, task_id)] = time.monotonic()
+            self._relayed.move_to_end((task.job_id, task_id))
         elif job.relayed is not None:
             job.relayed.discard(task_id)
         # A task rejected before (its job's first message was refused) is queued again;
@@ -287,6 +293,27 @@ class JobBook:
                 timestamps=task.timestamps,
             )
         )
+
+    def relayed_unheard(self, older_than_s: float, limit: int, now: float) -> list[tuple[str, str]]:
+        """Up to ``limit`` tasks relayed from here of which no event has come for
+        ``older_than_s`` since they were relayed or last returned by this: (job id, task
+        id), oldest first. Each returned is due again only ``older_than_s`` later. The
+        events of a relayed task come from whichever GM serves its queue, through the
+        broker: a subscription that missed them (a broker node's death) would leave this
+        GM's watchers of it waiting for ever."""
+        due: list[tuple[str, str]] = []
+        for key, at in list(self._relayed.items()):
+            if len(due) >= limit or now - at < older_than_s:
+                break
+            job = self.jobs.get(key[0])
+            status = None if job is None else job.status(key[1])
+            if status is None or status.state != common_pb2.TASK_STATE_QUEUED:
+                del self._relayed[key]  # heard of (or forgotten): nothing to ask
+                continue
+            due.append(key)
+            self._relayed[key] = now
+            self._relayed.move_to_end(key)
+        return due
 
     def taken(
         self, job_id: str, tasks: Iterable[common_pb2.Task], relayed: bool = True

@@ -111,6 +111,10 @@ SCHEDULE_BEFORE_CONFIRM = 16
 # How long after an LM restarted a task no node in the view fits is queued, not refused.
 CATCH_UP_S = 60.0  # how long a starting GM keeps asking an LM that does not answer
 RECOVER_EVERY_S = 2.0  # how often a GM looks for task ends it never heard of
+# A task relayed from here with no event for this long is asked about (``_recover_relayed``),
+# at most this many per round.
+RELAYED_ASK_AFTER_S = 10.0
+RELAYED_ASKED_MAX = 2_000
 UNSTARTED_KEPT = 100_000  # accepted launches remembered until they start
 # A launch, repartition or preemption the LM has not answered within lm_call_timeout_s
 # (config; or whose call broke) is in doubt: the LM may have read it, or may read it late (frozen,
@@ -1480,8 +1484,41 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             await asyncio.sleep(interval)
             try:
                 suspects = await self._recover_lost_ends(suspects)
+                await self._recover_relayed()
             except Exception:
                 log.exception("recovering lost task events failed")
+
+    async def _recover_relayed(self) -> None:
+        """Tasks relayed from here (submitted here to another GM's queue) of which no
+        event came for ``RELAYED_ASK_AFTER_S``: every LM is asked, and the end of one
+        that ended is taken as its event (its watchers here hear it). One still queued
+        where it is served is asked about again later; one running, once it ended."""
+        due = self.jobs.relayed_unheard(RELAYED_ASK_AFTER_S, RELAYED_ASKED_MAX, time.monotonic())
+        if not due or not self._stubs:
+            return
+        task_ids = [task_id for _, task_id in due]
+        jobs = dict((task_id, job_id) for job_id, task_id in due)
+        replies = await asyncio.gather(
+            *(self._lookup(lm_id, task_ids, quiet=True) for lm_id in list(self._stubs))
+        )
+        recovered = []
+        for reply in replies:
+            for known in () if reply is None else reply.tasks:
+                job_id = jobs.get(known.task_id)
+                ended = known.last_ended
+                if not known.HasField("last_ended") or ended.job_id not in ("", job_id):
+                    continue
+                if not ended.job_id:  # an ending the LM recalled from its journal
+                    ended = common_pb2.TaskEvent()
+                    ended.CopyFrom(known.last_ended)
+                    ended.job_id = job_id
+                recovered.append(ended)
+        if recovered:
+            log.warning(
+                "recovered the events of tasks relayed from here", extra={"events": len(recovered)}
+            )
+            metrics.EVENTS_RECOVERED.labels(self.gm_id).inc(len(recovered))
+            self._take_events(recovered)
 
     async def _recover_lost_ends(self, suspects: set[tuple[str, str]]) -> set[tuple[str, str]]:
         """Tasks this GM's books show placed or running that their LM's books (as this

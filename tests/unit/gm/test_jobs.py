@@ -365,3 +365,21 @@ def test_a_task_only_relayed_here_is_not_taken_when_its_message_comes_here():
         )
     )
     assert book.taken("k", [other], relayed=False) == {"k.0"}  # it runs: never again
+
+
+def test_relayed_tasks_never_heard_of_are_due_oldest_first_then_again_later():
+    import time
+
+    book = JobBook()
+    start = time.monotonic()
+    for i in range(3):
+        book.queued(task(f"t{i}"), relayed=True)
+    book.queued(task("mine"))  # queued here (its message delivered here): not relayed
+    assert book.relayed_unheard(10.0, 100, start + 5) == []  # too young
+    book.apply(event("t1", S.TASK_STATE_RUNNING, node_id="w1"))  # heard of: never due
+    assert book.relayed_unheard(10.0, 1, start + 11) == [("j", "t0")]  # the limit
+    assert book.relayed_unheard(10.0, 100, start + 11) == [("j", "t2")]
+    assert book.relayed_unheard(10.0, 100, start + 15) == []  # asked: due again later
+    assert book.relayed_unheard(10.0, 100, start + 22) == [("j", "t0"), ("j", "t2")]
+    book.apply(event("t0", S.TASK_STATE_SUCCEEDED, node_id="w1"))  # its end recovered
+    assert book.relayed_unheard(10.0, 100, start + 40) == [("j", "t2")]
