@@ -661,6 +661,51 @@ async def test_a_bus_fails_over_to_the_next_url_when_its_node_dies() -> None:
         await _delete_raw(f"{prefix}.queue.{QUEUE}")
 
 
+@pytest.mark.integration
+async def test_after_a_reconnection_every_subscription_is_made_again_and_hears() -> None:
+    """The node under a bus dies; once it is connected through the next one, its
+    work-queue consumer and its fan-out subscription are each made again on a new
+    channel (not left to aio-pika's restore, which the multi-host broker kill showed
+    leaving an event subscription deaf), and both hear what is sent after."""
+    first, second = _Proxy(), _Proxy()
+    await first.start()
+    await second.start()
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    bus = RabbitBus(f"{first.url()},{second.url()}", prefix=prefix)
+    got: list[bytes] = []
+    heard: list[bytes] = []
+
+    async def take(delivery: Delivery) -> None:
+        got.append(delivery.body)
+        await delivery.ack()
+
+    async def hear(body: bytes) -> None:
+        heard.append(body)
+
+    try:
+        async with bus:
+            consumer = await bus.consume(QUEUE, take)
+            stream = await bus.subscribe_fanout("news", hear)
+            await bus.enqueue(QUEUE, b"before")
+            await bus.publish_fanout("news", b"before")
+            await wait_until(lambda: got == [b"before"] and heard == [b"before"])
+            first.kill()
+            await wait_until(lambda: consumer.renewed == 1 and stream.renewed == 1, timeout=20)
+            for _ in range(100):
+                try:
+                    await bus.enqueue(QUEUE, b"after")
+                    break
+                except Exception:
+                    await asyncio.sleep(0.1)
+            await bus.publish_fanout("news", b"after")
+            await wait_until(lambda: b"after" in got and b"after" in heard, timeout=20)
+            assert heard == [b"before", b"after"], heard  # one queue bound, not two
+            assert got.count(b"after") == 1, got
+    finally:
+        second.kill()
+        await _delete_raw(f"{prefix}.queue.{QUEUE}")
+
+
 async def test_a_broker_list_out_of_reach_names_every_node():
     ports = free_ports(2)
     urls = ",".join(f"amqp://guest:hunter2@127.0.0.1:{port}/" for port in ports)
