@@ -612,8 +612,15 @@ class RabbitBus(Bus):
             return self._open_stream(exchange_name, kind, binding_key, ttl_s, kept)
 
         channel, queue = await reopen()
+        return await self._started(
+            _RabbitStream(self, channel, queue, call, exchange_name, ttl_s, reopen), channel
+        )
+
+    async def _started(
+        self, subscription: _RabbitSubscription, channel: AbstractChannel
+    ) -> Subscription:
+        """``subscription`` consuming on ``channel``, kept; the channel closed if not."""
         try:
-            subscription = _RabbitStream(self, channel, queue, call, exchange_name, ttl_s, reopen)
             await subscription.start()
         except BaseException:
             with contextlib.suppress(*_GONE):
@@ -753,17 +760,10 @@ class RabbitBus(Bus):
             return self._open_work_queue(name, prefetch)
 
         channel, amqp_queue = await reopen()
-        try:
-            subscription = _RabbitConsumer(
-                self, channel, amqp_queue, handler, name, prefetch, reopen, self.single_active
-            )
-            await subscription.start()
-        except BaseException:
-            with contextlib.suppress(*_GONE):
-                await channel.close()
-            raise
-        self._subscriptions.add(subscription)
-        return subscription
+        subscription = _RabbitConsumer(
+            self, channel, amqp_queue, handler, name, prefetch, reopen, self.single_active
+        )
+        return await self._started(subscription, channel)
 
     async def _open_work_queue(
         self, name: str, prefetch: int
