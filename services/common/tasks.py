@@ -54,15 +54,15 @@ async def _keep_running(make: Callable[[], Coroutine[Any, Any, Any]], name: str)
             await make()
             return
         except Exception:
+            if time.monotonic() - began >= _HEALTHY_S:
+                pause = RESTART_S
             log.critical(
                 "a long-lived task ended on an error; starting it again in %.1f s",
-                pause if time.monotonic() - began < _HEALTHY_S else RESTART_S,
+                pause,
                 exc_info=True,
                 extra={"task": name},
             )
             TASK_RESTARTS.labels(name).inc()
-        if time.monotonic() - began >= _HEALTHY_S:
-            pause = RESTART_S
         await asyncio.sleep(pause)
         pause = min(2 * pause, RESTART_MAX_S)
 

@@ -1513,12 +1513,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     ended.CopyFrom(known.last_ended)
                     ended.job_id = job_id
                 recovered.append(ended)
-        if recovered:
-            log.warning(
-                "recovered the events of tasks relayed from here", extra={"events": len(recovered)}
-            )
-            metrics.EVENTS_RECOVERED.labels(self.gm_id).inc(len(recovered))
-            self._take_events(recovered)
+        self._take_recovered(recovered, "recovered the events of tasks relayed from here")
 
     async def _recover_lost_ends(self, suspects: set[tuple[str, str]]) -> set[tuple[str, str]]:
         """Tasks this GM's books show placed or running that their LM's books (as this
@@ -1546,11 +1541,15 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     recovered.append(ended)
             unknown = set(attempts) - {known.task_id for known in reply.tasks}
             await self._requeue_lost_starts(lm_id, unknown)
-        if recovered:
-            log.warning("recovered lost task events", extra={"events": len(recovered)})
-            metrics.EVENTS_RECOVERED.labels(self.gm_id).inc(len(recovered))
-            self._take_events(recovered)
+        self._take_recovered(recovered, "recovered lost task events")
         return now.keys() - suspects
+
+    def _take_recovered(self, events: list[common_pb2.TaskEvent], what: str) -> None:
+        """Ends an LM remembered that this GM never heard as events: taken as them."""
+        if events:
+            log.warning(what, extra={"events": len(events)})
+            metrics.EVENTS_RECOVERED.labels(self.gm_id).inc(len(events))
+            self._take_events(events)
 
     async def _accepted(self, lm_id: str, item: Pending) -> None:
         """An LM took the task (launch or preemption): booked in the view, kept until an
