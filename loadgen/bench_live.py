@@ -419,6 +419,7 @@ class Offer:
     attempts: LiveAttempts | None = None  # --queues FILE: when each task was acknowledged
     errors: Counter[str] = field(default_factory=Counter)  # gRPC code -> failed jobs
     busy_retries: int = 0  # jobs sent again after a GM refused them RESOURCE_EXHAUSTED
+    throttled: int = 0  # tries the clients kept back, no message sent (AdaptiveThrottle)
     lags_s: list[float] = field(default_factory=list)  # send time - deadline, per job
     rpc_s: list[float] = field(default_factory=list)  # SubmitJob round trips
     answer_s: list[float] = field(default_factory=list)  # each try's wait for its answer
@@ -786,6 +787,8 @@ async def _measure(
             drained = await _drain(offer.offer, events, options.seconds + DRAIN_EXTRA_S)
         finally:
             wall_s = time.monotonic() - began
+            clients = {id(t.client): t.client for t in targets}.values()
+            offer.offer.throttled = sum(client.throttled for client in clients)
             cpu = meter.stop(len(offer.offer.accepted))
             memory = meter.memory(len(offer.offer.accepted))
             for loop_task in (reporter, sampler, watcher):
@@ -917,6 +920,8 @@ def summarise(
         submit_errors=dict(offer.errors),
         refused_tasks=offer.tasks - len(offer.accepted),
         busy_retries=offer.busy_retries,
+        # Tries a client kept back, answered by itself without a message (AdaptiveThrottle).
+        throttled_tries=offer.throttled,
         failed=failed,
         duplicates=events.duplicates,
         # Tasks of submissions never acknowledged (e.g. DEADLINE_EXCEEDED) that ran
@@ -1036,6 +1041,12 @@ def render(result: BenchResult) -> str:
         lines.append(
             f"refused submissions    {s['refused_tasks']} tasks not acknowledged "
             f"(jobs by gRPC code: {codes or 'none'}); {s.get('busy_retries', 0)} busy retries"
+            + (
+                f"; {s['throttled_tries']} tries kept back by the clients (throttled: no "
+                "message sent)"
+                if s.get("throttled_tries")
+                else ""
+            )
             + (
                 f"; {s['unacknowledged_ran']} unacknowledged tasks ran anyway"
                 if s.get("unacknowledged_ran")

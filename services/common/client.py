@@ -13,9 +13,10 @@ import grpc
 
 from services._proto.megha.v1 import common_pb2, global_master_pb2, global_master_pb2_grpc
 from services.common.convert import resources_to_proto
-from services.common.request_stream import Submitter
+from services.common.request_stream import Submitter, rpc_error
 from services.common.server import channel
 from services.core.states import TERMINAL
+from services.core.throttle import AdaptiveThrottle
 
 # Errors after which GlobalMasterClient.follow watches again (NOT_FOUND too, for a job
 # it knows exists: a GM that restarted learns of it shortly). RESOURCE_EXHAUSTED: a GM
@@ -31,6 +32,15 @@ FOLLOW_PAUSE_S, FOLLOW_PAUSE_MAX_S = 0.2, 2.0
 # to BUSY_PAUSE_MAX_S (the GM quotes these). ``submit(busy_tries=...)`` does so: 8 tries
 # wait about 16 s in all, after which the refusal is the caller's to report.
 BUSY_PAUSE_S, BUSY_PAUSE_MAX_S, BUSY_TRIES = 0.1, 5.0, 8
+ANSWER_S = 1.0  # a GM answers every submission within this (issue 32)
+# Failures that say nothing of whether the GM took the try (it is away, the call was
+# cancelled, or no answer came): not counted by a client's throttle (``AdaptiveThrottle``).
+# Any other answer, a bad request's too, is the GM taking the try.
+NOT_COUNTED = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+}
 
 
 def busy_pauses(tries: int = BUSY_TRIES) -> list[float]:
@@ -45,6 +55,17 @@ def jittered(pause: float, rng: random.Random | None = None) -> float:
 
 
 _JITTER = random.Random()
+
+
+def throttled_error(requests: int, accepts: int) -> grpc.aio.AioRpcError:
+    """The refusal a client gives itself for a try it kept back (``AdaptiveThrottle``):
+    the same code as a GM's, so callers handle both alike."""
+    return rpc_error(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"not sent: the GM took {accepts} of this client's last {requests} submissions "
+        "and refused the rest as too busy, so this client holds some back (client-side "
+        "throttling); retry it in a moment",
+    )
 
 
 class FollowStalled(RuntimeError):
@@ -103,6 +124,10 @@ class GlobalMasterClient:
         self._channel = channel(target)
         self.stub = global_master_pb2_grpc.GlobalMasterStub(self._channel)
         self._submitter = Submitter(self.stub) if streaming else None
+        # Submissions a GM keeps refusing as too busy are partly kept back here, answered
+        # at once as refused (``AdaptiveThrottle``); ``throttled`` counts them.
+        self.throttle = AdaptiveThrottle()
+        self.throttled = 0
 
     async def __aenter__(self) -> GlobalMasterClient:
         return self
@@ -131,32 +156,54 @@ class GlobalMasterClient:
         them; SubmitJobRequest.gang; ``vdc``: a gang that is a Gridiron VDC). A GM too
         busy to take it (RESOURCE_EXHAUSTED: nothing of it was queued) is asked again up
         to ``busy_tries`` times after the pauses it asks for (``busy_pauses``, each
-        ``jittered``), each announced to ``on_busy``; then its refusal is raised.
-        ``on_answer`` is told how long each try waited for its answer (seconds), whatever
-        the answer."""
+        ``jittered``), each announced to ``on_busy``; then its refusal is raised. A try
+        this client's throttle keeps back (``AdaptiveThrottle``: the GM refused most of
+        its recent tries) is refused here at once, without a message, and counted in
+        ``throttled``. ``on_answer`` is told how long each try sent waited for its answer
+        (seconds), whatever the answer."""
         # Built once: each try only stamps its own time (the tasks are copies made here).
         request = global_master_pb2.SubmitJobRequest(
             job_id=job_id, queue=queue, gang=gang, min_tasks=min_tasks, vdc=vdc
         )
         request.tasks.extend(tasks)
         unstamped = [t for t in request.tasks if not t.timestamps.submitted_unix_nanos]
-        for pause in [*map(jittered, busy_pauses(busy_tries)), None]:
-            began = time.perf_counter()
-            now = time.time_ns()
-            for task in unstamped:
-                task.timestamps.submitted_unix_nanos = now
-            try:
-                return await self._submit_once(request)
-            except grpc.aio.AioRpcError as err:
-                if pause is None or err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-                    raise
-            finally:
-                if on_answer is not None:
-                    on_answer(time.perf_counter() - began)
+        pauses = busy_pauses(busy_tries)
+        # A try kept back is no try: the job waits as after a refusal and asks again, for
+        # at most as long as its busy tries would take in all: their pauses, and each
+        # answered within the second a GM promises (ANSWER_S).
+        give_up = time.monotonic() + sum(pauses) + ANSWER_S * len(pauses)
+        refused = waited = 0  # tries the GM refused; pauses taken (the backoff's step)
+        while True:
+            if self.throttle.allow(time.monotonic(), _JITTER.random()):
+                began = time.perf_counter()
+                now = time.time_ns()
+                for task in unstamped:
+                    task.timestamps.submitted_unix_nanos = now
+                try:
+                    reply = await self._submit_once(request)
+                except grpc.aio.AioRpcError as err:
+                    busy = err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                    if busy or err.code() not in NOT_COUNTED:
+                        self.throttle.record(time.monotonic(), accepted=not busy)
+                    if not busy or refused == len(pauses):
+                        raise
+                    refused += 1
+                else:
+                    self.throttle.record(time.monotonic(), accepted=True)
+                    return reply
+                finally:
+                    if on_answer is not None:
+                        on_answer(time.perf_counter() - began)
+            else:
+                self.throttle.record(time.monotonic(), accepted=False)
+                self.throttled += 1
+                if not pauses or time.monotonic() >= give_up:
+                    raise throttled_error(*self.throttle.counts(time.monotonic()))
+            pause = jittered(pauses[min(waited, len(pauses) - 1)])
+            waited += 1
             if on_busy is not None:
                 on_busy(pause)
             await asyncio.sleep(pause)
-        raise AssertionError("unreachable: the last try raises or returns")
 
     async def _submit_once(
         self, request: global_master_pb2.SubmitJobRequest

@@ -4,6 +4,7 @@ waits as asked, a bounded number of times."""
 from __future__ import annotations
 
 import random
+import time
 from types import SimpleNamespace
 
 import grpc
@@ -12,6 +13,7 @@ import pytest
 from services.common import client as client_module
 from services.common.client import BUSY_PAUSE_MAX_S, GlobalMasterClient, busy_pauses, jittered
 from services.common.request_stream import rpc_error
+from services.core.throttle import MIN_REQUESTS
 
 
 def test_the_pauses_double_from_the_hint_and_are_capped() -> None:
@@ -25,6 +27,7 @@ async def gm(monkeypatch):
     pauses it slept are in ``slept``."""
     target = GlobalMasterClient("127.0.0.1:1")
     target.answers, target.slept, target.sent = [], [], []
+    clock = [1000.0]  # the client's monotonic clock: moved by its sleeps only
 
     async def submit_once(request):
         target.sent.append([t.timestamps.submitted_unix_nanos for t in request.tasks])
@@ -35,10 +38,18 @@ async def gm(monkeypatch):
 
     async def sleep(pause):
         target.slept.append(pause)
+        clock[0] += pause
 
     monkeypatch.setattr(target, "_submit_once", submit_once)
     # The client module's asyncio only (its sole use is sleeping), not the test's loop's.
     monkeypatch.setattr(client_module, "asyncio", SimpleNamespace(sleep=sleep))
+    monkeypatch.setattr(
+        client_module,
+        "time",
+        SimpleNamespace(
+            monotonic=lambda: clock[0], perf_counter=time.perf_counter, time_ns=time.time_ns
+        ),
+    )
     yield target
     await target.close()
 
@@ -113,3 +124,45 @@ def test_a_pause_is_jittered_within_half_of_itself_either_way() -> None:
     pauses = [jittered(1.0, rng) for _ in range(1000)]
     assert min(pauses) >= 0.5 and max(pauses) < 1.5
     assert max(pauses) - min(pauses) > 0.9  # spread, not one value
+
+
+async def test_a_client_the_gm_keeps_refusing_holds_tries_back(gm, monkeypatch) -> None:
+    """Client-side throttling (``AdaptiveThrottle``): past a few refusals most tries are
+    kept back, answered at once without a message; a kept-back try is no try, so the
+    job still goes once the GM takes it."""
+    monkeypatch.setattr(client_module, "_JITTER", random.Random(3))
+    gm.answers = [BUSY] * (MIN_REQUESTS - 1)
+    for _ in range(MIN_REQUESTS - 1):  # jobs of one try each: the GM refused every one
+        with pytest.raises(grpc.aio.AioRpcError):
+            await gm.submit([])
+    assert gm.throttled == 0 and not gm.answers  # a few tries are never held back
+    gm.answers = [BUSY, BUSY, "queued"]
+    heard: list[float] = []
+    assert await gm.submit([], busy_tries=8, on_busy=heard.append) == "queued"
+    assert not gm.answers and len(gm.sent) == MIN_REQUESTS - 1 + 3  # kept back: unsent
+    assert gm.throttled > 0 and len(heard) == 2 + gm.throttled  # a pause after each
+    # The pauses back off over every try, sent or kept back, up to the hint's cap.
+    bases = busy_pauses(8)
+    for step, pause in enumerate(heard):
+        assert 0.5 <= pause / bases[min(step, 7)] < 1.5
+
+
+async def test_a_kept_back_job_gives_up_after_its_pauses_would_have_passed(gm) -> None:
+    gm.answers = [BUSY] * 1_000
+    for _ in range(50):
+        with pytest.raises(grpc.aio.AioRpcError):
+            await gm.submit([])
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await gm.submit([], busy_tries=3)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert gm.throttled > 0 and len(gm.sent) <= 50 + 4  # most tries kept back
+    assert sum(gm.slept) >= sum(busy_pauses(3)) * 0.5  # it waited about as long as asked
+
+
+async def test_unreachable_gms_and_timeouts_do_not_count_against_it(gm) -> None:
+    gone = rpc_error(grpc.StatusCode.UNAVAILABLE, "down")
+    gm.answers = [gone] * 100
+    for _ in range(100):
+        with pytest.raises(grpc.aio.AioRpcError):
+            await gm.submit([], busy_tries=8)
+    assert gm.throttle.counts(1000.0) == (0, 0) and gm.throttled == 0  # the clock did not move
