@@ -496,13 +496,19 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         answers: asyncio.Queue = asyncio.Queue()
         done_reading = object()
 
+        def refused_reply(message, refused: Refused) -> global_master_pb2.SubmitStreamResponse:
+            return global_master_pb2.SubmitStreamResponse(
+                request_id=message.request_id,
+                error_code=refused.code.value[0],
+                error_message=refused.details,
+            )
+
         async def handle(message) -> None:
             reply = global_master_pb2.SubmitStreamResponse(request_id=message.request_id)
             try:
-                reply.submit.CopyFrom(await self._submit(message.submit))
+                reply.submit.CopyFrom(await self._submit_admitted(message.submit))
             except Refused as refused:
-                reply.error_code = refused.code.value[0]
-                reply.error_message = refused.details
+                reply = refused_reply(message, refused)
             except Exception as err:  # answered, so the client's request does not hang
                 log.exception("SubmitStream request failed")
                 reply.error_code = grpc.StatusCode.INTERNAL.value[0]
@@ -526,6 +532,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                         # ``QueueingDelay``).
                         waited_s = queueing.wait_s(one.asked_unix_nanos, read_ns)
                         read_waits.observe(waited_s)
+                        # Refused here and now, without a task: under overload most are.
+                        refused = self._refusal(one.submit)
+                        if refused is not None:
+                            answers.put_nowait(refused_reply(one, refused))
+                            continue
                         # Not tied to the stream: a job being queued finishes queueing
                         # even if the client goes (it learns of it through GetJob, as
                         # after a lost unary answer).
@@ -561,27 +572,40 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
     async def _submit(self, request) -> global_master_pb2.SubmitJobResponse:
         """Queue one job, or raise ``Refused`` (what the client is told): RESOURCE_EXHAUSTED
         when the GM's intake is full (``Admission``)."""
+        refused = self._refusal(request)
+        if refused is not None:
+            raise refused
+        return await self._submit_admitted(request)
+
+    def _refusal(self, request) -> Refused | None:
+        """Why ``request`` is refused at once (a bad id, or the intake full), or None: then
+        it is taken on (``Admission``) and ``_submit_admitted`` must follow. Cheap and
+        synchronous, so that a stream's reader refuses without a task per submission."""
         for name in ("job_id", "queue"):  # a SubmitStream's are not checked on arrival
             if problem := id_problem(name, getattr(request, name)):
-                raise Refused(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        queue = request.queue
-        refusal = self.admission.admit(queue)
-        if refusal is not None:
-            metrics.SUBMISSIONS_REFUSED.labels(self.gm_id).inc()
-            if not self._overloaded:
-                self._overloaded = True
-                log.warning(
-                    "refusing submissions: %s",
-                    refusal,
-                    extra={"under_way": refusal.under_way, "limit": refusal.limit},
-                )
-            named = f"job {shown(request.job_id)}" if request.job_id else "the job"
-            raise Refused(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{refusal}: {named} was not queued; retry it in a moment, backing off "
-                f"(from {BUSY_PAUSE_S:g} s, doubling, up to {BUSY_PAUSE_MAX_S:g} s)",
+                return Refused(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        refusal = self.admission.admit(request.queue)
+        if refusal is None:
+            self._overloaded = False
+            return None
+        metrics.SUBMISSIONS_REFUSED.labels(self.gm_id).inc()
+        if not self._overloaded:
+            self._overloaded = True
+            log.warning(
+                "refusing submissions: %s",
+                refusal,
+                extra={"under_way": refusal.under_way, "limit": refusal.limit},
             )
-        self._overloaded = False
+        named = f"job {shown(request.job_id)}" if request.job_id else "the job"
+        return Refused(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"{refusal}: {named} was not queued; retry it in a moment, backing off "
+            f"(from {BUSY_PAUSE_S:g} s, doubling, up to {BUSY_PAUSE_MAX_S:g} s)",
+        )
+
+    async def _submit_admitted(self, request) -> global_master_pb2.SubmitJobResponse:
+        """``_submit`` once ``_refusal`` took it on: the intake counts it until answered."""
+        queue = request.queue
         began = time.monotonic()
         try:
             return await self._submit_job(request)

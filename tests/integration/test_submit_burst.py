@@ -12,7 +12,7 @@ import pytest
 
 from loadgen.replay import replay_jobs
 from loadgen.trace import TraceJob, TraceTask
-from services.common.client import BUSY_TRIES
+from services.common.client import BUSY_TRIES, GlobalMasterClient
 from tests.integration.harness import Federation, embedded_federation, sim_tasks
 
 pytestmark = pytest.mark.integration
@@ -54,9 +54,16 @@ async def test_a_busy_gm_says_to_retry_and_the_replay_does():
         details = busy.value.details()
         assert "submissions under way, its limit now: job busy was not queued" in details
         assert "retry it in a moment, backing off" in busy.value.details()
+        # Streamed, the same refusal, given by the stream's reader itself (``_refusal``).
+        target = config.gm("gm-1").target
+        async with GlobalMasterClient(target, streaming=True) as streamed:
+            with pytest.raises(grpc.aio.AioRpcError) as busy:
+                await streamed.submit(sim_tasks(1, 0.05), job_id="busy")
+            assert busy.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "job busy was not queued" in busy.value.details()
+            assert gm.jobs.get("busy") is None  # nothing of it taken
 
         jobs = [TraceJob(f"j{j}", 0.0, (TraceTask(1.0),)) for j in range(3)]
-        target = config.gm("gm-1").target
         replay = asyncio.create_task(replay_jobs(jobs, [target], speedup=20.0, timeout_s=30))
         await asyncio.sleep(0.5)  # the first job was refused at least twice by then
         gm.admission.max_limit = 100
