@@ -937,6 +937,7 @@ def summarise(
         # issue 32 asks every one within 1 s.
         submit_answer_s=report.percentiles(offer.answer_s),
         answers_over_1s=sum(1 for took in offer.answer_s if took > 1.0),
+        tries_sent=len(offer.answer_s),  # each one a message a GM read and answered
         events_seen=events.events,
         # What every subscriber of the events exchange (each GM too) reads, in messages.
         event_messages_seen=events.batches,
@@ -983,7 +984,8 @@ def _answers_line(s: dict[str, Any]) -> str:
     return (
         f"answers                each try's wait p50 {report.ms(answer['p50'])} ms, "
         f"p99 {report.ms(answer['p99'])} ms, max {report.ms(answer['max'])} ms; "
-        f"{s.get('answers_over_1s', 0)} over 1 s{_at_the_gms(s)}"
+        f"{s.get('answers_over_1s', 0)} of {s.get('tries_sent', '?')} over 1 s"
+        f"{_at_the_gms(s)}"
     )
 
 
