@@ -16,7 +16,7 @@ from services.common.convert import resources_to_proto
 from services.common.request_stream import Submitter, rpc_error
 from services.common.server import channel
 from services.core.states import TERMINAL
-from services.core.throttle import AdaptiveThrottle
+from services.core.throttle import WINDOW_S, AdaptiveThrottle
 
 # Errors after which GlobalMasterClient.follow watches again (NOT_FOUND too, for a job
 # it knows exists: a GM that restarted learns of it shortly). RESOURCE_EXHAUSTED: a GM
@@ -30,7 +30,8 @@ FOLLOW_PAUSE_S, FOLLOW_PAUSE_MAX_S = 0.2, 2.0
 # A GM whose intake is full refuses a job with RESOURCE_EXHAUSTED before queuing any of
 # it, and its message asks the client to retry after a pause of BUSY_PAUSE_S, doubling up
 # to BUSY_PAUSE_MAX_S (the GM quotes these). ``submit(busy_tries=...)`` does so: 8 tries
-# wait about 16 s in all, after which the refusal is the caller's to report.
+# wait about 16 s in all (up to 24 s while its throttle holds tries back), after which the
+# refusal is the caller's to report.
 BUSY_PAUSE_S, BUSY_PAUSE_MAX_S, BUSY_TRIES = 0.1, 5.0, 8
 ANSWER_S = 1.0  # a GM answers every submission within this (issue 32)
 # Failures that say nothing of whether the GM took the try (it is away, the call was
@@ -62,9 +63,9 @@ def throttled_error(requests: int, accepts: int) -> grpc.aio.AioRpcError:
     the same code as a GM's, so callers handle both alike."""
     return rpc_error(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
-        f"not sent: the GM took {accepts} of this client's last {requests} submissions "
-        "and refused the rest as too busy, so this client holds some back (client-side "
-        "throttling); retry it in a moment",
+        f"not sent: of this client's last {requests} tries within {WINDOW_S:g} s the GM "
+        f"took {accepts} and refused the rest as too busy, so this client holds some "
+        "back (client-side throttling); retry it in a moment",
     )
 
 
