@@ -37,7 +37,7 @@ from loadgen.chaos.wire import (
 from services.core import states
 from services.core.global_view import ApplyResult, GlobalView, Placement, PreemptionPlan
 from services.core.limits import QueueLimits
-from services.core.scheduler import Drop, Reply, RoundPlan, Scheduler
+from services.core.scheduler import Drop, OneTask, Reply, RoundPlan, Scheduler
 from services.core.snapshot import Snapshot
 from services.core.status import PlacementStatus
 from services.core.user_queues import UserQueues
@@ -155,7 +155,7 @@ class MessageBatch:
 
 
 @dataclass(eq=False)
-class Pending:
+class Pending(OneTask):
     """The scheduler core's ``Work`` of one task (the live GM's ``Pending``)."""
 
     task: Task
@@ -165,22 +165,6 @@ class Pending:
 
     def __post_init__(self) -> None:
         self.spec = self.task.spec()
-
-    def head(self):
-        return self.spec
-
-    def take(self) -> Pending:
-        return self
-
-    def join(self, _other: Pending) -> bool:
-        return False
-
-    def __len__(self) -> int:
-        return 1
-
-    @property
-    def lease(self) -> int:
-        return self.task.lease
 
 
 class GM(Actor):

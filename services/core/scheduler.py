@@ -105,6 +105,33 @@ class Work(Protocol):
         ...
 
 
+class OneTask:
+    """``Work`` of one task, all but ``enqueued`` and ``rejections``: for a driver's class
+    with its ``spec`` (the task as placement sees it) and ``task`` (what it sends, with
+    the ``lease`` it was last sent under). The live GM's and the fault model's
+    ``Pending``."""
+
+    __slots__ = ()
+    spec: TaskSpec
+    task: Any
+
+    def head(self) -> TaskSpec:
+        return self.spec
+
+    def take(self) -> OneTask:
+        return self
+
+    def join(self, _other: Any) -> bool:
+        return False
+
+    def __len__(self) -> int:
+        return 1
+
+    @property
+    def lease(self) -> int:
+        return self.task.lease
+
+
 W = TypeVar("W", bound=Work)
 K = TypeVar("K")
 

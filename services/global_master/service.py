@@ -83,6 +83,7 @@ from services.core.scheduler import (
     MAX_REJECTIONS,
     ROUND_PER_QUEUE,
     Drop,
+    OneTask,
     Reply,
     RoundPlan,
     Scheduler,
@@ -215,7 +216,7 @@ class Refused(Exception):
 
 
 @dataclass(eq=False)
-class Pending:
+class Pending(OneTask):
     """One task waiting in a user queue: the scheduler core's ``Work`` of one task."""
 
     task: common_pb2.Task
@@ -230,22 +231,6 @@ class Pending:
     def __post_init__(self) -> None:
         stamps = self.task.timestamps
         self.enqueued = (stamps.queued_unix_nanos or stamps.submitted_unix_nanos) / 1e9
-
-    def head(self) -> TaskSpec:
-        return self.spec
-
-    def take(self) -> Pending:
-        return self
-
-    def join(self, _other: Pending) -> bool:
-        return False
-
-    def __len__(self) -> int:
-        return 1
-
-    @property
-    def lease(self) -> int:
-        return self.task.lease
 
 
 @dataclass
