@@ -414,11 +414,12 @@ class MeghaSim:
         self.engine.at(self.engine.now + self.heartbeat_ns, self._report_backlogs, reports)
 
     def _learn_backlogs(self, reports: tuple) -> None:
+        heard = [
+            (source.gm_id, runs, room)
+            for source, (runs, room) in zip(self.gms, reports, strict=True)
+        ]
         for gm in self.gms:
-            wake = False
-            for source, (runs, room) in zip(self.gms, reports, strict=True):
-                wake |= gm.scheduler.heard_backlog(source.gm_id, runs, room)
-            if wake:
+            if gm.scheduler.heard_backlogs(heard):
                 self._wake(gm)
 
     # ------------------------------------------------------------- job arrival

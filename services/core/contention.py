@@ -141,10 +141,13 @@ class OwnerFirst:
         if held is None or not held.any():
             return
         ours = list(held.search(1))  # a few nodes; ``nodes`` may be every node
-        if nodes is not None:
-            shown = np.zeros(len(held), dtype=bool)
-            shown[nodes[nodes < len(held)]] = True
-            ours = [node for node in ours if shown[node]]
+        if nodes is not None and len(nodes) <= 64:  # a delta's few rows
+            shown = set(nodes.tolist())
+            ours = [node for node in ours if node in shown]
+        elif nodes is not None:
+            mask = np.zeros(len(held), dtype=bool)
+            mask[nodes[nodes < len(held)]] = True
+            ours = [node for node in ours if mask[node]]
         for node in ours:
             held[node] = 0
             del self._until[(lm_id, node)]
@@ -282,17 +285,29 @@ class OldestFirst(OwnerFirst):
         first; ``room``: for its queues with a share, the tasks each may still take
         before it is over its share (``Scheduler.backlog``): they claim no more than
         that, plus one per end of one of their tasks heard until the next report."""
-        lanes: dict[str, list[tuple[float, int]]] = {}
-        for at, n, queue in runs:
-            if n > 0:
-                lanes.setdefault(queue, []).append((float(at), int(n)))
-        if not lanes and not self._lanes.get(gm_id) and not room:
-            return
-        self._lanes[gm_id] = {queue: [queued, 0, 0] for queue, queued in lanes.items()}
-        if room:
-            self._credit.update(room)
-        self._waiting = frozenset(queue for mine in self._lanes.values() for queue in mine)
-        self._heap()
+        self.backlogs(((gm_id, runs, room),))
+
+    def backlogs(
+        self, reports: Iterable[tuple[str, Iterable[Run], Mapping[str, int] | None]]
+    ) -> None:
+        """Several GMs' reports (``backlog``'s arguments), heard one after another with
+        nothing between them: the same as ``backlog`` for each, the claims' order made
+        once (the simulator hears every GM's report at once)."""
+        changed = False
+        for gm_id, runs, room in reports:
+            lanes: dict[str, list[tuple[float, int]]] = {}
+            for at, n, queue in runs:
+                if n > 0:
+                    lanes.setdefault(queue, []).append((float(at), int(n)))
+            if not lanes and not self._lanes.get(gm_id) and not room:
+                continue
+            self._lanes[gm_id] = {queue: [queued, 0, 0] for queue, queued in lanes.items()}
+            if room:
+                self._credit.update(room)
+            changed = True
+        if changed:
+            self._waiting = frozenset(queue for mine in self._lanes.values() for queue in mine)
+            self._heap()
 
     def waiting_queues(self) -> frozenset[str]:
         """The queues some GM last reported waiting work of."""

@@ -59,6 +59,9 @@ class PreemptionPlan:
     victims: Victims
 
 
+_FOLD_AFTER = 4096  # changes a queue's pending sums keep before they are folded anyway
+
+
 class HeldAllocations(dict[str, Allocation]):
     """Task id -> ``Allocation``, keeping what each queue holds up to date as tasks come
     and go, so the queues' usage costs O(queues), not O(tasks): a GM with a queue limit
@@ -68,32 +71,63 @@ class HeldAllocations(dict[str, Allocation]):
     would bypass the sums and raise).
     """
 
-    __slots__ = ("_count", "held")
+    __slots__ = ("_count", "_held", "_pending")
 
     def __init__(self, allocations: Iterable[Allocation] = ()):
         super().__init__()
-        self.held: dict[str, np.ndarray] = {}  # queue -> resources its allocations hold
+        self._held: dict[str, np.ndarray] = {}  # queue -> resources, as of the last fold
         self._count: dict[str, int] = {}
+        # Queue -> resources of the allocations added and of those taken away since the
+        # last fold: summed in one numpy call when ``held`` is read (a GM reads it once a
+        # round at most, a view changes it for every task a snapshot names: adding each
+        # 4-vector at once cost more than the rest of applying a heartbeat).
+        self._pending: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
         for allocation in allocations:
             self[allocation.task_id] = allocation
 
+    @property
+    def held(self) -> dict[str, np.ndarray]:
+        """Queue -> the resources its allocations hold (only queues holding some)."""
+        if self._pending:
+            self._fold()
+        return self._held
+
+    def _fold(self) -> None:
+        held = self._held
+        for queue, (added, taken) in self._pending.items():
+            total = np.add.reduce(added, dtype=np.int64) if added else None
+            if taken:
+                total = (0 if total is None else total) - np.add.reduce(taken, dtype=np.int64)
+            if queue in held:
+                held[queue] += total
+            else:
+                held[queue] = np.asarray(total, dtype=np.int64)
+        self._pending.clear()
+
     def _add(self, allocation: Allocation) -> None:
         queue = allocation.queue
-        held = self.held.get(queue)
-        if held is None:
-            self.held[queue] = allocation.resources.astype(np.int64)  # a copy
-            self._count[queue] = 1
-        else:
-            held += allocation.resources
-            self._count[queue] += 1
+        self._count[queue] = self._count.get(queue, 0) + 1
+        pending = self._pending.get(queue)
+        if pending is None:
+            pending = self._pending[queue] = ([], [])
+        pending[0].append(allocation.resources)
+        if len(pending[0]) > _FOLD_AFTER:
+            self._fold()
 
     def _sub(self, allocation: Allocation) -> None:
         queue = allocation.queue
-        if self._count[queue] == 1:
-            del self.held[queue], self._count[queue]
-        else:
-            self.held[queue] -= allocation.resources
-            self._count[queue] -= 1
+        if self._count[queue] == 1:  # its last: it holds nothing now
+            del self._count[queue]
+            self._held.pop(queue, None)
+            self._pending.pop(queue, None)
+            return
+        self._count[queue] -= 1
+        pending = self._pending.get(queue)
+        if pending is None:
+            pending = self._pending[queue] = ([], [])
+        pending[1].append(allocation.resources)
+        if len(pending[1]) > _FOLD_AFTER:
+            self._fold()
 
     def __setitem__(self, task_id: str, allocation: Allocation) -> None:
         old = dict.get(self, task_id)
@@ -120,8 +154,9 @@ class HeldAllocations(dict[str, Allocation]):
 
     def clear(self) -> None:
         dict.clear(self)
-        self.held.clear()
+        self._held.clear()
         self._count.clear()
+        self._pending.clear()
 
     def _refuse(self, *_args, **_kwargs):
         raise TypeError("HeldAllocations changes only through []=, del, pop and clear")
@@ -752,8 +787,14 @@ class GlobalView:
         queue) runs oldest first, and ``room``: how many tasks each of its queues with a
         share may still take (``Scheduler.backlog``, ``Scheduler.room``): the claims
         ``OldestFirst`` counts. Nothing to do under the other rules."""
+        self.backlogs(((gm_id, runs, room),))
+
+    def backlogs(
+        self, reports: Iterable[tuple[str, Iterable[Run], Mapping[str, int] | None]]
+    ) -> None:
+        """``backlog`` for several reports heard one after another."""
         if isinstance(self.owner_first, OldestFirst):
-            self.owner_first.backlog(gm_id, runs, room)
+            self.owner_first.backlogs(reports)
 
     def held_until(self) -> float | None:
         """When the next node held for its owner (``OwnerFirst``) is anyone's again."""

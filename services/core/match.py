@@ -83,6 +83,9 @@ class StrictFit:
         return bool((free >= task.resources).all())
 
 
+_FEW_CANDIDATES = 4  # FirstFit tests up to this many candidates one by one
+
+
 class FirstFit(StrictFit):
     """The lowest-numbered candidate with enough free resources (the paper's choice).
 
@@ -106,6 +109,14 @@ class FirstFit(StrictFit):
             return NO_NODE
         dims = np.flatnonzero(request).tolist()
         free = table.free
+        if cand.count() <= _FEW_CANDIDATES:
+            # A few candidates left (a full federation's usual case): test them one by one
+            # rather than unpack a window of bits around them.
+            wanted = [(d, int(request[d])) for d in dims]
+            for node in cand.search(1):
+                if all(free[d, node] >= need for d, need in wanted):
+                    return node
+            return NO_NODE
         n = len(cand)
         window = self.first_window
         while pos >= 0:

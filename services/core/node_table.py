@@ -58,6 +58,11 @@ def bools_from_bits(bits: bitarray, start: int = 0, stop: int | None = None) -> 
     return np.unpackbits(raw, count=stop - start).view(bool)
 
 
+# Up to this many rows, ``set_free`` sets their ``has_cpu`` bits one by one rather than
+# rebuilding the bitarray: a loop over a few rows costs less than packbits' overhead.
+_FEW_ROWS = 64
+
+
 class NodeTable:
     """Nodes of one LM: capacity, free resources, constraints, liveness, owner partition."""
 
@@ -75,6 +80,7 @@ class NodeTable:
         cap = 16
         self._capacity = np.zeros((NUM_RESOURCES, cap), dtype=np.int64)
         self._free = np.zeros((NUM_RESOURCES, cap), dtype=np.int64)
+        self._free_view: np.ndarray | None = None  # ``free``'s, while the table keeps its size
         self._usage_mean = np.zeros(cap, dtype=np.float64)
         self._usage_var = np.zeros(cap, dtype=np.float64)
         self._masks = np.zeros(cap, dtype=np.uint64)
@@ -105,8 +111,12 @@ class NodeTable:
     def free(self) -> np.ndarray:
         """Read-only: change it through ``take``, ``give_back`` or ``set_free``, which
         keep ``has_cpu`` in step."""
-        view = self._free[:, : self.size]
-        view.flags.writeable = False
+        view = self._free_view
+        if view is None or view.shape[1] != self.size or view.base is not self._free:
+            # Made again only when the table grows: a placement reads it for every
+            # candidate window, and a fresh read-only view costs more than the read.
+            view = self._free_view = self._free[:, : self.size]
+            view.flags.writeable = False
         return view
 
     @property
@@ -285,17 +295,17 @@ class NodeTable:
         no task had a usage estimate: mean = capacity - free cpu, variance 0. Capacity
         must be set first (``set_columns``).
         """
-        idx = indices.astype(np.int64)
+        idx = indices if indices.dtype == np.int64 else indices.astype(np.int64)
         self.version += 1
         self._free[:, idx] = free
-        if 8 * len(idx) < self.size:
+        if 8 * len(idx) < self.size or len(idx) <= _FEW_ROWS:
             # A delta names a few rows of the table: only theirs change (rebuilding the
             # whole bitarray was a tenth of a 10,000-worker simulation, issue 29).
             has_cpu = self.has_cpu
-            for i, cpu in zip(idx.tolist(), (self._free[CPU, idx] > 0).tolist(), strict=True):
+            for i, cpu in zip(idx.tolist(), (free[CPU] > 0).tolist(), strict=True):
                 has_cpu[i] = cpu
         else:
-            self.has_cpu = bits_from_bools(self.free[CPU] > 0)
+            self.has_cpu = bits_from_bools(self._free[CPU, : self.size] > 0)
         if usage_mean is None:
             usage_mean = (self._capacity[CPU, idx] - self._free[CPU, idx]).astype(np.float64)
         if usage_var is None:
@@ -367,7 +377,12 @@ class NodeTable:
     def columns(self, indices: Sequence[int] | np.ndarray | None = None) -> NodeColumns:
         """Static facts of ``indices`` (all rows when None), for a snapshot."""
         idx = np.arange(self.size) if indices is None else np.asarray(indices, dtype=np.int64)
-        alive = bools_from_bits(self.alive)[idx] if self.size else np.zeros(0, dtype=bool)
+        if not len(idx):  # most deltas change no node's static facts
+            alive = np.zeros(0, dtype=bool)
+        elif len(idx) <= _FEW_ROWS:
+            alive = np.array([self.alive[i] for i in idx.tolist()], dtype=bool)
+        else:
+            alive = bools_from_bits(self.alive)[idx]
         return NodeColumns(
             indices=idx.astype(np.uint32),
             node_ids=[self.node_ids[i] for i in idx.tolist()],

@@ -593,8 +593,21 @@ class Scheduler(Generic[W]):
         """``gm_id``'s report (``backlog`` and ``room``) came: the claims ``OldestFirst``
         counts. True when a round should run: with shares, a queue that yielded
         (``_yielding``) may not now."""
-        self.view.backlog(gm_id, runs, room)
-        return self.shares and self.ready()
+        return self.heard_backlogs(((gm_id, runs, room),))
+
+    def heard_backlogs(
+        self, reports: Iterable[tuple[str, Iterable[Run], Mapping[str, int] | None]]
+    ) -> bool:
+        """``heard_backlog`` for several reports heard one after another (the simulator
+        delivers every GM's at once): True when a round should run after any of them."""
+        if not self.shares:  # nothing to answer after each: the claims' order made once
+            self.view.backlogs(reports)
+            return False
+        wake = False
+        for report in reports:
+            self.view.backlogs((report,))
+            wake |= self.ready()
+        return wake
 
     # ----------------------------------------------------------------- replies
     def accepted(self, lm_id: str, task_id: str) -> None:
