@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 from bitarray import bitarray
@@ -36,10 +37,10 @@ from services.core.node_table import NodeTable, bools_from_bits
 from services.core.resources import CPU, MAX_VALUE, format_resources
 from services.core.task import TaskSpec
 
-try:  # scipy's ndtr is exact in the far tail; the fallback is a ufunc over math.erfc.
-    from scipy.special import ndtr as _ndtr
-except ImportError:  # pragma: no cover - exercised by a test that forces the fallback
-    _ndtr = None
+# scipy's ndtr is exact in the far tail; the fallback is a ufunc over math.erfc. Imported
+# on first use: scipy.special costs a quarter of a second, and most runs never ask.
+_UNLOADED: Any = object()
+_ndtr: Any = _UNLOADED
 
 NO_NODE = -1  # the same "no node" as services.core.match.NO_NODE (match imports us)
 DEFAULT_RHO = 0.01
@@ -52,7 +53,13 @@ _erfc = np.frompyfunc(math.erfc, 1, 1)
 # ------------------------------------------------------------------ the fit test
 def normal_sf(x: np.ndarray) -> np.ndarray:
     """P(Z > x) for a standard normal Z, element-wise (accurate far into the tail)."""
+    global _ndtr
     x = np.asarray(x, dtype=np.float64)
+    if _ndtr is _UNLOADED:
+        try:
+            from scipy.special import ndtr as _ndtr
+        except ImportError:  # pragma: no cover - exercised by a test that forces the fallback
+            _ndtr = None
     if _ndtr is not None:
         return _ndtr(-x)
     return (0.5 * _erfc(x / math.sqrt(2.0))).astype(np.float64)

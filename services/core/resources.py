@@ -153,14 +153,26 @@ def format_resources(vector: Iterable[int]) -> str:
     return f"cpu={cores} mem={mem}Mi disk={disk}Mi net={net}M"
 
 
+# Requests found valid, by dtype and bytes: a trace's tasks share a few shapes, and
+# checking one costs three numpy calls (a tenth of creating a simulated task).
+_VALID_REQUESTS: set[tuple[str, bytes]] = set()
+_VALID_REQUESTS_MAX = 4096
+
+
 def validate_request(vector: np.ndarray) -> None:
     """A task request: no negative quantity, something asked for, nothing absurd."""
     _validate_shape(vector, "request")
+    key = (vector.dtype.str, vector.tobytes())
+    if key in _VALID_REQUESTS:
+        return
     if (vector < 0).any():
         raise ResourceError(f"request has a negative quantity: {_describe(vector < 0, vector)}")
     if not (vector > 0).any():
         raise ResourceError("request asks for nothing; a task needs some cpu or memory")
     _validate_bounds(vector, "request")
+    if len(_VALID_REQUESTS) >= _VALID_REQUESTS_MAX:
+        _VALID_REQUESTS.clear()
+    _VALID_REQUESTS.add(key)
 
 
 def validate_capacity(vector: np.ndarray) -> None:
