@@ -266,7 +266,7 @@ def snapshot_to_proto(
 
 def snapshot_from_proto(msg: common_pb2.LocalMasterState, num_constraints: int) -> Snapshot:
     """Decode an LM state. ``num_constraints`` is the federation's setting (not sent)."""
-    free_indices = np.array(msg.free.indices, dtype=np.uint32)
+    free_indices = np.array(msg.free.indices, dtype=np.int64)
     free = np.empty((NUM_RESOURCES, len(free_indices)), dtype=np.int64)
     for d, name in enumerate(RESOURCE_NAMES):
         column = getattr(msg.free, name)

@@ -327,14 +327,14 @@ class ClusterState:
             base = 0
             # Vacant rows are no nodes: a full state lists none (a view fills the gap).
             occupied = self.table.occupied()
-            free_idx = occupied.astype(np.uint32)
+            free_idx = occupied.astype(np.int64)
             nodes = self.table.columns(occupied)
             allocations = list(self.allocations.values())
             ended: list[str] = []
         else:
             assert since_version is not None
             base = min(since_version, self.version)
-            free_idx = np.flatnonzero(self._free_version > base).astype(np.uint32)
+            free_idx = np.flatnonzero(self._free_version > base)
             nodes = self.table.columns(np.flatnonzero(self._static_version > base))
             allocations = []
             for allocation in reversed(self.allocations.values()):
@@ -362,13 +362,13 @@ class ClusterState:
             free=self._offered(free_idx),
             allocations=allocations,
             ended_task_ids=ended,
-            usage_mean=self.table.usage_mean[free_idx.astype(np.int64)].copy(),
-            usage_var=self.table.usage_var[free_idx.astype(np.int64)].copy(),
+            usage_mean=self.table.usage_mean[free_idx],  # fancy indexing copies
+            usage_var=self.table.usage_var[free_idx],
         )
 
     def _offered(self, indices: np.ndarray) -> np.ndarray:
         """What the nodes of ``indices`` have free for new tasks: nothing, if draining."""
-        free = self.table.free[:, indices.astype(np.int64)].copy()
+        free = self.table.free[:, np.asarray(indices, dtype=np.int64)]  # a copy
         if self.draining:
             free[:, np.isin(indices, list(self.draining))] = 0
         return free

@@ -406,7 +406,7 @@ class GlobalView:
         if not view.inflight and not view.ended:
             return
         touched = np.zeros(view.table.size, dtype=bool)
-        touched[snapshot.free_indices.astype(np.int64)] = True
+        touched[snapshot.free_indices] = True
         shown = {a.task_id: a for a in snapshot.allocations}
         gone = set(snapshot.ended_task_ids)
         table = view.table

@@ -80,7 +80,8 @@ class StrictFit:
         free = table.free[:, node]
         if extra_free is not None:
             free = free + extra_free
-        return bool((free >= task.resources).all())
+        # Four numbers: compared as Python ints, a numpy comparison costs more than it.
+        return all(f >= r for f, r in zip(free.tolist(), task.resources.tolist(), strict=True))
 
 
 _FEW_CANDIDATES = 4  # FirstFit tests up to this many candidates one by one

@@ -54,7 +54,7 @@ class Snapshot:
     gm_ids: tuple[str, ...]
     num_constraints: int
     nodes: NodeColumns  # full: every node; delta: nodes whose static facts changed
-    free_indices: np.ndarray  # uint32 (k,)
+    free_indices: np.ndarray  # int64 (k,): row numbers (uint32 on the wire)
     free: np.ndarray  # int64 (NUM_RESOURCES, k)
     allocations: list[Allocation] = field(default_factory=list)
     ended_task_ids: list[str] = field(default_factory=list)
@@ -69,4 +69,4 @@ class Snapshot:
 
     @staticmethod
     def empty_free() -> tuple[np.ndarray, np.ndarray]:
-        return np.zeros(0, dtype=np.uint32), np.zeros((NUM_RESOURCES, 0), dtype=np.int64)
+        return np.zeros(0, dtype=np.int64), np.zeros((NUM_RESOURCES, 0), dtype=np.int64)

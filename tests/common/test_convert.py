@@ -356,7 +356,7 @@ def test_parse_task_names_the_task_and_the_reason(task: common_pb2.Task, reason:
 def test_any_free_matrix_survives_the_wire(free: np.ndarray, data: st.DataObject) -> None:
     k = free.shape[1]
     indices = data.draw(
-        hnp.arrays(np.uint32, k, elements=st.integers(0, 2**32 - 1), unique=True), "indices"
+        hnp.arrays(np.int64, k, elements=st.integers(0, 2**32 - 1), unique=True), "indices"
     )
     columns = NodeColumns(
         indices=np.zeros(0, np.uint32),
