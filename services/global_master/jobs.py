@@ -295,20 +295,25 @@ class JobBook:
         )
 
     def relayed_unheard(self, older_than_s: float, limit: int, now: float) -> list[tuple[str, str]]:
-        """Up to ``limit`` tasks relayed from here of which no event has come for
-        ``older_than_s`` since they were relayed or last returned by this: (job id, task
-        id), oldest first. Each returned is due again only ``older_than_s`` later. The
-        events of a relayed task come from whichever GM serves its queue, through the
-        broker: a subscription that missed them (a broker node's death) would leave this
-        GM's watchers of it waiting for ever."""
+        """Up to ``limit`` tasks relayed from here, still waiting as far as this GM heard
+        (queued, or an attempt ended and the next one not heard of: preempted, lost,
+        retrying), ``older_than_s`` after they were relayed or last returned by this:
+        (job id, task id), oldest first. Each returned is due again only ``older_than_s``
+        later. The events of a relayed task come from whichever GM serves its queue,
+        through the broker: a subscription that missed them (a broker node's death) would
+        leave this GM's watchers of it waiting for ever, or showing a preempted attempt
+        as the task's last word."""
         due: list[tuple[str, str]] = []
         for key, at in list(self._relayed.items()):
             if len(due) >= limit or now - at < older_than_s:
                 break
             job = self.jobs.get(key[0])
             status = None if job is None else job.status(key[1])
-            if status is None or status.state != common_pb2.TASK_STATE_QUEUED:
-                del self._relayed[key]  # heard of (or forgotten): nothing to ask
+            if status is None or not _waiting(status.state):
+                # Heard of placed, running or ended (or forgotten): nothing to ask. A lost
+                # end of one placed or running is found from the LMs' books
+                # (``GlobalMaster._recover_lost_ends``, by ``open``).
+                del self._relayed[key]
                 continue
             due.append(key)
             self._relayed[key] = now
@@ -420,3 +425,9 @@ def _holds(status: global_master_pb2.TaskStatus | None, task: common_pb2.Task) -
     """Whether a task whose status is ``status`` is queued, placed, running or ended at
     ``task``'s attempt or a later one (not rejected, not an earlier attempt)."""
     return status is not None and status.state not in _NOT_TAKEN and status.attempt >= task.attempt
+
+
+def _waiting(state: int) -> bool:
+    """Whether a task in ``state`` waits for an attempt to be placed: queued, or its
+    last attempt ended and it is queued again (``REQUEUED``)."""
+    return state == common_pb2.TASK_STATE_QUEUED or state in REQUEUED

@@ -1500,8 +1500,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
     async def _recover_relayed(self) -> None:
         """Tasks relayed from here (submitted here to another GM's queue) of which no
         event came for ``RELAYED_ASK_AFTER_S``: every LM is asked, and the end of one
-        that ended is taken as its event (its watchers here hear it). One still queued
-        where it is served is asked about again later; one running, once it ended."""
+        that ended is taken as its event (its watchers here hear it). One still waiting
+        where it is served (queued, or preempted with no later attempt heard of) is asked
+        about again later; one heard placed or running is followed from the LMs' books
+        (``_recover_lost_ends``)."""
         due = self.jobs.relayed_unheard(RELAYED_ASK_AFTER_S, RELAYED_ASKED_MAX, time.monotonic())
         if not due or not self._stubs:
             return

@@ -383,3 +383,33 @@ def test_relayed_tasks_never_heard_of_are_due_oldest_first_then_again_later():
     assert book.relayed_unheard(10.0, 100, start + 22) == [("j", "t0"), ("j", "t2")]
     book.apply(event("t0", S.TASK_STATE_SUCCEEDED, node_id="w1"))  # its end recovered
     assert book.relayed_unheard(10.0, 100, start + 40) == [("j", "t2")]
+
+
+def test_a_relayed_task_preempted_stays_due_until_its_next_attempt_is_heard_of():
+    """A preempted attempt is not the task's last word: were the next attempt's events
+    lost, the task would show PREEMPTED here for ever. It is asked about until an event
+    of a later attempt comes (running: then a lost end is found from the LMs' books)."""
+    import time
+
+    book = JobBook()
+    start = time.monotonic()
+    book.queued(task("t0"), relayed=True)
+    book.apply(event("t0", S.TASK_STATE_RUNNING, node_id="w1"))
+    book.apply(event("t0", S.TASK_STATE_PREEMPTED, node_id="w1"))
+    assert book.relayed_unheard(10.0, 100, start + 11) == [("j", "t0")]
+    book.apply(event("t0", S.TASK_STATE_RUNNING, attempt=1, node_id="w2"))
+    assert book.relayed_unheard(10.0, 100, start + 30) == []
+    assert ("j", "t0") in book.open  # a lost end of it is found from the LM's books
+
+
+def test_a_relayed_task_preempted_then_finished_elsewhere_is_asked_no_more():
+    import time
+
+    book = JobBook()
+    start = time.monotonic()
+    book.queued(task("t0"), relayed=True)
+    book.apply(event("t0", S.TASK_STATE_PREEMPTED, node_id="w1"))
+    assert book.relayed_unheard(10.0, 100, start + 11) == [("j", "t0")]
+    book.apply(event("t0", S.TASK_STATE_SUCCEEDED, attempt=1, node_id="w2"))  # recovered
+    assert book.relayed_unheard(10.0, 100, start + 30) == []
+    assert book.get("j").status("t0").state == S.TASK_STATE_SUCCEEDED
