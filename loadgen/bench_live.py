@@ -369,31 +369,51 @@ def histogram_from(texts: dict[str, str], name: str) -> dict[str, Any] | None:
     return {"count": int(total), "p50_le": below(0.5), "p99_le": below(0.99)}
 
 
-def stalls_from(texts: dict[str, str]) -> dict[str, dict[str, Any]]:
+def stalls_from(
+    texts: dict[str, str], before: dict[str, str] | None = None
+) -> dict[str, dict[str, Any]]:
     """Per process: how often its event loop ran more than ``STALL_S`` late, a bound on the
     worst lag (the histogram bucket it fell in), and its garbage collections by generation
-    as [count, seconds]."""
+    as [count, seconds]. With ``before`` (the same scrape when the load began), only what
+    came after it: a process's start-up (connecting, its one full collection in
+    ``settle``) is not the run's."""
     out: dict[str, dict[str, Any]] = {}
     for name, text in texts.items():
-        buckets: dict[float, float] = {}
-        gc: dict[str, list[float]] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == "megha_event_loop_lag_seconds_bucket":
-                    buckets[float(sample.labels["le"])] = sample.value
-                elif sample.name.startswith("megha_gc_pause_seconds_"):
-                    kind = sample.name.rsplit("_", 1)[1]
-                    if kind in ("count", "sum"):
-                        entry = gc.setdefault(sample.labels["generation"], [0, 0.0])
-                        entry[1 if kind == "sum" else 0] = sample.value
+        buckets, gc = _loop_figures(text)
         if not buckets:
             continue  # a service without the watcher
+        if before is not None and name in before:
+            earlier, earlier_gc = _loop_figures(before[name])
+            buckets = {edge: n - earlier.get(edge, 0.0) for edge, n in buckets.items()}
+            for generation, (count, seconds) in earlier_gc.items():
+                entry = gc.get(generation)
+                if entry is not None:
+                    entry[0] -= count
+                    entry[1] -= seconds
+            gc = {g: entry for g, entry in gc.items() if entry[0] > 0}
         total = buckets[float("inf")]
         below = max((n for edge, n in buckets.items() if edge <= STALL_S), default=0.0)
         worst = min((edge for edge, n in buckets.items() if n >= total), default=0.0)
         tally = StallTally(int(total), int(total - below), worst, gc)
         out[name] = tally.as_dict()
     return out
+
+
+def _loop_figures(text: str) -> tuple[dict[float, float], dict[str, list[float]]]:
+    """A process's loop-lag histogram (bucket edge -> cumulative count) and its
+    collections by generation ([count, seconds]), from its Prometheus text."""
+    buckets: dict[float, float] = {}
+    gc: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "megha_event_loop_lag_seconds_bucket":
+                buckets[float(sample.labels["le"])] = sample.value
+            elif sample.name.startswith("megha_gc_pause_seconds_"):
+                kind = sample.name.rsplit("_", 1)[1]
+                if kind in ("count", "sum"):
+                    entry = gc.setdefault(sample.labels["generation"], [0, 0.0])
+                    entry[1 if kind == "sum" else 0] = sample.value
+    return buckets, gc
 
 
 # --------------------------------------------------------------------------- events
@@ -771,6 +791,7 @@ async def _measure(
         await bus.subscribe_topic(EVENT_EXCHANGE, EVERY_TASK_EVENT, on_batch)
         reporter = asyncio.create_task(_keep_showing(progress, line))
         pids = {"loadgen": os.getpid()} | {n: p.pid for n, p in children.procs.items()}
+        texts_before = await scrape(config)  # the services' stalls count from here
         meter = ProcessMeter(pids, config.rabbitmq_urls[0])
         meter.start()
         every_s = max(0.2, min(MEMORY_SAMPLE_S, options.seconds / 10))  # 10 or more samples
@@ -806,7 +827,7 @@ async def _measure(
     counters = counters_from(texts) if texts is not None else None
     result = summarise(options, config, offer.offer, events, wall_s, counters)
     result.summary["stalls"] = {
-        **(stalls_from(texts) if texts is not None else {}),
+        **(stalls_from(texts, texts_before) if texts is not None else {}),
         "loadgen": tally.as_dict(),
     }
     if texts is not None:  # where a try's wait went: the GM's part of it, and the broker's
