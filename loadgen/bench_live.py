@@ -832,6 +832,7 @@ async def _measure(
     }
     if texts is not None:  # where a try's wait went: the GM's part of it, and the broker's
         result.summary["gm_answer_s"] = histogram_from(texts, "megha_submission_answer_seconds")
+        result.summary["gm_round_s"] = histogram_from(texts, "megha_schedule_round_seconds")
         result.summary["broker_confirm_s"] = histogram_from(texts, "megha_broker_confirm_seconds")
         result.summary["gm_read_wait_s"] = histogram_from(
             texts, "megha_submission_read_wait_seconds"
@@ -1116,7 +1117,7 @@ def render(result: BenchResult) -> str:
         )
     stalls = s.get("stalls")
     if stalls:
-        lines.append(render_stalls(stalls))
+        lines.append(render_stalls(stalls) + _rounds_said(s.get("gm_round_s")))
     other = (cpu or {}).get("other_cores")
     if other is not None and other > 0.2:
         lines.append(
@@ -1130,6 +1131,18 @@ def render(result: BenchResult) -> str:
     for path in result.files:
         lines.append(f"wrote {path}")
     return "\n".join(lines)
+
+
+def _rounds_said(rounds: dict[str, Any] | None) -> str:
+    """How long the GMs' scheduling rounds held their loops (``RoundBudget``)."""
+    if not rounds or not rounds["count"]:
+        return ""
+
+    def bound(edge: float | None) -> str:
+        return "> 100 s" if edge is None else f"<= {report.ms(edge)} ms"
+
+    p50, p99 = bound(rounds["p50_le"]), bound(rounds["p99_le"])
+    return f"; GM rounds {rounds['count']}, p50 {p50}, p99 {p99}"
 
 
 def render_stalls(stalls: dict[str, dict[str, Any]]) -> str:

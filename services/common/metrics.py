@@ -53,6 +53,13 @@ SUBMISSION_ANSWER_SECONDS = Histogram(
     ["gm"],
     buckets=_SECONDS,
 )
+SCHEDULE_ROUND_SECONDS = Histogram(
+    "megha_schedule_round_seconds",
+    "How long a GM's scheduling round held its event loop (the round and handing its "
+    "launches over); rounds that took no work are not counted.",
+    ["gm"],
+    buckets=_SECONDS,
+)
 SUBMISSION_READ_WAIT_SECONDS = Histogram(
     "megha_submission_read_wait_seconds",
     "How long a streamed submission waited in front of the GM's read (the client's stream, "

@@ -79,6 +79,7 @@ from services.core.global_view import (
 from services.core.ids import id_problem, shown
 from services.core.limits import UNLIMITED, LimitLedger, QueueLimits, limit_to_wire
 from services.core.resources import NUM_RESOURCES, RESOURCE_NAMES
+from services.core.round_budget import RoundBudget
 from services.core.scheduler import (
     MAX_REJECTIONS,
     ROUND_PER_QUEUE,
@@ -335,7 +336,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             started_at=self._started_at,
             limit_settle_s=self.limit_settle_s,
             withdrawn=lambda item: item.batch.cancelled,
+            charge_taken=True,  # a round is as long as the work it takes (RoundBudget)
         )
+        self.round_budget = RoundBudget(most=ROUND_PER_QUEUE)  # sets round_per_queue
+        self._round_seconds = metrics.SCHEDULE_ROUND_SECONDS.labels(gm_id)
         self._stubs = {
             lm.id: local_master_pb2_grpc.LocalMasterStub(channel(lm.target)) for lm in config.lms
         }
@@ -1657,10 +1661,16 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             await self._wake.wait()
             self._wake.clear()
             while True:
+                began = time.perf_counter()
                 plan = self.scheduler.round(time.monotonic())
                 self._carry_out(plan)  # an empty plan may still ask for a recheck
+                # The next round takes what fits in a share of the loop (``RoundBudget``).
+                took = time.perf_counter() - began
+                budget = self.round_budget.observe(len(plan.taken), took)
+                self.scheduler.round_per_queue = budget
                 if not plan.taken:
                     break
+                self._round_seconds.observe(took)
                 await asyncio.sleep(0)  # let replies and heartbeats in between rounds
 
     def _carry_out(self, plan: RoundPlan[Pending]) -> None:

@@ -268,6 +268,8 @@ def test_bench_live_end_to_end(tmp_path: Path) -> None:
     assert set(stalls) == {"gm-1", "lm-1", "loadgen"}
     assert all(s["loop_lags"] >= 20 for s in stalls.values())
     assert all("2" not in s["gc"] for s in stalls.values())
+    # How long the GM's scheduling rounds held its loop (each took work: the 40 tasks).
+    assert summary["gm_round_s"]["count"] >= 1 and "GM rounds" in done.stdout
     assert "loop stalls > 0.128 s" in done.stdout
     # Where a submission's wait went: the GM's part (read to answer), the broker's confirm.
     assert summary["gm_answer_s"]["count"] == 40 and summary["gm_answer_s"]["p50_le"] > 0

@@ -337,6 +337,29 @@ def test_each_queue_gets_its_budget_per_round_and_the_first_queue_rotates():
     assert second == ["b3", "b4", "a3", "a4"]
 
 
+def test_charged_by_what_it_takes_a_round_parks_a_backlog_a_budget_at_a_time():
+    """The live GM's rounds (``charge_taken``): work parked again costs the budget too, so
+    a full federation's backlog, ready again after every end, is parked over several
+    rounds, each of bounded length, in the order it was queued; without the charge one
+    round takes it all."""
+    for charged, sizes in ((True, [4, 4, 4, 1]), (False, [13])):
+        h = Harness(nodes=1, round_per_queue=4, charge_taken=charged)
+        sched = h.gms["gm-a"]
+        for i in range(15):
+            spec = task(f"t{i}", cpu=2000, queue="q", job_id="j")
+            sched.submit("q", One(spec, enqueued=float(i)))
+        h.send("gm-a", sched.round(0.0))  # two fill the node's 4 cores
+        h.end("t0")  # room for one: the rest is ready again
+        taken, got = [], []
+        while (plan := sched.round(0.0)).taken:
+            taken.append(len(plan.taken))
+            got += placed(plan)
+            h.send("gm-a", plan)
+        assert taken == sizes, charged
+        assert got == ["t2"]  # the oldest waiting
+        assert sched.queues.parked("q") == 12
+
+
 def test_a_run_of_one_shape_is_placed_task_by_task_and_parks_as_one_item():
     h = Harness(nodes=1, round_per_queue=100)
     sched = h.gms["gm-a"]
