@@ -83,6 +83,9 @@ def test_the_gm_sees_about_k_tries_per_one_it_takes(offered: int, capacity: int,
             if second >= 20:
                 sent += 1
                 taken += ok
-    assert taken >= 0.95 * min(offered, capacity) * 20  # the GM is kept busy
+    # The GM is kept busy: within 5 % of its room, or 10 tries (a GM taking 5 a second
+    # sees about 10 tries a second, and a second with fewer than 5 sent happens).
+    room_20s = min(offered, capacity) * 20
+    assert taken >= room_20s - max(0.05 * room_20s, 10)
     if offered > 3 * capacity:
         assert sent <= 2.5 * taken + 20  # about k tries per one taken, not ``offered``
