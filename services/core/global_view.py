@@ -107,12 +107,7 @@ class HeldAllocations(dict[str, Allocation]):
     def _add(self, allocation: Allocation) -> None:
         queue = allocation.queue
         self._count[queue] = self._count.get(queue, 0) + 1
-        pending = self._pending.get(queue)
-        if pending is None:
-            pending = self._pending[queue] = ([], [])
-        pending[0].append(allocation.resources)
-        if len(pending[0]) > _FOLD_AFTER:
-            self._fold()
+        self._pend(queue, 0, allocation.resources)
 
     def _sub(self, allocation: Allocation) -> None:
         queue = allocation.queue
@@ -122,11 +117,15 @@ class HeldAllocations(dict[str, Allocation]):
             self._pending.pop(queue, None)
             return
         self._count[queue] -= 1
+        self._pend(queue, 1, allocation.resources)
+
+    def _pend(self, queue: str, side: int, resources: np.ndarray) -> None:
+        """``resources`` join ``queue``'s pending sums: added (side 0) or taken (1)."""
         pending = self._pending.get(queue)
         if pending is None:
             pending = self._pending[queue] = ([], [])
-        pending[1].append(allocation.resources)
-        if len(pending[1]) > _FOLD_AFTER:
+        pending[side].append(resources)
+        if len(pending[side]) > _FOLD_AFTER:
             self._fold()
 
     def __setitem__(self, task_id: str, allocation: Allocation) -> None:
