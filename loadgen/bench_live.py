@@ -1016,18 +1016,17 @@ def _at_the_gms(s: dict[str, Any]) -> str:
     their read (streamed jobs), from their read to their answer (jobs they took on), and
     the broker's confirm within that."""
 
-    def bound(edge: float | None) -> str:
-        return "> 100 s" if edge is None else f"<= {report.ms(edge)} ms"
-
     gm, confirm = s.get("gm_answer_s"), s.get("broker_confirm_s")
     if not gm:
         return ""
     said = ""
     if wait := s.get("gm_read_wait_s"):
-        said += f"; before the GMs' read p50 {bound(wait['p50_le'])}, p99 {bound(wait['p99_le'])}"
-    said += f"; at the GMs p50 {bound(gm['p50_le'])}, p99 {bound(gm['p99_le'])}"
+        said += f"; before the GMs' read p50 {_bound(wait['p50_le'])}, p99 {_bound(wait['p99_le'])}"
+    said += f"; at the GMs p50 {_bound(gm['p50_le'])}, p99 {_bound(gm['p99_le'])}"
     if confirm:
-        said += f" (broker confirm p50 {bound(confirm['p50_le'])}, p99 {bound(confirm['p99_le'])})"
+        said += (
+            f" (broker confirm p50 {_bound(confirm['p50_le'])}, p99 {_bound(confirm['p99_le'])})"
+        )
     return said
 
 
@@ -1133,15 +1132,17 @@ def render(result: BenchResult) -> str:
     return "\n".join(lines)
 
 
+def _bound(edge: float | None) -> str:
+    """A histogram bucket's upper edge as the reports print it (None: past the last)."""
+    return "> 100 s" if edge is None else f"<= {report.ms(edge)} ms"
+
+
 def _rounds_said(rounds: dict[str, Any] | None) -> str:
     """How long the GMs' scheduling rounds held their loops (``RoundBudget``)."""
     if not rounds or not rounds["count"]:
         return ""
 
-    def bound(edge: float | None) -> str:
-        return "> 100 s" if edge is None else f"<= {report.ms(edge)} ms"
-
-    p50, p99 = bound(rounds["p50_le"]), bound(rounds["p99_le"])
+    p50, p99 = _bound(rounds["p50_le"]), _bound(rounds["p99_le"])
     return f"; GM rounds {rounds['count']}, p50 {p50}, p99 {p99}"
 
 
