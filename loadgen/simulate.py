@@ -75,6 +75,13 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         help="LM heartbeat interval (default 10, as the paper)",
     )
     parser.add_argument(
+        "--backlog-s",
+        type=positive_float,
+        default=defaults.backlog_interval_s,
+        help="how often each GM reports its waiting work to every GM, with --claims oldest "
+        "(default 1, as the live GM)",
+    )
+    parser.add_argument(
         "--finish-notify",
         choices=FINISH_NOTIFY,
         default=defaults.finish_notify,
@@ -157,6 +164,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         memory_per_worker_mb=args.memory_per_worker_mb,
         network_delay_s=args.network_delay_ms / 1e3,
         heartbeat_interval_s=args.heartbeat_s,
+        backlog_interval_s=args.backlog_s,
         finish_notify=args.finish_notify,
         policy=args.policy,
         probe_ratio=args.probe_ratio,

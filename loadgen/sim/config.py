@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from loadgen.queues import QueueFileError, check_gms
 from services.common.config import QueueConfig
-from services.core.contention import CLAIMS, OWNER_GRACE_S
+from services.core.contention import BACKLOG_INTERVAL_S, CLAIMS, OWNER_GRACE_S
 from services.core.scheduler import MAX_REJECTIONS, ROUND_PER_QUEUE
 from services.core.vdc import Vdc, VdcError
 
@@ -79,8 +79,11 @@ class SimConfig:
     claims: str = "oldest"
     """Who has the first claim on room an end freed (``services.core.contention.CLAIMS``):
     the GM whose work waited ``oldest`` (``OldestFirst``: every GM reports its backlog to
-    all every heartbeat interval; the live GM's default too), or the node's ``owner``
+    all every ``backlog_interval_s``; the live GM's default too), or the node's ``owner``
     (``OwnerFirst``)."""
+    backlog_interval_s: float = BACKLOG_INTERVAL_S
+    """How often each GM reports its waiting work to every GM (``claims: oldest``), as
+    the live GM's ``backlog_interval_s``: its own message, not the LMs' heartbeat."""
     preemption_slack: float = 0.0
     """Alg. 2: a queue preempts only when more than this below its share (0.01 = 1 pp)."""
     arrival_scale: float = 1.0
@@ -137,8 +140,9 @@ class SimConfig:
         for name in ("network_delay_s", "gm_match_s", "lm_validate_s", "owner_grace_s"):
             if getattr(self, name) < 0:
                 raise SimConfigError(f"{name} must not be negative, got {getattr(self, name)}")
-        if self.heartbeat_interval_s <= 0:
-            raise SimConfigError("heartbeat_interval_s must be positive")
+        for name in ("heartbeat_interval_s", "backlog_interval_s"):
+            if not getattr(self, name) > 0:
+                raise SimConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.probe_ratio <= 0:
             raise SimConfigError("probe_ratio must be positive")
         if not self.arrival_scale > 0:

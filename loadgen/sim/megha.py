@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,7 +51,7 @@ from loadgen.sim.workload import TaskLog, Workload
 from services.common.config import QueueConfig
 from services.core.cluster_state import ClusterState
 from services.core.constraints import DEFAULT_NUM_CONSTRAINTS
-from services.core.contention import OwnerFirst
+from services.core.contention import Backlog, OwnerFirst
 from services.core.fairness import FairShare, usage_by_queue
 from services.core.gang import (
     GANG_EVICT_S,
@@ -275,6 +275,7 @@ class MeghaSim:
         self.match_ns = ns(config.gm_match_s)
         self.validate_ns = ns(config.lm_validate_s)
         self.heartbeat_ns = ns(config.heartbeat_interval_s)
+        self.backlog_ns = ns(config.backlog_interval_s)
         self.remaining = workload.tasks
         self._orders = _Orders(rng, config.gms)
         self.total_capacity = resources(
@@ -396,30 +397,30 @@ class MeghaSim:
         for job in range(self.workload.jobs):
             engine.at(int(self.workload.arrival_ns[job]), self._arrive, job)
         if self.config.claims == "oldest" and len(self.gms) > 1:
-            engine.at(self.heartbeat_ns, self._report_backlogs, ())
+            engine.at(self.backlog_ns, self._report_backlogs, ())
 
-    def _report_backlogs(self, last: tuple) -> None:
-        """Every heartbeat interval each GM reports its oldest waiting work to every GM,
-        itself too (``OldestFirst``); while none has any, and none had, nothing is sent."""
+    def _report_backlogs(self, last: Sequence[Backlog]) -> None:
+        """Every ``backlog_interval_s`` each GM reports its oldest waiting work to every
+        GM, itself too (``OldestFirst``); while none has any, and none had, nothing is
+        sent. A GM whose work did not change sends the same ``Backlog`` again, which
+        a GM with nothing claimed on it since skips (``OldestFirst.backlogs``)."""
         if self.engine.stopped:
             return
-        # Work younger than a report interval claims nothing (``OldestFirst``).
-        before = (self.engine.now - self.heartbeat_ns) / 1e9
-        reports = tuple(
-            (runs, gm.scheduler.room(queue for _, _, queue in runs))
-            for gm, runs in ((gm, gm.scheduler.backlog(before)) for gm in self.gms)
-        )
-        if any(runs for runs, _ in reports) or any(runs for runs, _ in last):
+        reports = []
+        for i, gm in enumerate(self.gms):
+            runs = gm.scheduler.backlog()
+            room = gm.scheduler.room(queue for _, _, queue in runs) or None
+            report = Backlog.of(gm.gm_id, runs, room)
+            before = last[i] if last else None
+            same = before is not None and before.lanes == report.lanes and before.room == room
+            reports.append(before if same else report)
+        if any(r.lanes for r in reports) or any(r.lanes for r in last):
             self.engine.at(self.engine.now + self.delay, self._learn_backlogs, reports)
-        self.engine.at(self.engine.now + self.heartbeat_ns, self._report_backlogs, reports)
+        self.engine.at(self.engine.now + self.backlog_ns, self._report_backlogs, reports)
 
-    def _learn_backlogs(self, reports: tuple) -> None:
-        heard = [
-            (source.gm_id, runs, room)
-            for source, (runs, room) in zip(self.gms, reports, strict=True)
-        ]
+    def _learn_backlogs(self, reports: list[Backlog]) -> None:
         for gm in self.gms:
-            if gm.scheduler.heard_backlogs(heard):
+            if gm.scheduler.heard_backlogs(reports):
                 self._wake(gm)
 
     # ------------------------------------------------------------- job arrival

@@ -27,7 +27,7 @@ from services.core.constraints import (
     ConstraintError,
     constraint_ids,
 )
-from services.core.contention import OWNER_GRACE_S
+from services.core.contention import BACKLOG_INTERVAL_S, OWNER_GRACE_S
 from services.core.fairness import QueueShare
 from services.core.limits import parse_limit
 from services.core.match import PlacementPolicy, make_policy
@@ -406,10 +406,19 @@ class FederationConfig(_Model):
         "oldest",
         description="Contention (issue 29, services/core/contention.py): who has the first "
         "claim on room a task's end frees: the GM whose work waited longest (OldestFirst, "
-        "the default: every GM tells every GM its oldest waiting work every heartbeat "
-        "interval, so a full federation serves its GMs' work in arrival order, as one queue "
-        "would, each queue within its share), or the node's owner GM (OwnerFirst). Holds "
-        "last owner_grace_s at most.",
+        "the default: every GM tells every GM its oldest waiting work every "
+        "backlog_interval_s, so a full federation serves its GMs' work in arrival order, as "
+        "one queue would, each queue within its share), or the node's owner GM "
+        "(OwnerFirst). Holds last owner_grace_s at most.",
+    )
+    backlog_interval_s: float = Field(
+        BACKLOG_INTERVAL_S,
+        gt=0,
+        le=60,
+        description="claims: oldest: how often each GM tells every GM its waiting work. A "
+        "burst younger than the last report is placed only as LMs' heartbeats show it room "
+        "(docs/results.md, Contention: reports every 10 s cost the 7,500-worker sweep 1.4x "
+        "central's p99, every 0.5-2 s at most 1.13x).",
     )
     preemption_slack: float = Field(
         0.0,

@@ -32,6 +32,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 from bitarray import bitarray
@@ -49,7 +50,35 @@ CLAIMS = ("owner", "oldest")
 # The oldest runs of waiting work a GM's backlog report names (``OldestFirst``): more
 # than the ends a federation hears between two reports at full load on the sweep's sizes.
 BACKLOG_RUNS = 32
+# How often each GM reports its backlog (``OldestFirst``), live and simulated: a burst
+# younger than a report is served only as LMs' snapshots show room (every LM heartbeat:
+# 10 s in the paper's simulations), so the reports come more often than that.
+# docs/results.md (Contention, "reports"): 0.5-2 s all cut the 7,500-worker p99 from
+# 3.4 s to 2.4-2.7 s and moved no other run of the sweep by more than 3 %.
+BACKLOG_INTERVAL_S = 1.0
 Run = tuple[float, int, str]  # waiting work: (enqueued, tasks, queue)
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """A GM's report of its waiting work (``Scheduler.backlog``, ``Scheduler.room``),
+    read once: each queue's runs as (enqueued, tasks), oldest first. The simulator hands
+    the one object to every GM, and hands it again while the GM's work has not changed:
+    a GM that hears the same object with nothing claimed on it since skips it."""
+
+    gm_id: str
+    lanes: dict[str, list[tuple[float, int]]]
+    room: Mapping[str, int] | None = None
+
+    @classmethod
+    def of(cls, gm_id: str, runs: Iterable[Run], room: Mapping[str, int] | None = None) -> Backlog:
+        lanes: dict[str, list[tuple[float, int]]] = {}
+        for at, n, queue in runs:
+            if n > 0:
+                lanes.setdefault(queue, []).append((float(at), int(n)))
+        return cls(gm_id, lanes, room or None)
+
+
 # Ends remembered as counted (``OldestFirst.first_heard``): an end's event and the
 # snapshot showing it come within a heartbeat or two of each other.
 COUNTED_ENDS = 100_000
@@ -198,7 +227,7 @@ class OldestFirst(OwnerFirst):
     With ``OwnerFirst`` a full federation is ten clusters of a tenth each: a burst on one
     GM waits for its own partition while the others serve younger work. Here every GM
     reports its backlog (``backlog``: the oldest runs of its waiting work as (enqueued,
-    tasks, queue), every heartbeat interval, to every GM), and every GM hears every end in
+    tasks, queue), every ``BACKLOG_INTERVAL_S``, to every GM), and every GM hears every end in
     the same order, so each names the same claimant for each end without asking anyone:
 
         end heard ──▶ claimant = the GM whose oldest unclaimed run is oldest, of the
@@ -217,10 +246,14 @@ class OldestFirst(OwnerFirst):
     (live, the snapshot often comes first): the first counts its claim, the second
     nothing (``first_heard``), so room a snapshot shows freed is held as an event's is.
 
-    Only work that has waited a report interval is reported: younger work may be placed
-    before the next report reaches anyone (a claim for it would leave a node idle until a
-    snapshot shows it), and until some work waits that long the owner rule serves a
-    light load as before.
+    All waiting work is reported, every ``BACKLOG_INTERVAL_S``, however young: work
+    placed before the report reaches anyone leaves its claims to a GM with nothing to
+    place, a node idle until a snapshot shows it (at most a report interval's worth of
+    ends); work left out waits for the LMs' snapshots to show it room while the ends
+    go to owners with nothing waiting. Measured (``docs/results.md``, Contention,
+    "reports"): reporting only work a report interval old, every 10 s heartbeat, the
+    7,500-worker p99 was 3.4 s (1.46x central's) for a burst of one GM's; all work every
+    second, 2.4 s (1.02x). While no GM reports work the owner rule serves as before.
 
     With user-queue shares (Alg. 2) each report also says, for each queue with waiting
     work, how many tasks it may still take before it is over its share (``room``, judged
@@ -267,6 +300,9 @@ class OldestFirst(OwnerFirst):
         self._waiting: frozenset[str] = frozenset()  # queues with work reported waiting
         # Task id -> the newest attempt whose end was counted (``first_heard``).
         self._counted = RecentInts(COUNTED_ENDS)
+        # Per GM, the report its lanes come from, and the GMs claimed from since theirs.
+        self._heard: dict[str, Backlog] = {}
+        self._claimed: set[str] = set()
 
     def counted(self, task_id: str, attempt: int) -> bool:
         counted = self._counted.get(task_id)
@@ -285,25 +321,29 @@ class OldestFirst(OwnerFirst):
         first; ``room``: for its queues with a share, the tasks each may still take
         before it is over its share (``Scheduler.backlog``): they claim no more than
         that, plus one per end of one of their tasks heard until the next report."""
-        self.backlogs(((gm_id, runs, room),))
+        self.backlogs((Backlog.of(gm_id, runs, room),))
 
-    def backlogs(
-        self, reports: Iterable[tuple[str, Iterable[Run], Mapping[str, int] | None]]
-    ) -> None:
-        """Several GMs' reports (``backlog``'s arguments), heard one after another with
-        nothing between them: the same as ``backlog`` for each, the claims' order made
-        once (the simulator hears every GM's report at once)."""
+    def backlogs(self, reports: Iterable[Backlog]) -> None:
+        """Several GMs' reports, heard one after another with nothing between them: the
+        same as ``backlog`` for each, the claims' order made once (the simulator hears
+        every GM's report at once). A report heard again (the same object) with nothing
+        claimed on it since, and no room in it, changes nothing and is skipped."""
         changed = False
-        for gm_id, runs, room in reports:
-            lanes: dict[str, list[tuple[float, int]]] = {}
-            for at, n, queue in runs:
-                if n > 0:
-                    lanes.setdefault(queue, []).append((float(at), int(n)))
-            if not lanes and not self._lanes.get(gm_id) and not room:
+        for report in reports:
+            gm_id = report.gm_id
+            if (
+                report.room is None
+                and self._heard.get(gm_id) is report
+                and gm_id not in self._claimed
+            ):
                 continue
-            self._lanes[gm_id] = {queue: [queued, 0, 0] for queue, queued in lanes.items()}
-            if room:
-                self._credit.update(room)
+            if not report.lanes and not self._lanes.get(gm_id) and not report.room:
+                continue
+            self._lanes[gm_id] = {queue: [queued, 0, 0] for queue, queued in report.lanes.items()}
+            self._heard[gm_id] = report
+            self._claimed.discard(gm_id)
+            if report.room:
+                self._credit.update(report.room)
             changed = True
         if changed:
             self._waiting = frozenset(queue for mine in self._lanes.values() for queue in mine)
@@ -379,6 +419,7 @@ class OldestFirst(OwnerFirst):
         state = self._lanes[gm_id][lane]
         queued, index = state[0], state[1]
         state[2] += 1
+        self._claimed.add(gm_id)
         if state[2] < queued[index][1]:
             return gm_id
         if index + 1 < len(queued):

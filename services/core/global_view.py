@@ -23,6 +23,7 @@ from bitarray.util import ones
 from services.core.constraints import DEFAULT_NUM_CONSTRAINTS
 from services.core.contention import (
     OWNER_GRACE_S,
+    Backlog,
     OldestFirst,
     OwnerFirst,
     Run,
@@ -786,11 +787,9 @@ class GlobalView:
         queue) runs oldest first, and ``room``: how many tasks each of its queues with a
         share may still take (``Scheduler.backlog``, ``Scheduler.room``): the claims
         ``OldestFirst`` counts. Nothing to do under the other rules."""
-        self.backlogs(((gm_id, runs, room),))
+        self.backlogs((Backlog.of(gm_id, runs, room),))
 
-    def backlogs(
-        self, reports: Iterable[tuple[str, Iterable[Run], Mapping[str, int] | None]]
-    ) -> None:
+    def backlogs(self, reports: Iterable[Backlog]) -> None:
         """``backlog`` for several reports heard one after another."""
         if isinstance(self.owner_first, OldestFirst):
             self.owner_first.backlogs(reports)

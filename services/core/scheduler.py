@@ -29,7 +29,6 @@ tasks must cost one park, not a million). Time comes in as ``now`` (seconds, mon
 from __future__ import annotations
 
 import enum
-import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from operator import attrgetter
 from typing import Any, Generic, Protocol, TypeVar
 
 from services.core.cancels import CancelledJobs
-from services.core.contention import BACKLOG_RUNS, OldestFirst, Run
+from services.core.contention import BACKLOG_RUNS, Backlog, OldestFirst, Run
 from services.core.fairness import FairShare, tasks_within
 from services.core.gang import (
     Eviction,
@@ -566,16 +565,15 @@ class Scheduler(Generic[W]):
         self._parked_wide = False
         return self.queues.unpark() > 0
 
-    def backlog(self, before: float = math.inf, most: int = BACKLOG_RUNS) -> list[Run]:
-        """The oldest waiting work queued before ``before``, as up to ``most`` runs of
-        (enqueued, tasks, queue), oldest first: what this GM reports to every GM (itself
-        too) for ``OldestFirst``, with ``room``. A queue's work of one enqueued time is
-        one run. Cost: O(queues x lanes x ``most``)."""
+    def backlog(self, most: int = BACKLOG_RUNS) -> list[Run]:
+        """The oldest waiting work, as up to ``most`` runs of (enqueued, tasks, queue),
+        oldest first: what this GM reports to every GM (itself too) every
+        ``BACKLOG_INTERVAL_S`` for ``OldestFirst``, with ``room``. A queue's work of one
+        enqueued time is one run. Cost: O(queues x lanes x ``most``)."""
         tasks: dict[tuple[float, str], int] = defaultdict(int)
         for queue in self.queues.names:
             for work in self.queues.oldest(queue, most):
-                if work.enqueued < before:
-                    tasks[(work.enqueued, queue)] += len(work)
+                tasks[(work.enqueued, queue)] += len(work)
         return [(at, n, queue) for (at, queue), n in sorted(tasks.items())[:most]]
 
     def room(self, queues: Iterable[str]) -> dict[str, int]:
@@ -602,11 +600,9 @@ class Scheduler(Generic[W]):
         """``gm_id``'s report (``backlog`` and ``room``) came: the claims ``OldestFirst``
         counts. True when a round should run: with shares, a queue that yielded
         (``_yielding``) may not now."""
-        return self.heard_backlogs(((gm_id, runs, room),))
+        return self.heard_backlogs((Backlog.of(gm_id, runs, room),))
 
-    def heard_backlogs(
-        self, reports: Iterable[tuple[str, Iterable[Run], Mapping[str, int] | None]]
-    ) -> bool:
+    def heard_backlogs(self, reports: Iterable[Backlog]) -> bool:
         """``heard_backlog`` for several reports heard one after another (the simulator
         delivers every GM's at once): True when a round should run after any of them."""
         if not self.shares:  # nothing to answer after each: the claims' order made once

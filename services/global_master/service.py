@@ -1601,11 +1601,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
     async def _backlog_loop(self) -> None:
         """Tell every GM (this one too, through the broker, so that all count the same
-        claims) this GM's oldest waiting work, every heartbeat interval (``OldestFirst``)."""
-        interval = self.config.heartbeat_interval_s
+        claims) this GM's oldest waiting work, every ``backlog_interval_s``
+        (``OldestFirst``)."""
+        interval = self.config.backlog_interval_s
         while True:
-            # Work younger than a report interval claims nothing (``OldestFirst``).
-            runs = self.scheduler.backlog(before=time.time() - interval)
+            runs = self.scheduler.backlog()
             room = self.scheduler.room(queue for _, _, queue in runs)
             msg = common_pb2.GmBacklog(
                 gm_id=self.gm_id,
@@ -1620,11 +1620,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 await self.bus.publish_fanout(
                     BACKLOG_EXCHANGE,
                     msg.SerializeToString(),
-                    ttl_s=self.config.heartbeat_interval_s,
+                    ttl_s=interval,
                 )
             except Exception as err:  # the next one will do; holds end by themselves
                 log.warning("could not publish the backlog", extra={"error": repr(err)})
-            await asyncio.sleep(self.config.heartbeat_interval_s)
+            await asyncio.sleep(interval)
 
     async def _on_backlog(self, body: bytes) -> None:
         msg = common_pb2.GmBacklog.FromString(body)

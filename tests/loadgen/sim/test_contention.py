@@ -161,7 +161,9 @@ def test_ends_the_simulator_runs_through_two_gms_change_no_decision(monkeypatch,
     skipped, every = runs
     assert skipped.summary["alloc_mean_s"] > 5.0  # the federation was full
     assert skipped.summary["repartitions"] > 0  # GMs took each other's nodes
-    assert ends[0] < ends[1] / 2  # most ends went to no more than two GMs
+    # Each end ran through 2.2 of the 4 GMs on average (every second a report names
+    # claimants, often a third GM), not 4; at most 3 by construction.
+    assert ends[0] < ends[1] * 0.6
     for name, stamps in every.log.stamps.items():
         assert np.array_equal(skipped.log.stamps[name], stamps), name
     assert np.array_equal(skipped.log.node, every.log.node)
@@ -250,3 +252,21 @@ def test_group_means_split_the_jobs_as_the_megha_runs_do(tmp_path):
     megha = {"scheduler": "megha", "job_group_means": [1.0, 9.0, None]}
     assert worst_vs(megha, {"job_group_means": [2.0, 6.0, 1.0]}) == 1.5
     assert worst_vs(megha, None) is None and worst_vs(megha, {"job_group_means": [1.0]}) is None
+
+
+def test_a_burst_younger_than_a_heartbeat_takes_each_room_as_it_frees():
+    """``OldestFirst`` reports all waiting work every ``backlog_interval_s`` (1 s), not
+    only work a report interval old: gm1's burst, one second after gm0 filled the
+    federation, is named the claimant of every end from its first report on, so each of
+    its tasks starts as one of gm0's ends, on gm0's partition too. Reporting only work
+    older than a 10 s heartbeat, ends there were held for gm0 (nothing waiting) until the
+    LM's next snapshot: up to a heartbeat later (the 7,500-worker p99 of the sweep)."""
+    full = TraceJob("j0", 0.0, tuple(TraceTask(5.0 + 0.1 * t) for t in range(40)))
+    burst = TraceJob("j1", 1.0, tuple(TraceTask(1.0) for _ in range(40)))
+    result = simulate(SimConfig(workers=40, gms=2, lms=2, claims="oldest"), [full, burst])
+    log = result.log
+    assert set(log.gm[:40]) == {0} and set(log.gm[40:]) == {1}
+    ends = np.sort(log.stamps["finished"][:40])
+    starts = np.sort(log.stamps["started"][40:])
+    assert result.summary["repartitions"] > 0  # gm0 ran on gm1's partition and back
+    assert np.all(starts - ends < 0.01e9), (starts - ends).max() / 1e9

@@ -331,6 +331,33 @@ def test_a_new_report_replaces_the_claims_on_the_old():
     assert rule.claimant() is None
 
 
+@given(
+    runs=st.lists(st.tuples(st.integers(0, 9), st.integers(1, 3)), max_size=4),
+    steps=st.lists(st.sampled_from(["again", "claim", "new"]), max_size=12),
+)
+def test_a_report_heard_again_is_skipped_only_while_nothing_was_claimed_on_it(runs, steps):
+    """The simulator hands a GM's unchanged ``Backlog`` again: hearing the same object
+    names the same claimants as hearing a fresh copy of it (skipped only while no claim
+    touched it; after a claim it starts the claims over, as a new report does)."""
+    from services.core.contention import Backlog, OldestFirst
+
+    report = Backlog.of("gm-1", sorted((float(at), n, "q") for at, n in runs))
+    reused, fresh = OldestFirst("gm-0"), OldestFirst("gm-0")
+    for step in steps:
+        if step == "claim":
+            assert reused.claimant() == fresh.claimant()
+            continue
+        if step == "new":
+            report = Backlog.of("gm-1", [(0.5, 1, "q"), *report_runs(report)])
+        reused.backlogs((report,))
+        fresh.backlogs((Backlog.of("gm-1", report_runs(report)),))
+    assert [reused.claimant() for _ in range(8)] == [fresh.claimant() for _ in range(8)]
+
+
+def report_runs(report):
+    return [(at, n, queue) for queue, lane in report.lanes.items() for at, n in lane]
+
+
 def test_the_backlog_is_the_oldest_waiting_work_by_enqueued_time():
     state = one_lm()
     view = full_view(state, "gm-a", 5.0)
