@@ -409,11 +409,10 @@ class MeghaSim:
         reports = []
         for i, gm in enumerate(self.gms):
             runs = gm.scheduler.backlog()
-            room = gm.scheduler.room(queue for _, _, queue in runs) or None
-            report = Backlog.of(gm.gm_id, runs, room)
-            before = last[i] if last else None
-            same = before is not None and before.lanes == report.lanes and before.room == room
-            reports.append(before if same else report)
+            report = Backlog.of(gm.gm_id, runs, gm.scheduler.room(q for _, _, q in runs))
+            if last and (last[i].lanes, last[i].room) == (report.lanes, report.room):
+                report = last[i]
+            reports.append(report)
         if any(r.lanes for r in reports) or any(r.lanes for r in last):
             self.engine.at(self.engine.now + self.delay, self._learn_backlogs, reports)
         self.engine.at(self.engine.now + self.backlog_ns, self._report_backlogs, reports)

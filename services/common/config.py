@@ -417,7 +417,7 @@ class FederationConfig(_Model):
         le=60,
         description="claims: oldest: how often each GM tells every GM its waiting work. A "
         "burst younger than the last report is placed only as LMs' heartbeats show it room "
-        "(docs/results.md, Contention: reports every 10 s cost the 7,500-worker sweep 1.4x "
+        "(docs/results.md, Contention: reports every 10 s cost the 7,500-worker sweep 1.46x "
         "central's p99, every 0.5-2 s at most 1.13x).",
     )
     preemption_slack: float = Field(

@@ -54,7 +54,8 @@ BACKLOG_RUNS = 32
 # younger than a report is served only as LMs' snapshots show room (every LM heartbeat:
 # 10 s in the paper's simulations), so the reports come more often than that.
 # docs/results.md (Contention, "reports"): 0.5-2 s all cut the 7,500-worker p99 from
-# 3.4 s to 2.4-2.7 s and moved no other run of the sweep by more than 3 %.
+# 3.4 s to 2.4-2.7 s (central's 2.36 s), and every run of the sweep and of three
+# synthetic traces moved towards central's figures (one FIFO queue's).
 BACKLOG_INTERVAL_S = 1.0
 Run = tuple[float, int, str]  # waiting work: (enqueued, tasks, queue)
 
@@ -62,12 +63,13 @@ Run = tuple[float, int, str]  # waiting work: (enqueued, tasks, queue)
 @dataclass(frozen=True, slots=True)
 class Backlog:
     """A GM's report of its waiting work (``Scheduler.backlog``, ``Scheduler.room``),
-    read once: each queue's runs as (enqueued, tasks), oldest first. The simulator hands
-    the one object to every GM, and hands it again while the GM's work has not changed:
-    a GM that hears the same object with nothing claimed on it since skips it."""
+    read once: each queue's runs as (enqueued, tasks), oldest first; ``room`` None when
+    no queue has a share. The simulator hands the one object to every GM, and hands it
+    again while the GM's work has not changed: a GM that hears the same object with
+    nothing claimed on it since skips it (every GM only reads it)."""
 
     gm_id: str
-    lanes: dict[str, list[tuple[float, int]]]
+    lanes: dict[str, tuple[tuple[float, int], ...]]
     room: Mapping[str, int] | None = None
 
     @classmethod
@@ -76,7 +78,7 @@ class Backlog:
         for at, n, queue in runs:
             if n > 0:
                 lanes.setdefault(queue, []).append((float(at), int(n)))
-        return cls(gm_id, lanes, room or None)
+        return cls(gm_id, {queue: tuple(lane) for queue, lane in lanes.items()}, room or None)
 
 
 # Ends remembered as counted (``OldestFirst.first_heard``): an end's event and the
