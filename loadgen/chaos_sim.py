@@ -143,10 +143,11 @@ def describe(result: Result) -> str:
     return "\n".join(lines)
 
 
-def _one(job: tuple[int, ChaosConfig]) -> tuple[int, list[str]]:
+def _one(job: tuple[int, ChaosConfig]) -> tuple[int, list[str], int]:
+    """A seed's run: its violations' kinds, and how many it found."""
     seed, cfg = job
     result = run_seed(seed, cfg)
-    return seed, sorted({v.kind for v in result.violations})
+    return seed, sorted({v.kind for v in result.violations}), len(result.violations)
 
 
 def many(seeds: range, cfg: ChaosConfig, jobs: int) -> int:
@@ -154,7 +155,7 @@ def many(seeds: range, cfg: ChaosConfig, jobs: int) -> int:
     kinds: Counter[str] = Counter()
     failing: list[tuple[int, list[str]]] = []
     progress = Progress()
-    done = 0
+    done = violations = 0
 
     def line() -> str:
         rate = done / max(time.monotonic() - began, 1e-9)
@@ -165,8 +166,9 @@ def many(seeds: range, cfg: ChaosConfig, jobs: int) -> int:
 
     work = ((seed, cfg) for seed in seeds)
     with ProcessPoolExecutor(jobs) as pool:
-        for seed, found in pool.map(_one, work, chunksize=8):
+        for seed, found, count in pool.map(_one, work, chunksize=8):
             done += 1
+            violations += count
             if found:
                 failing.append((seed, found))
                 kinds.update(found)
@@ -174,7 +176,7 @@ def many(seeds: range, cfg: ChaosConfig, jobs: int) -> int:
     progress.done()
     wall = time.monotonic() - began
     print(f"runs: {len(seeds)} ({len(seeds) / wall:.1f} seeds/s, wall {wall:.1f} s)")
-    print(f"failing runs: {len(failing)}")
+    print(f"failing runs: {len(failing)}; violations: {violations}")
     for kind, count in kinds.most_common():
         print(f"  {kind}: {count} runs")
     if failing:

@@ -143,3 +143,9 @@ def test_the_cli_replays_a_seed_and_exits_non_zero_on_a_violation(capsys):
     out = capsys.readouterr().out
     assert "seed 0:" in out and "every promise kept" in out
     assert main(["chaos-sim", "--seed", "0", "--faults", "nonsense"]) == 2
+
+
+def test_a_sweep_of_seeds_counts_its_failing_runs_and_their_violations(capsys):
+    assert main(["chaos-sim", "--seeds", "3", "--small", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "runs: 3 (" in out and "failing runs: 0; violations: 0" in out
