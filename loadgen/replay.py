@@ -94,6 +94,12 @@ class ReplayResult:
                 f"retried                {s['retried_submissions']} submissions after a pause "
                 "(a GM was too busy for them)"
             )
+        if s.get("outage_retries"):
+            lines.append(
+                f"waited out             {s['outage_retries']} rounds in which no GM could take "
+                f"a job (down, restarting, no broker): each tried again after a pause, for up "
+                f"to {OUTAGE_S:g} s, under its job id"
+            )
         if s["timed_out"]:
             lines.append(
                 f"gave up after {s['timeout_s']:g} s: {s['tasks'] - s['completed']} tasks "
@@ -108,6 +114,13 @@ class ReplayResult:
 
 # A GM that answers so is down, restarting or without LMs yet: another may take the job.
 _ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# A job no GM took in a whole round of them (every GM down, restarting or cut off from
+# its broker) is taken round again after a pause that doubles (BUSY_PAUSE_S up to
+# BUSY_PAUSE_MAX_S) for up to OUTAGE_S, under the same job id: an outage of a few seconds
+# (a GM restarting, a broker node dying) costs the job its wait, not its run. Such an
+# answer does not say the job was not queued (a lost confirm), so giving up early would
+# report as refused a job that may run anyway; the same id never runs it twice.
+OUTAGE_S = 30.0
 # A GM that answers so was too busy to take the job (RESOURCE_EXHAUSTED), or its gRPC
 # dropped the call before the GM read it (a bare CANCELLED, from GMs that predate
 # server.MAX_PENDING_CALLS): the job is tried again, through the next GM, after a pause
@@ -169,6 +182,7 @@ async def replay_jobs(
     errors: dict[str, int] = {}
     rerouted = 0  # submissions a GM could not take, handed to the next one
     retried = 0  # submissions tried again after a pause: a GM was too busy for them
+    outage_retries = 0  # rounds of the GMs tried again after a pause: none could take it
     # Job ids of this replay: a job handed to another GM keeps its id, so the federation
     # never runs it twice even if the first GM queued it after all.
     run_id = uuid.uuid4().hex[:8]
@@ -201,10 +215,13 @@ async def replay_jobs(
     async def submit(tasks: list[common_pb2.Task], queue: str, job_id: str):
         """Through the next GM; one that cannot take it (down, restarting, no answer in
         time) hands it to the one after, under the same job id, and one too busy has it
-        tried again after a pause (``_BUSY``). (gm, client, reply), or None once every GM
-        refused it or the retries ran out (counted in ``errors``)."""
-        nonlocal rerouted, retried
+        tried again after a pause (``_BUSY``); when no GM of a whole round could take it,
+        the round is tried again after a pause, for up to ``OUTAGE_S``. (gm, client,
+        reply), or None once a GM refused it for good or the retries ran out (counted in
+        ``errors``)."""
+        nonlocal rerouted, retried, outage_retries
         elsewhere, busy, pause = 0, 0, BUSY_PAUSE_S
+        outage_pause, give_up = BUSY_PAUSE_S, None
         while True:
             gm, client = next(client_cycle)
             try:
@@ -217,11 +234,21 @@ async def replay_jobs(
                     await asyncio.sleep(jittered(pause))
                     pause = min(BUSY_PAUSE_MAX_S, 2 * pause)
                     continue
-                elsewhere += 1
-                if code not in _ELSEWHERE or elsewhere == len(gms):
-                    errors[code.name] = errors.get(code.name, 0) + 1
-                    return None
-                rerouted += 1
+                if code in _ELSEWHERE:
+                    elsewhere += 1
+                    if elsewhere % len(gms):  # the next GM of this round may take it
+                        rerouted += 1
+                        continue
+                    now = time.monotonic()
+                    give_up = give_up or now + OUTAGE_S
+                    wait = jittered(outage_pause)
+                    if now + wait <= give_up:
+                        outage_retries += 1
+                        await asyncio.sleep(wait)
+                        outage_pause = min(BUSY_PAUSE_MAX_S, 2 * outage_pause)
+                        continue
+                errors[code.name] = errors.get(code.name, 0) + 1
+                return None
 
     async def redraw() -> None:
         while True:
@@ -297,6 +324,7 @@ async def replay_jobs(
         submit_errors=errors,
         rerouted_submissions=rerouted,
         retried_submissions=retried,
+        outage_retries=outage_retries,
         failed=sum(1 for t in accepted if t in events.ended and t not in events.successes),
         duplicates=events.duplicates,
         preemptions=events.preempted,

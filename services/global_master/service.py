@@ -742,8 +742,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             # only while publishing is handled below, after tasks may have launched).
             raise Refused(
                 grpc.StatusCode.UNAVAILABLE,
-                f"the broker is unreachable: job {job_id} was not queued, nothing of it "
-                "runs; retry it",
+                f"the broker is unreachable: this try queued nothing of job {job_id}; "
+                f"retry it naming job_id {job_id} (an earlier try through another GM may "
+                "have been queued: the same id never runs a task twice)",
             )
         queued = time.time_ns()
         for task in batch.tasks:
@@ -755,8 +756,9 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             except Exception as err:  # nacked, or unknown: the client's retry settles it
                 raise Refused(
                     grpc.StatusCode.UNAVAILABLE,
-                    f"the broker did not confirm job {job_id} ({err!r}): retry it (a retry "
-                    "runs no task twice)",
+                    f"the broker did not confirm job {job_id} ({err!r}), so it may or may "
+                    f"not have been queued: retry it naming job_id {job_id} (the same id "
+                    "never runs a task twice)",
                 ) from err
             for task in batch.tasks:
                 self.jobs.queued(task, relayed=True)
@@ -825,7 +827,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 raise Refused(
                     grpc.StatusCode.UNAVAILABLE,
                     f"the broker did not confirm job {job_id} ({err!r}); its tasks that "
-                    "had not launched yet were dropped (GetJob shows which ran): retry those",
+                    "had not launched yet were dropped (GetJob shows which ran): retry it "
+                    f"naming job_id {job_id}, which queues only the tasks not taken",
                 ) from err
             raise
         return global_master_pb2.SubmitJobResponse(job_id=job_id, task_ids=ids)

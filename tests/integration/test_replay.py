@@ -93,6 +93,30 @@ async def test_a_replay_routes_around_a_gm_that_is_down(tmp_path):
         assert "rerouted               12 submissions to another GM" in result.render()
 
 
+async def test_a_replay_waits_out_a_gm_that_restarts_instead_of_dropping_its_jobs(tmp_path):
+    """The only GM dies just after the replay began and comes back 2 s later: the jobs due
+    meanwhile are tried again after pauses, under their ids, and all of them run once
+    (before, each was given up after one round of the GMs: counted as refused)."""
+    async with Federation(tmp_path, gms=1, workers_per_lm=4) as fed:
+
+        async def outage() -> None:
+            await asyncio.sleep(0.3)
+            fed.children.kill("gm-gm-1", signal.SIGKILL)
+            await asyncio.sleep(2.0)
+            fed.children.restart("gm-gm-1")
+
+        down = asyncio.create_task(outage())
+        gms = [fed.config.gm("gm-1").target]
+        result = await replay_jobs(small_trace(), gms, speedup=20.0, timeout_s=90)
+        await down
+        live = result.summary
+        assert live["submit_errors"] == {}
+        assert live["outage_retries"] > 0
+        assert live["accepted"] == live["completed"] == live["tasks"] == 120
+        assert live["duplicates"] == 0
+        assert "waited out" in result.render()
+
+
 async def test_a_replay_follows_its_jobs_through_another_gm_when_one_dies(tmp_path):
     """gm-1 dies for good mid-replay, after it took jobs: their events come through gm-2,
     and what gm-2 replays of them on a new watch is not counted twice."""
