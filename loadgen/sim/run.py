@@ -6,6 +6,8 @@ trace ──Workload──▶ MeghaSim | SparrowSim on an Engine ──TaskLog�
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -24,6 +26,7 @@ from loadgen.sim.sparrow import SparrowSim
 from loadgen.sim.workload import TaskLog, Workload
 from loadgen.trace import ReadStats, TraceJob, read_tr
 from services.common.progress import Progress, bar
+from services.common.stalls import GC_THRESHOLDS
 
 # Summary keys that depend on the machine, not on the model: left out when runs are
 # compared for determinism.
@@ -47,6 +50,23 @@ def load_trace(path: str | Path, max_jobs: int | None = None) -> tuple[list[Trac
     stats = ReadStats()
     jobs = list(read_tr(path, max_jobs=max_jobs, stats=stats))
     return jobs, stats
+
+
+@contextlib.contextmanager
+def _collector_settled() -> Iterator[None]:
+    """The garbage collector as a long-lived service has it (``stalls.settle``) while
+    the engine runs: the model and the workload, built once, are frozen out of its scans,
+    and its thresholds raised (the engine makes and drops millions of small objects, few
+    in cycles). Put back after, for a caller that goes on (tests run many simulations)."""
+    before = gc.get_threshold()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
 
 
 def simulate(
@@ -100,7 +120,8 @@ def simulate(
             timed_out = True
             engine.stop()
 
-    engine.run(tick=tick)
+    with _collector_settled():
+        engine.run(tick=tick)
     sim_wall = time.monotonic() - sim_began
     progress.show(line, force=True)
     progress.done()

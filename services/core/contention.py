@@ -311,10 +311,7 @@ class OldestFirst(OwnerFirst):
         return counted is not None and counted >= attempt
 
     def first_heard(self, task_id: str, attempt: int) -> bool:
-        if self.counted(task_id, attempt):
-            return False
-        self._counted.put_max(task_id, attempt)
-        return True
+        return self._counted.put_above(task_id, attempt)
 
     def backlog(
         self, gm_id: str, runs: Iterable[Run], room: Mapping[str, int] | None = None

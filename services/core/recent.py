@@ -165,3 +165,12 @@ class RecentInts(Recent[int]):
         holder = self._holder(key)
         if holder is None or holder[key] <= value:
             self._put(key, value, holder)
+
+    def put_above(self, key: str, value: int) -> bool:
+        """``put`` if ``key`` is not kept with ``value`` or more: True if it was put (one
+        lookup where ``get`` then ``put_max`` take two)."""
+        holder = self._holder(key)
+        if holder is not None and holder[key] >= value:
+            return False
+        self._put(key, value, holder)
+        return True

@@ -26,21 +26,28 @@ class Model:
         if self.data.get(key, -1) <= value:
             self.put(key, value)
 
+    def put_above(self, key: str, value: int) -> bool:
+        if self.data.get(key, -1) >= value:
+            return False
+        self.put(key, value)
+        return True
+
 
 @settings(max_examples=300, deadline=None)
 @given(
     bound=st.integers(1, 12),
     generation=st.integers(1, 8),
     puts=st.lists(
-        st.tuples(st.sampled_from(["put", "put_max"]), st.integers(0, 20), st.integers(0, 5)),
+        st.tuples(
+            st.sampled_from(["put", "put_max", "put_above"]), st.integers(0, 20), st.integers(0, 5)
+        ),
         max_size=120,
     ),
 )
 def test_it_keeps_exactly_what_an_ordered_dict_cut_to_the_bound_keeps(bound, generation, puts):
     recent, model = RecentInts(bound, generation), Model(bound)
     for op, key, value in puts:
-        getattr(recent, op)(f"t{key}", value)
-        getattr(model, op)(f"t{key}", value)
+        assert getattr(recent, op)(f"t{key}", value) == getattr(model, op)(f"t{key}", value)
         assert len(recent) == len(model.data)
     assert list(recent) == list(model.data)  # same keys, oldest first
     for key in range(21):
