@@ -35,6 +35,7 @@ from services.common.client import (
     BUSY_PAUSE_MAX_S,
     BUSY_PAUSE_S,
     BUSY_TRIES,
+    OUTAGE_S,
     GlobalMasterClient,
     jittered,
 )
@@ -120,7 +121,6 @@ _ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # (a GM restarting, a broker node dying) costs the job its wait, not its run. Such an
 # answer does not say the job was not queued (a lost confirm), so giving up early would
 # report as refused a job that may run anyway; the same id never runs it twice.
-OUTAGE_S = 30.0
 # A GM that answers so was too busy to take the job (RESOURCE_EXHAUSTED), or its gRPC
 # dropped the call before the GM read it (a bare CANCELLED, from GMs that predate
 # server.MAX_PENDING_CALLS): the job is tried again, through the next GM, after a pause

@@ -23,6 +23,8 @@ from services.common.argtypes import (
 from services.common.pipes import quiet_on_broken_pipe
 
 ROLES = ("gm", "lm", "worker", "predictor")
+# services.common.client.OUTAGE_S, not imported here: the CLI starts without gRPC loaded.
+_OUTAGE_S = 30.0
 
 
 _sizes = number_list(bounded(int, "size", 1, high=10**9))
@@ -225,8 +227,18 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument(
         "--job-id",
         default="",
-        help="name the job (default: the GM picks one); submitting again with the same id "
-        "is safe: tasks already queued, running or ended are not queued again",
+        help="name the job (default: the GM picks one, or this client when it may ask "
+        "again, --retry-for); submitting again with the same id is safe: tasks already "
+        "queued, running or ended are not queued again",
+    )
+    submit.add_argument(
+        "--retry-for",
+        type=non_negative_float,
+        default=_OUTAGE_S,
+        metavar="SECONDS",
+        help="how long to keep asking a GM that answers it cannot take the job now "
+        "(UNAVAILABLE: its broker away, no LM heard from yet) or does not answer in time, "
+        f"under one job id, so the job runs once (default {_OUTAGE_S:g}; 0: fail at once)",
     )
     submit.add_argument(
         "--retries",

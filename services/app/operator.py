@@ -41,6 +41,7 @@ from services.app.supervisor import (
 from services.common.authz import use_authz
 from services.common.client import (
     BUSY_TRIES,
+    OUTAGE_S,
     STATE_NAMES,
     FollowStalled,
     GlobalMasterClient,
@@ -381,12 +382,24 @@ async def _queue_job(
     def busy(pause: float) -> None:
         print(f"megha: the GM is busy; trying again in {pause:.1f} s", file=sys.stderr)
 
+    # A GM that cannot take it now (its broker away, no LM heard from yet) or whose
+    # answer did not come may have queued it: asked again under the same job id, for a
+    # while (OUTAGE_S), it runs once; a GM none can connect to is said at once.
+    def unsure(err: grpc.aio.AioRpcError, job: str, pause: float) -> None:
+        print(
+            f"megha: {err.code().name}: {err.details()}; trying again in {pause:.1f} s "
+            f"under job id {job} (it runs once however many tries reach the GM)",
+            file=sys.stderr,
+        )
+
     reply = await client.submit(
         [t.build() for t in templates],
         queue=queue,
         job_id=job_id,
         busy_tries=BUSY_TRIES,
         on_busy=busy,
+        unsure_for_s=getattr(args, "retry_for", OUTAGE_S),
+        on_unsure=unsure,
         gang=getattr(args, "gang", False),
         min_tasks=getattr(args, "min_tasks", 0) or 0,
         vdc=getattr(args, "vdc", None),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -33,6 +34,13 @@ FOLLOW_PAUSE_S, FOLLOW_PAUSE_MAX_S = 0.2, 2.0
 # wait about 16 s in all (up to 24 s while its throttle holds tries back), after which the
 # refusal is the caller's to report.
 BUSY_PAUSE_S, BUSY_PAUSE_MAX_S, BUSY_TRIES = 0.1, 5.0, 8
+# A GM that answers UNAVAILABLE (cut off from its broker, no LM heard from yet, a confirm
+# lost) or whose answer did not come in time (DEADLINE_EXCEEDED) may or may not have
+# queued the job. Asked again under the same job id it queues only what it does not know
+# as taken, so a client that keeps the id may try again: ``submit(unsure_for_s=...)`` does
+# so after pauses doubling as the busy ones, for up to this long (an outage of a few
+# seconds, a GM restarting or its broker node failing over, then costs a wait, not the job).
+OUTAGE_S = 30.0
 ANSWER_S = 1.0  # a GM answers every submission within this (issue 32)
 # Failures that say nothing of whether the GM took the try (it is away, the call was
 # cancelled, or no answer came): not counted by a client's throttle (``AdaptiveThrottle``).
@@ -47,6 +55,21 @@ NOT_COUNTED = {
 def busy_pauses(tries: int = BUSY_TRIES) -> list[float]:
     """The pauses before each retry of a job a busy GM refused: 0.1, 0.2, 0.4 ... 5 s."""
     return [min(BUSY_PAUSE_MAX_S, BUSY_PAUSE_S * 2**n) for n in range(tries)]
+
+
+def unsure(err: grpc.aio.AioRpcError) -> bool:
+    """Whether a failed submission may have been queued, by a GM that is there: its
+    UNAVAILABLE answer or no answer in time, not a GM that none could connect to."""
+    if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return True
+    return err.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" not in (
+        err.details() or ""
+    )
+
+
+def new_job_id() -> str:
+    """A job id as a GM makes one for a job that names none (12 hex digits)."""
+    return uuid.uuid4().hex[:12]
 
 
 def jittered(pause: float, rng: random.Random | None = None) -> float:
@@ -152,6 +175,8 @@ class GlobalMasterClient:
         min_tasks: int = 0,
         vdc: common_pb2.Vdc | None = None,
         on_answer: Callable[[float], None] | None = None,
+        unsure_for_s: float = 0.0,
+        on_unsure: Callable[[grpc.aio.AioRpcError, str, float], None] | None = None,
     ) -> global_master_pb2.SubmitJobResponse:
         """Queue a job (``gang``: all its tasks start together, or ``min_tasks`` of
         them; SubmitJobRequest.gang; ``vdc``: a gang that is a Gridiron VDC). A GM too
@@ -161,7 +186,13 @@ class GlobalMasterClient:
         this client's throttle keeps back (``AdaptiveThrottle``: the GM refused most of
         its recent tries) is refused here at once, without a message, and counted in
         ``throttled``. ``on_answer`` is told how long each try sent waited for its answer
-        (seconds), whatever the answer."""
+        (seconds), whatever the answer. With ``unsure_for_s``, an answer that leaves
+        unknown whether the job was queued (``unsure``) is asked again under the same job
+        id (one made here if none is given, ``new_job_id``) after pauses as the busy ones,
+        for up to that long, each announced to ``on_unsure`` (the error, the job id, the
+        pause)."""
+        if unsure_for_s > 0 and not job_id:
+            job_id = new_job_id()  # kept by every try: a GM runs the job once
         # Built once: each try only stamps its own time (the tasks are copies made here).
         request = global_master_pb2.SubmitJobRequest(
             job_id=job_id, queue=queue, gang=gang, min_tasks=min_tasks, vdc=vdc
@@ -174,6 +205,7 @@ class GlobalMasterClient:
         # answered within the second a GM promises (ANSWER_S).
         give_up = time.monotonic() + sum(pauses) + ANSWER_S * len(pauses)
         refused = waited = 0  # tries the GM refused; pauses taken (the backoff's step)
+        unsure_pause, unsure_until = BUSY_PAUSE_S, None
         while True:
             if self.throttle.allow(time.monotonic(), _JITTER.random()):
                 began = time.perf_counter()
@@ -186,6 +218,16 @@ class GlobalMasterClient:
                     busy = err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                     if busy or err.code() not in NOT_COUNTED:
                         self.throttle.record(time.monotonic(), accepted=not busy)
+                    if not busy and unsure_for_s > 0 and unsure(err):
+                        now = time.monotonic()
+                        unsure_until = unsure_until or now + unsure_for_s
+                        pause = jittered(unsure_pause)
+                        if now + pause <= unsure_until:
+                            if on_unsure is not None:
+                                on_unsure(err, job_id, pause)
+                            await asyncio.sleep(pause)
+                            unsure_pause = min(BUSY_PAUSE_MAX_S, 2 * unsure_pause)
+                            continue
                     if not busy or refused == len(pauses):
                         raise
                     refused += 1

@@ -216,6 +216,10 @@ class Refused(Exception):
         self.details = details
 
 
+def _no_lm_yet() -> Refused:
+    return Refused(grpc.StatusCode.UNAVAILABLE, "no Local Master heard from yet; retry shortly")
+
+
 @dataclass(eq=False)
 class Pending(OneTask):
     """One task waiting in a user queue: the scheduler core's ``Work`` of one task."""
@@ -619,6 +623,10 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         job_id = request.job_id
         if not job_id:
             return await self._queue_job(request, uuid.uuid4().hex[:12])
+        if not self.view.lms:
+            # Said at once, as to a job without an id: catching up (below) waits for
+            # every LM, up to CATCH_UP_S, and none was heard from yet.
+            raise _no_lm_yet()
         await self._caught_up.wait()
         while (under_way := self._submitting.get(job_id)) is not None:
             await under_way.wait()
@@ -655,9 +663,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         now = time.time_ns()
         queue = self._job_queue(request)
         if not self.view.lms:
-            raise Refused(
-                grpc.StatusCode.UNAVAILABLE, "no Local Master heard from yet; retry shortly"
-            )
+            raise _no_lm_yet()
         owner = _owner()
         known = self.jobs.get(job_id)
         if known is not None and known.owner and owner and known.owner != owner:

@@ -166,3 +166,49 @@ async def test_unreachable_gms_and_timeouts_do_not_count_against_it(gm) -> None:
         with pytest.raises(grpc.aio.AioRpcError):
             await gm.submit([], busy_tries=8)
     assert gm.throttle.counts(1000.0) == (0, 0) and gm.throttled == 0  # the clock did not move
+
+
+UNSURE = rpc_error(grpc.StatusCode.UNAVAILABLE, "the broker did not confirm job j: retry it")
+
+
+async def test_an_unsure_answer_is_asked_again_under_one_job_id_for_a_while(gm) -> None:
+    ids: list[str] = []
+
+    async def submit_once(request):
+        ids.append(request.job_id)
+        answer = gm.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    gm._submit_once = submit_once
+    late = rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "no submit reply in 30 s")
+    gm.answers = [UNSURE, late, "queued"]
+    heard = []
+    assert await gm.submit([], unsure_for_s=30, on_unsure=lambda *a: heard.append(a)) == "queued"
+    assert len(set(ids)) == 1 and len(ids[0]) == 12  # one id, made here, kept by every try
+    assert [(err.code(), job) for err, job, _ in heard] == [
+        (grpc.StatusCode.UNAVAILABLE, ids[0]),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, ids[0]),
+    ]
+    assert [p for *_, p in heard] == gm.slept and 0.05 <= gm.slept[0] < 0.15
+    # The caller's own id is kept; the tries stop once the next pause would pass the bound.
+    ids.clear()
+    gm.answers, gm.slept = [UNSURE] * 20, []
+    with pytest.raises(grpc.aio.AioRpcError):
+        await gm.submit([], job_id="mine", unsure_for_s=3)
+    assert set(ids) == {"mine"} and sum(gm.slept) <= 3 and len(gm.slept) >= 3
+    # A GM none could connect to is not one that may have queued it: said at once.
+    gm.answers, gm.slept = [rpc_error(grpc.StatusCode.UNAVAILABLE, "failed to connect")], []
+    with pytest.raises(grpc.aio.AioRpcError):
+        await gm.submit([], unsure_for_s=30)
+    assert gm.slept == []
+
+
+def test_megha_submit_retries_for_as_long_as_the_client_says() -> None:
+    from services import cli
+
+    assert cli._OUTAGE_S == client_module.OUTAGE_S
+    args = cli.build_parser().parse_args(["submit"])
+    assert args.retry_for == client_module.OUTAGE_S
+    assert cli.build_parser().parse_args(["submit", "--retry-for", "0"]).retry_for == 0

@@ -198,7 +198,8 @@ async def test_cli_submit_job_and_status(tmp_path):
 
 def test_a_gm_that_answers_unavailable_is_not_called_missing(tmp_path):
     """UNAVAILABLE from a running GM (here: no LM heard from yet) is its own reason; the
-    hint to start a federation is only for a GM that does not answer at all."""
+    hint to start a federation is only for a GM that does not answer at all. Such an
+    answer is asked again for --retry-for seconds, under one job id, saying so."""
     gm_port, lm_port = free_ports(2)
     config = tmp_path / "federation.yaml"
     config.write_text(
@@ -214,7 +215,7 @@ def test_a_gm_that_answers_unavailable_is_not_called_missing(tmp_path):
         deadline = time.monotonic() + 30
         while True:
             submit = subprocess.run(
-                [*MEGHA, "submit", "--config", str(config)],
+                [*MEGHA, "submit", "--config", str(config), "--retry-for", "1"],
                 capture_output=True, text=True, timeout=30,
             )  # fmt: skip
             if "failed to connect" not in submit.stderr or time.monotonic() > deadline:
@@ -223,6 +224,9 @@ def test_a_gm_that_answers_unavailable_is_not_called_missing(tmp_path):
         assert submit.returncode == 1
         assert "UNAVAILABLE: no Local Master heard from yet" in submit.stderr
         assert "no Global Master answers" not in submit.stderr
+        tries = [line for line in submit.stderr.splitlines() if "trying again" in line]
+        assert len(tries) >= 2, submit.stderr  # 0.1 s, 0.2 s, ... within the second
+        assert len({line.split("under job id ")[1].split()[0] for line in tries}) == 1
     finally:
         gm.terminate()
         gm.wait(10)
