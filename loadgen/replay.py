@@ -117,10 +117,12 @@ class ReplayResult:
 _ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # A job no GM took in a whole round of them (every GM down, restarting or cut off from
 # its broker) is taken round again after a pause that doubles (BUSY_PAUSE_S up to
-# BUSY_PAUSE_MAX_S) for up to OUTAGE_S, under the same job id: an outage of a few seconds
-# (a GM restarting, a broker node dying) costs the job its wait, not its run. Such an
-# answer does not say the job was not queued (a lost confirm), so giving up early would
-# report as refused a job that may run anyway; the same id never runs it twice.
+# BUSY_PAUSE_MAX_S) for up to OUTAGE_S (services.common.client, as ``megha submit``),
+# under the same job id: an outage of a few seconds (a GM restarting, a broker node
+# dying) costs the job its wait, not its run. Such an answer does not say the job was not
+# queued (a lost confirm), so giving up early would report as refused a job that may run
+# anyway; the same id never runs it twice.
+
 # A GM that answers so was too busy to take the job (RESOURCE_EXHAUSTED), or its gRPC
 # dropped the call before the GM read it (a bare CANCELLED, from GMs that predate
 # server.MAX_PENDING_CALLS): the job is tried again, through the next GM, after a pause
