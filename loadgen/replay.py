@@ -37,6 +37,7 @@ from services.common.client import (
     BUSY_TRIES,
     OUTAGE_S,
     GlobalMasterClient,
+    OutageWait,
     jittered,
 )
 from services.common.config import FederationConfig
@@ -116,8 +117,8 @@ class ReplayResult:
 # A GM that answers so is down, restarting or without LMs yet: another may take the job.
 _ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # A job no GM took in a whole round of them (every GM down, restarting or cut off from
-# its broker) is taken round again after a pause that doubles (BUSY_PAUSE_S up to
-# BUSY_PAUSE_MAX_S) for up to OUTAGE_S (services.common.client, as ``megha submit``),
+# its broker) is taken round again after a pause that doubles (``OutageWait``: from
+# BUSY_PAUSE_S up to BUSY_PAUSE_MAX_S) for up to OUTAGE_S, as ``megha submit`` does,
 # under the same job id: an outage of a few seconds (a GM restarting, a broker node
 # dying) costs the job its wait, not its run. Such an answer does not say the job was not
 # queued (a lost confirm), so giving up early would report as refused a job that may run
@@ -223,7 +224,7 @@ async def replay_jobs(
         ``errors``)."""
         nonlocal rerouted, retried, outage_retries
         elsewhere, busy, pause = 0, 0, BUSY_PAUSE_S
-        outage_pause, give_up = BUSY_PAUSE_S, None
+        outage = OutageWait()
         while True:
             gm, client = next(client_cycle)
             try:
@@ -241,13 +242,10 @@ async def replay_jobs(
                     if elsewhere % len(gms):  # the next GM of this round may take it
                         rerouted += 1
                         continue
-                    now = time.monotonic()
-                    give_up = give_up or now + OUTAGE_S
-                    wait = jittered(outage_pause)
-                    if now + wait <= give_up:
+                    wait = outage.pause(time.monotonic())
+                    if wait is not None:
                         outage_retries += 1
                         await asyncio.sleep(wait)
-                        outage_pause = min(BUSY_PAUSE_MAX_S, 2 * outage_pause)
                         continue
                 errors[code.name] = errors.get(code.name, 0) + 1
                 return None

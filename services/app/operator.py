@@ -46,6 +46,7 @@ from services.common.client import (
     FollowStalled,
     GlobalMasterClient,
     TaskTemplate,
+    unreached,
 )
 from services.common.config import (
     FederationConfig,
@@ -230,7 +231,7 @@ async def client_command(args: argparse.Namespace, config: FederationConfig) -> 
     except grpc.aio.AioRpcError as err:
         print(f"megha: {err.code().name}: {err.details()}", file=sys.stderr)
         # Not for UNAVAILABLE answers of a running GM (no LM heard from, broker down).
-        if err.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" in err.details():
+        if unreached(err):
             print(
                 f"megha: no Global Master answers at {target}; start a federation with "
                 "`megha up`, or name a running GM with --gm HOST:PORT",

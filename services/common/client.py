@@ -57,14 +57,40 @@ def busy_pauses(tries: int = BUSY_TRIES) -> list[float]:
     return [min(BUSY_PAUSE_MAX_S, BUSY_PAUSE_S * 2**n) for n in range(tries)]
 
 
+def unreached(err: grpc.aio.AioRpcError) -> bool:
+    """Whether the call reached no GM at all (none listens at the address)."""
+    return err.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" in (
+        err.details() or ""
+    )
+
+
 def unsure(err: grpc.aio.AioRpcError) -> bool:
     """Whether a failed submission may have been queued, by a GM that is there: its
     UNAVAILABLE answer or no answer in time, not a GM that none could connect to."""
     if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
         return True
-    return err.code() == grpc.StatusCode.UNAVAILABLE and "failed to connect" not in (
-        err.details() or ""
-    )
+    return err.code() == grpc.StatusCode.UNAVAILABLE and not unreached(err)
+
+
+class OutageWait:
+    """The pauses before a job is asked again after answers that leave unknown whether it
+    was queued (``unsure``; ``OUTAGE_S``): ``BUSY_PAUSE_S`` doubling to
+    ``BUSY_PAUSE_MAX_S``, each ``jittered``, for up to ``for_s`` from the first."""
+
+    def __init__(self, for_s: float = OUTAGE_S) -> None:
+        self.for_s = for_s
+        self._next = BUSY_PAUSE_S
+        self._until: float | None = None
+
+    def pause(self, now: float) -> float | None:
+        """The next pause, or None once it would end past the bound."""
+        if self._until is None:
+            self._until = now + self.for_s
+        pause = jittered(self._next)
+        if now + pause > self._until:
+            return None
+        self._next = min(BUSY_PAUSE_MAX_S, 2 * self._next)
+        return pause
 
 
 def new_job_id() -> str:
@@ -205,7 +231,7 @@ class GlobalMasterClient:
         # answered within the second a GM promises (ANSWER_S).
         give_up = time.monotonic() + sum(pauses) + ANSWER_S * len(pauses)
         refused = waited = 0  # tries the GM refused; pauses taken (the backoff's step)
-        unsure_pause, unsure_until = BUSY_PAUSE_S, None
+        outage = OutageWait(unsure_for_s)
         while True:
             if self.throttle.allow(time.monotonic(), _JITTER.random()):
                 began = time.perf_counter()
@@ -219,14 +245,11 @@ class GlobalMasterClient:
                     if busy or err.code() not in NOT_COUNTED:
                         self.throttle.record(time.monotonic(), accepted=not busy)
                     if not busy and unsure_for_s > 0 and unsure(err):
-                        now = time.monotonic()
-                        unsure_until = unsure_until or now + unsure_for_s
-                        pause = jittered(unsure_pause)
-                        if now + pause <= unsure_until:
+                        pause = outage.pause(time.monotonic())
+                        if pause is not None:
                             if on_unsure is not None:
                                 on_unsure(err, job_id, pause)
                             await asyncio.sleep(pause)
-                            unsure_pause = min(BUSY_PAUSE_MAX_S, 2 * unsure_pause)
                             continue
                     if not busy or refused == len(pauses):
                         raise

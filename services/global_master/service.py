@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 import weakref
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable
@@ -36,7 +35,7 @@ from services._proto.megha.v1 import (
 )
 from services.common import authz, metrics, stalls
 from services.common.bus import Bus, Delivery
-from services.common.client import BUSY_PAUSE_MAX_S, BUSY_PAUSE_S
+from services.common.client import BUSY_PAUSE_MAX_S, BUSY_PAUSE_S, new_job_id
 from services.common.config import FederationConfig
 from services.common.convert import (
     InvalidTask,
@@ -622,7 +621,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         """
         job_id = request.job_id
         if not job_id:
-            return await self._queue_job(request, uuid.uuid4().hex[:12])
+            return await self._queue_job(request, new_job_id())
         if not self.view.lms:
             # Said at once, as to a job without an id: catching up (below) waits for
             # every LM, up to CATCH_UP_S, and none was heard from yet.
