@@ -26,7 +26,7 @@ from loadgen.sim.sparrow import SparrowSim
 from loadgen.sim.workload import TaskLog, Workload
 from loadgen.trace import ReadStats, TraceJob, read_tr
 from services.common.progress import Progress, bar
-from services.common.stalls import GC_THRESHOLDS
+from services.common.stalls import settle
 
 # Summary keys that depend on the machine, not on the model: left out when runs are
 # compared for determinism.
@@ -59,9 +59,7 @@ def _collector_settled() -> Iterator[None]:
     and its thresholds raised (the engine makes and drops millions of small objects, few
     in cycles). Put back after, for a caller that goes on (tests run many simulations)."""
     before = gc.get_threshold()
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+    settle()
     try:
         yield
     finally:
