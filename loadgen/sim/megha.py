@@ -380,7 +380,7 @@ class MeghaSim:
         self._gang_task: dict[str, int] = {}
         if config.gangs:
             for lm in self.lms:
-                lm.reservations = Reservations(lm.state)
+                lm.reservations = Reservations(lm.state, lm.life.cancelled)
             # The federation with nothing running: a gang this cannot hold never runs
             # (the simulated nodes never change).
             self._empty = GlobalView("gm0", num_constraints=num_constraints)

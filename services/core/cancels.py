@@ -33,6 +33,12 @@ class CancelledJobs:
         """Why ``job_id`` was cancelled, or None if it was not (or is forgotten)."""
         return self._reasons.get(job_id)
 
+    def refusal(self, job_id: str) -> str | None:
+        """What an LM answers a GM that asks to run (or hold room for) a task of
+        ``job_id``, cancelled; None if it was not."""
+        reason = self._reasons.get(job_id)
+        return None if reason is None else f"job {job_id} was cancelled: {reason}"
+
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._reasons
 

@@ -285,10 +285,8 @@ class Lifecycle(Generic[T]):
     # ------------------------------------------------------- GM requests
     def refusal(self, job_id: str) -> Decision | None:
         """REJECTED_CANCELLED for a task of a cancelled job, else None."""
-        reason = self.cancelled.reason(job_id)
-        if reason is None:
-            return None
-        return Decision(PlacementStatus.REJECTED_CANCELLED, f"job {job_id} was cancelled: {reason}")
+        why = self.cancelled.refusal(job_id)
+        return None if why is None else Decision(PlacementStatus.REJECTED_CANCELLED, why)
 
     def place(
         self, gm_id: str, spec: TaskSpec, node: int, repartition: bool = False

@@ -46,6 +46,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from services.core.cancels import CancelledJobs
 from services.core.cluster_state import ClusterState, Decision
 from services.core.gang import GangPiece, VdcLayout
 from services.core.resources import CPU, NET
@@ -137,8 +138,11 @@ def _key(gm_id: str, pieces: Sequence[GangPiece]) -> tuple:
 class Reservations:
     """The gangs an LM holds room for, over its books (``cluster``)."""
 
-    def __init__(self, cluster: ClusterState):
+    def __init__(self, cluster: ClusterState, cancelled: CancelledJobs | None = None):
+        """``cancelled``: the LM's cancelled jobs (``Lifecycle.cancelled``); a gang of one
+        holds nothing here."""
         self.cluster = cluster
+        self.cancelled = cancelled if cancelled is not None else CancelledJobs()
         # Gang id -> its reservation, held, committed or gone (until ``expire`` forgets it).
         self._records: dict[str, _Record] = {}
         self._sequence = 0  # numbers placeholders: a new id per reservation
@@ -212,6 +216,10 @@ class Reservations:
         """Hold room for every piece until ``now + ttl_s``, or for none (with why)."""
         if not ttl_s > 0:
             raise ValueError(f"ttl_s must be > 0, got {ttl_s}")
+        for piece in pieces:  # a cancelled job's gang holds nothing, retried or not
+            why = self.cancelled.refusal(piece.task.job_id)
+            if why is not None:
+                return self._refused(gang_id, PlacementStatus.REJECTED_CANCELLED, why)
         key = _key(gm_id, pieces)
         record = self._records.get(gang_id)
         if record is not None:

@@ -185,7 +185,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         # room a reservation holds is booked as placeholder allocations, which the
         # lifecycle never holds as tasks (no worker runs them, no watchdog re-queues
         # them) and heartbeats show as room taken.
-        self.gangs = Reservations(self.state)
+        self.gangs = Reservations(self.state, self.cancelled)
         # The wire tasks of each gang reserved here and not yet started, by gang id:
         # what CommitGang hands to the workers.
         self._gang_tasks: dict[str, list[common_pb2.Task]] = {}
@@ -440,11 +440,6 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 booked = spec.resources.copy()
                 booked[NET] = p.net_mbps
                 spec = replace(spec, resources=booked)
-            refused = self.life.refusal(spec.job_id)
-            if refused is not None:  # a cancelled job's gang holds nothing
-                reply.status = placement_status_to_proto(refused.status)
-                reply.reason = refused.reason
-                return reply
             pieces.append(
                 GangPiece(p.member, spec, self.lm_id, p.node_index, p.node_id, p.repartition)
             )
@@ -461,7 +456,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             # A retry of a held gang keeps the tasks it was first given.
             self._gang_tasks.setdefault(request.gang_id, [p.task for p in request.placements])
             self._gangs_changed.set()
-        else:
+        elif verdict.status is not CANCELLED:
             reply.state.CopyFrom(self._state_proto(request.known_version or None))
         return reply
 

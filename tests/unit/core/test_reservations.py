@@ -4,6 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.core.cancels import CancelledJobs
 from services.core.cluster_state import ClusterState
 from services.core.gang import Gang, GangPiece, GangPlan, VdcLayout, plan_gang
 from services.core.global_view import GlobalView
@@ -75,6 +76,23 @@ def test_a_refused_piece_leaves_nothing_held():
     assert verdict.status is S.REJECTED_RESOURCES
     assert verdict.reason.startswith("t1 on w1: node w1 has cpu=4")
     assert not state.allocations and res.held() == []
+    assert_books(state, before)
+
+
+def test_a_cancelled_jobs_gang_holds_nothing_first_try_or_retry():
+    """The LM's ReserveGang and the simulator share this check (the LM made it apart)."""
+    state = lm()
+    cancelled = CancelledJobs()
+    res = Reservations(state, cancelled)
+    held = res.reserve("j/1", [piece(0, 0)], 0.0, 5.0, gm_id="gm-a")
+    assert held.ok
+    cancelled.add("j", "user asked")
+    retried = res.reserve("j/1", [piece(0, 0)], 1.0, 5.0, gm_id="gm-a")
+    assert retried.status is S.REJECTED_CANCELLED
+    assert retried.reason == "job j was cancelled: user asked"
+    before = books(state)
+    fresh = res.reserve("j/2", [piece(1, 1)], 1.0, 5.0, gm_id="gm-a")
+    assert fresh.status is S.REJECTED_CANCELLED and res.state("j/2") is None
     assert_books(state, before)
 
 
