@@ -67,12 +67,12 @@ from services.core.gang import (
 )
 from services.core.global_view import ApplyResult, GlobalView, PreemptionPlan
 from services.core.limits import QueueLimits
-from services.core.lm_lifecycle import Lifecycle
+from services.core.lm_lifecycle import Lifecycle, RoomFor
 from services.core.match import make_policy
 from services.core.reservations import GangVerdict, Reservations, room_id
 from services.core.resources import NET, resources
 from services.core.scheduler import Decided, Scheduler
-from services.core.snapshot import Snapshot
+from services.core.snapshot import Allocation, Snapshot
 from services.core.status import PlacementStatus, Schedulability, Verdict
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
@@ -682,38 +682,37 @@ class MeghaSim:
         t = max(now, lm.busy_until) + self.validate_ns * len(victims)
         lm.busy_until = t
         over = self._over_share_now()
-        stopped = 0
         job_id = asked.wait.gang.members[0].job_id
         assert lm.reservations is not None
+        # Its room is the gang's until the gang reserves here (the live LM's StopTasks
+        # with ``for_job_id``): a gang comes for it a round trip later.
+        room_for = RoomFor(lm.reservations, job_id, t / 1e9, GANG_EVICT_S)
+        stopped: list[tuple[str, int, Allocation]] = []
         for task_id, attempt in victims:
-            if lm.life.evictable(task_id, attempt, over) is None:
+            allocation = lm.life.evict_books(task_id, attempt, over, room_for)
+            if allocation is None:
                 continue
-            allocation = lm.state.allocations[task_id]
-            node, queue = lm.state.table.node_ids[allocation.node], allocation.queue
-            lm.state.release(task_id)
-            # Its room is the gang's until the gang reserves here (the live LM's StopTasks
-            # with ``for_job_id``): a gang comes for it a round trip later.
-            lm.reservations.hold_room(job_id, allocation, t / 1e9, GANG_EVICT_S)
             asked.wait.held.append((lm.state.lm_id, room_id(task_id, job_id)))
-            stopped += 1
+            stopped.append((task_id, attempt, allocation))
             # Its next attempt is queued once its worker reports the kill took effect
             # (``Lifecycle`` ``stopping``): a kill there and the report back.
             self._requeue(task_id, t, after=2 * self.delay)
         if stopped:  # what no reserve took is released then (the live LM's timer)
             self.engine.at(t + ns(GANG_EVICT_S), self._lm_expire, lm)
-            if self.config.finish_notify == "all":  # the PREEMPTED events of the live LM
+        if self.config.finish_notify == "all":  # the PREEMPTED events of the live LM
+            for task_id, attempt, allocation in stopped:
                 self.engine.at(
                     t + self.delay,
                     self._gms_learn_end,
                     lm,
                     task_id,
                     attempt,
-                    node,
-                    queue,
+                    lm.state.table.node_ids[allocation.node],
+                    allocation.queue,
                     self.gms,
                 )
         state = lm.state.snapshot(known)
-        self.engine.at(t + self.delay, self._gm_evicted, gm, lm, asked, stopped, state)
+        self.engine.at(t + self.delay, self._gm_evicted, gm, lm, asked, len(stopped), state)
 
     def _gm_evicted(
         self, gm: SimGM, lm: SimLM, asked: EvictionTry, stopped: int, state: Snapshot

@@ -66,7 +66,7 @@ from typing import Generic, Protocol, TypeVar
 
 from services.core.cancels import CancelledJobs
 from services.core.cluster_state import ClusterState, Decision
-from services.core.reservations import is_placeholder
+from services.core.reservations import Reservations, is_placeholder
 from services.core.snapshot import Allocation
 from services.core.states import RUN_ENDED, TaskState
 from services.core.status import PlacementStatus
@@ -253,6 +253,17 @@ class Stopping(Generic[T]):
 NOTHING: tuple[Action, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class RoomFor:
+    """Where an evicted victim's room goes: held for gang job ``job_id`` in ``gangs``
+    from ``now`` for ``ttl_s`` (``Lifecycle.evict_books``)."""
+
+    gangs: Reservations
+    job_id: str
+    now: float
+    ttl_s: float
+
+
 class Lifecycle(Generic[T]):
     """One LM's tasks from acceptance to end, over its books (``ClusterState``).
 
@@ -358,27 +369,52 @@ class Lifecycle(Generic[T]):
     def evictable(
         self, task_id: str, attempt: int, is_over_share: Callable[[str], bool]
     ) -> Allocation | None:
-        """The books' half of ``evict``: the allocation of ``task_id`` if it is
-        ``attempt``, no gang's, and of a queue over its share; else None. (The simulator,
-        which keeps no tasks, releases it on the books itself.)"""
+        """The allocation of ``task_id`` if it is ``attempt``, no gang's, and of a queue
+        over its share; else None."""
         allocation = self.books.allocations.get(task_id)
         if allocation is None or allocation.attempt != attempt or allocation.gang:
             return None
         return allocation if is_over_share(allocation.queue) else None
 
+    def evict_books(
+        self,
+        task_id: str,
+        attempt: int,
+        is_over_share: Callable[[str], bool],
+        room_for: RoomFor | None = None,
+    ) -> Allocation | None:
+        """The books' half of ``evict``: ``attempt`` of ``task_id``, if ``evictable``,
+        leaves the books, and with ``room_for`` its room is held for that gang job
+        (``Reservations.hold_room``) until it reserves here. Returns what was released.
+        (The simulator, which keeps no tasks, calls this alone.)"""
+        allocation = self.evictable(task_id, attempt, is_over_share)
+        if allocation is None:
+            return None
+        self.books.release(task_id)
+        if room_for is not None:
+            room_for.gangs.hold_room(room_for.job_id, allocation, room_for.now, room_for.ttl_s)
+        return allocation
+
     def evict(
-        self, task_id: str, attempt: int, is_over_share: Callable[[str], bool], reason: str
+        self,
+        task_id: str,
+        attempt: int,
+        is_over_share: Callable[[str], bool],
+        reason: str,
+        room_for: RoomFor | None = None,
     ) -> list[Action]:
         """A GM preempts ``attempt`` of ``task_id`` for a waiting gang (which then starts
-        whole in the room once it is free): if it is the attempt held, of a queue over
-        its share and no gang's, it ends on the books now, told PREEMPTED with
-        ``reason``, and is killed; its next attempt waits for the kill (``stopping``), as
-        a preempted victim's does. Else nothing (the GM's view was stale)."""
-        allocation = self.evictable(task_id, attempt, is_over_share)
+        whole in the room once it is free, held for it with ``room_for``): if it is the
+        attempt held, of a queue over its share and no gang's, it ends on the books now,
+        told PREEMPTED with ``reason``, and is killed; its next attempt waits for the
+        kill (``stopping``), as a preempted victim's does. Else nothing (the GM's view
+        was stale)."""
         task = self.tasks.get(task_id)
-        if allocation is None or task is None or task.attempt != attempt:
+        if task is None or task.attempt != attempt:
             return []
-        self.books.release(task_id)
+        allocation = self.evict_books(task_id, attempt, is_over_share, room_for)
+        if allocation is None:
+            return []
         actions = self._stop(allocation, TaskState.PREEMPTED, reason)
         actions.append(Kill(allocation.node, task_id, attempt, reason))
         return actions

@@ -80,6 +80,7 @@ from services.core.lm_lifecycle import (
     ReportOutcome,
     ReportVerdict,
     Requeue,
+    RoomFor,
     Start,
 )
 from services.core.reservations import Reservations
@@ -523,12 +524,13 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             if over is None:
                 actions = self.life.stop(known.task_id, known.attempt, reason)
             else:
-                victim = self.state.allocations.get(known.task_id)
-                actions = self.life.evict(known.task_id, known.attempt, over, reason)
-                if actions and victim is not None and request.for_job_id:
-                    # Its room is the gang's until the gang reserves here (or GANG_EVICT_S).
+                # Its room is the gang's until the gang reserves here (or GANG_EVICT_S).
+                room_for = None
+                if request.for_job_id:
                     now = time.monotonic()
-                    self.gangs.hold_room(request.for_job_id, victim, now, GANG_EVICT_S)
+                    room_for = RoomFor(self.gangs, request.for_job_id, now, GANG_EVICT_S)
+                actions = self.life.evict(known.task_id, known.attempt, over, reason, room_for)
+                if actions and room_for is not None:
                     self._gangs_changed.set()  # the expiry timer learns the deadline
             if actions:
                 reply.stopped_task_ids.append(known.task_id)

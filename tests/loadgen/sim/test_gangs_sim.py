@@ -189,6 +189,32 @@ def test_a_waiting_gang_preempts_an_over_share_queue_as_one_unit():
     assert min(first for first, _, _ in spans(plain, trace)[1:]) >= 100e9
 
 
+def test_every_gm_hears_every_victim_a_gang_evicted():
+    """The live LM publishes PREEMPTED for each victim it stops for a gang: each of
+    the two GMs hears each of the 8 victims' ends, as it hears each of the 28 tasks'
+    (a late job keeps the run going until every notice was delivered). The simulator
+    told the GMs of one victim per LM it asked, its last, even one it had not stopped."""
+    from services.common.config import QueueConfig
+
+    queues = (
+        QueueConfig(name="batch", share=0.5, gm="gm-1"),
+        QueueConfig(name="train", share=0.5, gm="gm-2"),
+    )
+    trace = [TraceJob("b", 0.0, tuple(TraceTask(100.0) for _ in range(16)), user="batch")]
+    trace += [
+        TraceJob(f"g{i}", 5.0 + 2 * i, tuple(TraceTask(30.0) for _ in range(4)), user="train")
+        for i in range(3)
+    ]
+    trace.append(TraceJob("late", 1000.0, (TraceTask(1.0),), user="batch"))
+    config = SimConfig(
+        workers=16, gms=2, lms=2, gangs=True, gang_queues=("train",), queues=queues,
+        fair_share=True, seed=1,
+    )  # fmt: skip
+    s = simulate(config, trace).summary
+    assert s["completed"] == 29 and s["preemptions"] == 8
+    assert s["megha"]["finish_notices"] == 2 * (28 + 8)  # the late job's end stops the run
+
+
 def test_gang_queues_from_the_command_line(tmp_path, capsys):
     trace = tmp_path / "two.tr"
     trace.write_text("0.0 2 1.0 1.0 1.0\n1.0 2 1.0 1.0 1.0\n")

@@ -22,6 +22,7 @@ from services.core.lm_lifecycle import (
     Publish,
     ReportVerdict,
     Requeue,
+    RoomFor,
     Start,
 )
 from services.core.reservations import Reservations, is_placeholder
@@ -720,3 +721,24 @@ def test_a_task_evicted_for_a_gang_ends_preempted_only_if_its_queue_is_over_shar
     assert outcome.actions == [Requeue(victim, owed=True)]
     h.books.allocations["k.1"] = replace(h.books.allocations["k.1"], gang=True)
     assert h.life.evict("k.1", 0, lambda q: True, reason) == []  # a gang's: never
+
+
+def test_a_victims_room_is_held_for_the_gang_it_was_evicted_for_and_only_then():
+    """``room_for``: what the LM's StopTasks with ``for_job_id`` and the simulator's
+    ``_lm_evict`` both do through ``evict_books``: the victim leaves the books and its
+    room is booked for the gang's job until it reserves; a refused eviction holds none."""
+    h = Harness(nodes=1)
+    gangs = Reservations(h.books)
+    h.launch(Wire("v.1", job_id="v"))
+    h.launch(Wire("w.1", job_id="w"))
+    room_for = RoomFor(gangs, "jb", now=0.0, ttl_s=5.0)
+    assert h.life.evict("v.1", 0, lambda q: False, "x", room_for) == []
+    assert gangs.rooms_held("jb") == []
+    free = h.books.table.free[0].copy()
+    assert h.life.evict("v.1", 0, lambda q: True, "x", room_for)
+    (holder,) = gangs.rooms_held("jb")
+    assert is_placeholder(holder) and "v.1" not in h.books.allocations
+    assert (h.books.table.free[0] == free).all()  # the room went to the gang, not free
+    books_only = h.life.evict_books("w.1", 0, lambda q: True, room_for)  # as the simulator
+    assert books_only is not None and books_only.task_id == "w.1"
+    assert len(gangs.rooms_held("jb")) == 2 and "w.1" in h.life.tasks  # no task changed
