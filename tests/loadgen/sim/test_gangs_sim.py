@@ -149,26 +149,32 @@ def test_gangs_in_a_limited_queue_start_whole_within_the_limit():
     assert free["queues"]["capped"]["peak_cpu_milli"] > 6_000
 
 
-def test_a_waiting_gang_preempts_an_over_share_queue_as_one_unit():
-    """With shares, a gang that finds no room preempts as the live GM's does
-    (``Scheduler.gang_evictions``, ``Lifecycle.evictable``): tasks of the queue over its
-    share, never a gang's, and only while its own queue stays within its share; it then
-    starts whole in their room, long before the victims would have ended. Without
-    fairness every gang waits for them."""
+def gangs_behind_batch() -> tuple[tuple, list[TraceJob], dict]:
+    """Queues batch and train (half each), a trace and the simulator's settings: 16
+    one-core workers, batch fills them all with 100 s tasks, then three gangs of 4 (30 s
+    tasks) arrive on train, one every 2 s."""
     from services.common.config import QueueConfig
 
     queues = (
         QueueConfig(name="batch", share=0.5, gm="gm-1"),
         QueueConfig(name="train", share=0.5, gm="gm-2"),
     )
-    # 16 one-core workers: batch fills them all with 100 s tasks, then three gangs of
-    # 4 (30 s tasks) arrive on train, one every 2 s.
     trace = [TraceJob("b", 0.0, tuple(TraceTask(100.0) for _ in range(16)), user="batch")]
     trace += [
         TraceJob(f"g{i}", 5.0 + 2 * i, tuple(TraceTask(30.0) for _ in range(4)), user="train")
         for i in range(3)
     ]
     common = {"workers": 16, "gms": 2, "lms": 2, "gangs": True, "gang_queues": ("train",)}
+    return queues, trace, common
+
+
+def test_a_waiting_gang_preempts_an_over_share_queue_as_one_unit():
+    """With shares, a gang that finds no room preempts as the live GM's does
+    (``Scheduler.gang_evictions``, ``Lifecycle.evictable``): tasks of the queue over its
+    share, never a gang's, and only while its own queue stays within its share; it then
+    starts whole in their room, long before the victims would have ended. Without
+    fairness every gang waits for them."""
+    queues, trace, common = gangs_behind_batch()
     fair = simulate(SimConfig(**common, queues=queues, fair_share=True, seed=1), trace)
     s = fair.summary
     assert s["completed"] == 28
@@ -194,23 +200,9 @@ def test_every_gm_hears_every_victim_a_gang_evicted():
     the two GMs hears each of the 8 victims' ends, as it hears each of the 28 tasks'
     (a late job keeps the run going until every notice was delivered). The simulator
     told the GMs of one victim per LM it asked, its last, even one it had not stopped."""
-    from services.common.config import QueueConfig
-
-    queues = (
-        QueueConfig(name="batch", share=0.5, gm="gm-1"),
-        QueueConfig(name="train", share=0.5, gm="gm-2"),
-    )
-    trace = [TraceJob("b", 0.0, tuple(TraceTask(100.0) for _ in range(16)), user="batch")]
-    trace += [
-        TraceJob(f"g{i}", 5.0 + 2 * i, tuple(TraceTask(30.0) for _ in range(4)), user="train")
-        for i in range(3)
-    ]
+    queues, trace, common = gangs_behind_batch()
     trace.append(TraceJob("late", 1000.0, (TraceTask(1.0),), user="batch"))
-    config = SimConfig(
-        workers=16, gms=2, lms=2, gangs=True, gang_queues=("train",), queues=queues,
-        fair_share=True, seed=1,
-    )  # fmt: skip
-    s = simulate(config, trace).summary
+    s = simulate(SimConfig(**common, queues=queues, fair_share=True, seed=1), trace).summary
     assert s["completed"] == 29 and s["preemptions"] == 8
     assert s["megha"]["finish_notices"] == 2 * (28 + 8)  # the late job's end stops the run
 
