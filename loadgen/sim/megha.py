@@ -903,21 +903,22 @@ class MeghaSim:
         now = self.engine.now / 1e9
         for gm in self._orders.shuffled(gms):
             self.counters.finish_notices += 1
-            if (
-                needs is not None
-                and gm.index not in needs
-                and gm.view.claims_end(task_id, attempt, queue) != gm.gm_id
-            ):
+            counted = needs is not None and gm.index not in needs
+            if counted:
                 named = gm.view.count_end(task_id, attempt, queue)
-                gm.put_off.setdefault(lm_id, {}).setdefault(node, []).append(
-                    (task_id, attempt, now, named)
-                )
-                continue
+                if named != gm.gm_id:
+                    gm.put_off.setdefault(lm_id, {}).setdefault(node, []).append(
+                        (task_id, attempt, now, named)
+                    )
+                    continue
             put_off = gm.put_off.get(lm_id)
             if put_off and node in put_off:
-                for earlier, tried, heard, named in put_off.pop(node):
-                    gm.view.replay_end(lm_id, earlier, tried, heard, node, named)
-            woke = gm.scheduler.ended([(lm_id, task_id, attempt, node, queue)], now)
+                for earlier, tried, heard, claimant in put_off.pop(node):
+                    gm.view.replay_end(lm_id, earlier, tried, heard, node, claimant)
+            if counted:  # this GM is the claimant
+                woke = gm.scheduler.ended_counted(lm_id, task_id, attempt, node, named, now)
+            else:
+                woke = gm.scheduler.ended([(lm_id, task_id, attempt, node, queue)], now)
             if woke or gm.gangs:
                 self._wake(gm)
 

@@ -65,17 +65,21 @@ _FOLD_AFTER = 4096  # changes a queue's pending sums keep before they are folded
 
 class HeldAllocations(dict[str, Allocation]):
     """Task id -> ``Allocation``, keeping what each queue holds up to date as tasks come
-    and go, so the queues' usage costs O(queues), not O(tasks): a GM with a queue limit
-    asks for it every scheduling round (``LimitLedger``), fairness on every preemption.
+    and go once it has been asked for, so the queues' usage costs O(queues), not
+    O(tasks): a GM with a queue limit asks for it every scheduling round
+    (``LimitLedger``), fairness on every preemption. Until first asked (a GM with neither
+    limits nor shares may never ask: then the sums would cost a tenth of a simulation,
+    issue 29), nothing is summed; the first ask sums every allocation once.
 
     Only ``[]=``, ``del``, ``pop`` and ``clear`` change it (the rest of dict's mutators
     would bypass the sums and raise).
     """
 
-    __slots__ = ("_count", "_held", "_pending")
+    __slots__ = ("_count", "_held", "_pending", "_summed")
 
     def __init__(self, allocations: Iterable[Allocation] = ()):
         super().__init__()
+        self._summed = False  # whether the sums below are kept (since ``held`` was read)
         self._held: dict[str, np.ndarray] = {}  # queue -> resources, as of the last fold
         self._count: dict[str, int] = {}
         # Queue -> resources of the allocations added and of those taken away since the
@@ -84,11 +88,15 @@ class HeldAllocations(dict[str, Allocation]):
         # 4-vector at once cost more than the rest of applying a heartbeat).
         self._pending: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
         for allocation in allocations:
-            self[allocation.task_id] = allocation
+            dict.__setitem__(self, allocation.task_id, allocation)
 
     @property
     def held(self) -> dict[str, np.ndarray]:
         """Queue -> the resources its allocations hold (only queues holding some)."""
+        if not self._summed:
+            self._summed = True
+            for allocation in self.values():
+                self._add(allocation)
         if self._pending:
             self._fold()
         return self._held
@@ -130,6 +138,9 @@ class HeldAllocations(dict[str, Allocation]):
             self._fold()
 
     def __setitem__(self, task_id: str, allocation: Allocation) -> None:
+        if not self._summed:
+            dict.__setitem__(self, task_id, allocation)
+            return
         old = dict.get(self, task_id)
         if old is allocation:
             return
@@ -139,14 +150,17 @@ class HeldAllocations(dict[str, Allocation]):
         self._add(allocation)
 
     def __delitem__(self, task_id: str) -> None:
-        self._sub(dict.pop(self, task_id))
+        allocation = dict.pop(self, task_id)
+        if self._summed:
+            self._sub(allocation)
 
     _MISSING = object()
 
     def pop(self, task_id: str, default=_MISSING):  # type: ignore[override]
         if task_id in self:
             allocation = dict.pop(self, task_id)
-            self._sub(allocation)
+            if self._summed:
+                self._sub(allocation)
             return allocation
         if default is HeldAllocations._MISSING:
             raise KeyError(task_id)

@@ -780,6 +780,13 @@ class Scheduler(Generic[W]):
             )
         return freed and self.unpark()
 
+    def ended_counted(
+        self, lm_id: str, task_id: str, attempt: int, node: str, claimant: str | None, now: float
+    ) -> bool:
+        """``ended`` for one end whose claim the driver counted already
+        (``GlobalView.count_end``, which named ``claimant``)."""
+        return self.view.replay_end(lm_id, task_id, attempt, now, node, claimant) and self.unpark()
+
     def cancel(self, job_id: str, reason: str) -> list[W]:
         """The job is cancelled: its work leaves the queues, ready or parked (returned),
         and any that turns up later is dropped."""

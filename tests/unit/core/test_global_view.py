@@ -496,11 +496,29 @@ def _same_sums(held: HeldAllocations, model: dict[str, Allocation]) -> None:
         assert (held.held[q] == vector).all()
 
 
+def test_held_sums_are_kept_only_once_asked_for():
+    """A view whose queues' usage nobody reads (no limits, no shares) sums nothing; the
+    first read sums what is there, and the sums are kept from then on."""
+    held = HeldAllocations(
+        [Allocation(f"t{i}", "ab"[i % 2], 0, resources(100 * i, 1), 0, False, 0) for i in range(6)]
+    )
+    del held["t0"]
+    held["t6"] = Allocation("t6", "a", 0, resources(7, 1), 0, False, 0)
+    assert not held._pending and not held._count
+    assert {q: v.tolist() for q, v in held.held.items()} == {
+        "a": [200 + 400 + 7, 3, 0, 0],
+        "b": [100 + 300 + 500, 3, 0, 0],
+    }
+    held.pop("t1")
+    assert held.held["b"].tolist() == [800, 2, 0, 0]
+
+
 def test_held_sums_fold_on_their_own_past_the_pending_bound():
     """Changes never read still fold once a queue keeps thousands pending (no growth
     without bound), and the sums stay exact."""
     held = HeldAllocations()
     model: dict[str, Allocation] = {}
+    assert held.held == {}  # read once: from now on the sums are kept
     for i in range(10_000):
         allocation = Allocation(f"t{i}", "q", 0, resources(1 + i % 7, 3), 0, False, 0)
         held[allocation.task_id] = model[allocation.task_id] = allocation
