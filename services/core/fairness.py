@@ -11,6 +11,7 @@ accumulate freed resources; the node needing the fewest victims wins.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -56,19 +57,25 @@ def usage_by_queue(allocations: Iterable[Allocation]) -> dict[str, np.ndarray]:
     }
 
 
+# The questions below are asked of 4-vectors several times a scheduling round: on
+# Python numbers (one ``tolist`` each) they cost a fraction of numpy's per-call overhead,
+# with the same float64 arithmetic.
+
+
 def dominant_share(usage: np.ndarray, total: np.ndarray) -> float:
     """max(cpu used / cpu total, memory used / memory total)."""
-    shares = [usage[d] / total[d] for d in (CPU, MEMORY) if total[d] > 0]
+    used, of = usage.tolist(), total.tolist()
+    shares = [used[d] / of[d] for d in (CPU, MEMORY) if of[d] > 0]
     return float(max(shares, default=0.0))
 
 
 def tasks_within(room: np.ndarray, request: np.ndarray, most: int) -> int:
     """How many tasks of ``request`` fit in ``room`` (``FairShare.headroom``), up to ``most``."""
-    asks = request > 0
-    if not asks.any():
+    fits = [r / q for r, q in zip(room.tolist(), request.tolist(), strict=True) if q > 0]
+    if not fits:
         return most
-    fit = np.floor(room[asks] / request[asks]).min()
-    return int(min(max(fit, 0), most))
+    fit = min(fits)
+    return most if fit >= most else max(math.floor(fit), 0)
 
 
 class FairShare:
@@ -108,12 +115,14 @@ class FairShare:
         """What ``queue`` may still take before it is over its share: per resource, its
         share of the total less what it holds (CPU and memory; the others unbounded).
         Negative where it is over."""
-        room = np.full(len(total), np.inf)
-        held = usage.get(queue)
+        of, held = total.tolist(), usage.get(queue)
+        used = held.tolist() if held is not None else [0] * len(of)
+        share = self.share_of(queue)
+        room = [math.inf] * len(of)
         for d in (CPU, MEMORY):
-            if total[d] > 0:
-                room[d] = self.share_of(queue) * total[d] - (held[d] if held is not None else 0)
-        return room
+            if of[d] > 0:
+                room[d] = share * of[d] - used[d]
+        return np.array(room, dtype=np.float64)
 
     def is_under_share(self, queue: str, usage: dict[str, np.ndarray], total: np.ndarray) -> bool:
         return self.share_violation(queue, usage, total) < 0

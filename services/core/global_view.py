@@ -295,6 +295,9 @@ class GlobalView:
         # capacities or constraints change (``_feasible_at``).
         self._feasible: dict[tuple[int, bytes], str | None] = {}
         self._feasible_at: tuple = ()
+        self._capacity = np.zeros(NUM_RESOURCES, dtype=np.int64)  # ``total_capacity``
+        self._capacity.flags.writeable = False
+        self._capacity_at: tuple = ()
         self._rr_internal = 0
         self._rr_external = 0
 
@@ -823,7 +826,7 @@ class GlobalView:
         The same answer as ``assess(task)`` being INFEASIBLE, remembered per shape until
         an LM's nodes change: every submission asks, and a full ``assess`` scans every node.
         """
-        stamp = tuple((v.table, v.table.static_version) for v in self.lms.values())
+        stamp = self._static_stamp()
         if stamp != self._feasible_at or len(self._feasible) > _FEASIBLE_CACHE:
             self._feasible.clear()
             self._feasible_at = stamp
@@ -846,10 +849,21 @@ class GlobalView:
                 yield from view.allocations.values()
 
     def total_capacity(self) -> np.ndarray:
-        total = np.zeros(NUM_RESOURCES, dtype=np.int64)
-        for view in self.lms.values():
-            total += view.table.capacity.sum(axis=1)
-        return total
+        """Every LM's nodes' capacity summed (read-only): made again only when some LM's
+        nodes or capacities changed (fairness asks for it several times a round)."""
+        stamp = self._static_stamp()
+        if stamp != self._capacity_at:
+            total = np.zeros(NUM_RESOURCES, dtype=np.int64)
+            for view in self.lms.values():
+                total += view.table.capacity.sum(axis=1)
+            total.flags.writeable = False
+            self._capacity, self._capacity_at = total, stamp
+        return self._capacity
+
+    def _static_stamp(self) -> tuple:
+        """Changes whenever an LM's nodes, capacities or constraints do (a new table,
+        or ``NodeTable.static_version``)."""
+        return tuple((v.table, v.table.static_version) for v in self.lms.values())
 
     def queue_usage(self, accepted: bool = False) -> dict[str, np.ndarray]:
         """Resources held per queue over every LM (fresh arrays: callers may keep them).
