@@ -85,12 +85,16 @@ class GrowingMap(Generic[V]):
             yield from gen.items()
 
     def _holder(self, key: str) -> dict[str, V] | None:
+        # The newest first (most keys looked up are recent), then the others in any
+        # order: a key is in one generation at most.
         gens = self._gens
-        if len(gens) == 1:
-            return gens[0] if key in gens[0] else None
-        for gen in reversed(gens):
-            if key in gen:
-                return gen
+        newest = gens[-1]
+        if key in newest:
+            return newest
+        if len(gens) > 1:
+            for gen in gens:
+                if key in gen:
+                    return gen
         return None
 
     def _insert(self, key: str, value: V) -> None:
