@@ -531,6 +531,14 @@ class GlobalView:
         """Optimistic deduction after deciding a placement; kept until a snapshot shows
         the launch (``now`` dates it, so an answer that never came expires)."""
         view = self.lms[placement.lm_id]
+        earlier = view.allocations.get(task.task_id)
+        if earlier is not None and earlier.attempt < task.attempt:
+            # An earlier attempt the view still books here (its end not heard yet, or
+            # heard by task id alone, which does not settle a retry): the LM ended it
+            # before this one was queued, or replaces it when it accepts this one. Its
+            # room is given back now: overwritten, it would stay booked for good where
+            # the LM's books do not change again (chaos-sim --seed 101241).
+            self._release(placement.lm_id, task.task_id, False, earlier.attempt, now, "", None)
         usage_mean, usage_var = task_usage(task)
         view.table.take(placement.node, task.resources, usage_mean, usage_var)
         allocation = view.allocations[task.task_id] = Allocation(

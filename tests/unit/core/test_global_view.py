@@ -227,6 +227,39 @@ def test_a_retry_whose_end_event_was_lost_expires_though_the_lm_went_quiet():
     assert view.apply(state.snapshot(), 50.0) is ApplyResult.STALE  # nothing left to drop
 
 
+def test_a_retry_booked_where_an_earlier_attempt_still_is_gives_that_room_back():
+    # chaos-sim --seed 101241: attempt 2 placed and lost at once; the delta naming the
+    # end by task id does not settle a retry, so the view booked it again; its LOST
+    # event came late (a broker restart), after attempt 3, placed on another node of the
+    # same LM, had overwritten its booking. The room of attempt 2 stayed taken in the
+    # view for good: no later delta named that node.
+    (state,) = federation(1, 4)
+    view = view_of([state])
+    lmv = view.lms["lm-0"]
+    first = task("t1", cpu=4000, attempt=2)
+    p2 = view.match(first)
+    view.reserve(p2, first, now=0.0)
+    view.accepted("lm-0", "t1")
+    base = state.version
+    assert state.launch("gm-a", first, p2.node).ok
+    state.release("t1")
+    assert view.apply(state.snapshot(since_version=base), 1.0) is ApplyResult.APPLIED
+    assert lmv.table.free[0][p2.node] == 0  # booked again: only its own end settles it
+    retry = task("t1", cpu=4000, attempt=3)
+    p3 = view.match(retry)
+    assert p3.node != p2.node
+    view.reserve(p3, retry, now=2.0)
+    assert lmv.table.free[0][p2.node] == 4000  # the earlier attempt's room, given back
+    base = state.version
+    assert state.launch("gm-a", retry, p3.node).ok
+    assert not view.release("lm-0", "t1", ended=True, attempt=2, now=3.0)  # late
+    state.release("t1")
+    view.release("lm-0", "t1", ended=True, attempt=3, now=4.0)
+    assert view.apply(state.snapshot(since_version=base), 5.0) is ApplyResult.APPLIED
+    np.testing.assert_array_equal(lmv.table.free, state.table.free)
+    assert not lmv.allocations and not lmv.inflight
+
+
 def test_reported_usage_leaves_out_the_launches_no_lm_answered():
     (state,) = federation(1, 2)
     view = view_of([state])
