@@ -196,6 +196,19 @@ def test_a_launch_never_answered_expires():
     np.testing.assert_array_equal(view.lms["lm-0"].table.free, state.table.free)
 
 
+def lost_at_once(view: GlobalView, state: ClusterState, attempt: int):
+    """Attempt ``attempt`` of t1 (a whole node) reserved by the view, accepted, launched
+    and lost at once on the LM; returns its placement and the delta since before it."""
+    retry = task("t1", cpu=4000, attempt=attempt)
+    placement = view.match(retry)
+    view.reserve(placement, retry, now=0.0)
+    view.accepted("lm-0", "t1")
+    base = state.version
+    assert state.launch("gm-a", retry, placement.node).ok
+    state.release("t1")
+    return placement, state.snapshot(since_version=base)
+
+
 def test_a_retry_whose_end_event_was_lost_expires_though_the_lm_went_quiet():
     # chaos-sim --seed 6005: a retry accepted and lost at once; its LOST event, on the
     # slow path, was lost with a broker restart. The delta naming the end by task id
@@ -204,14 +217,7 @@ def test_a_retry_whose_end_event_was_lost_expires_though_the_lm_went_quiet():
     # booked past its expiry for good.
     (state,) = federation(1, 2)
     view = view_of([state])
-    retry = task("t1", cpu=4000, attempt=2)
-    placement = view.match(retry)
-    view.reserve(placement, retry, now=0.0)
-    view.accepted("lm-0", "t1")
-    base = state.version
-    assert state.launch("gm-a", retry, placement.node).ok
-    state.release("t1")
-    delta = state.snapshot(since_version=base)
+    _, delta = lost_at_once(view, state, attempt=2)
     assert "t1" in delta.ended_task_ids
     assert view.apply(delta, 1.0) is ApplyResult.APPLIED
     lmv = view.lms["lm-0"]
@@ -236,14 +242,8 @@ def test_a_retry_booked_where_an_earlier_attempt_still_is_gives_that_room_back()
     (state,) = federation(1, 4)
     view = view_of([state])
     lmv = view.lms["lm-0"]
-    first = task("t1", cpu=4000, attempt=2)
-    p2 = view.match(first)
-    view.reserve(p2, first, now=0.0)
-    view.accepted("lm-0", "t1")
-    base = state.version
-    assert state.launch("gm-a", first, p2.node).ok
-    state.release("t1")
-    assert view.apply(state.snapshot(since_version=base), 1.0) is ApplyResult.APPLIED
+    p2, delta = lost_at_once(view, state, attempt=2)
+    assert view.apply(delta, 1.0) is ApplyResult.APPLIED
     assert lmv.table.free[0][p2.node] == 0  # booked again: only its own end settles it
     retry = task("t1", cpu=4000, attempt=3)
     p3 = view.match(retry)
