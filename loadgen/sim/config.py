@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from loadgen.queues import QueueFileError, check_gms
 from services.common.config import QueueConfig
 from services.core.contention import BACKLOG_INTERVAL_S, CLAIMS, OWNER_GRACE_S
+from services.core.reservations import DEFAULT_TTL_S, TTL_MAX_S, TTL_MIN_S
 from services.core.scheduler import MAX_REJECTIONS, ROUND_PER_QUEUE
 from services.core.vdc import Vdc, VdcError
 
@@ -111,8 +112,9 @@ class SimConfig:
     peak_vdc: int = 0
     """With ``vdc``: a job of more tasks is split into VDCs of at most this many, in task
     order (as ``--gridiron`` splits it), each its own gang; 0: one VDC per job."""
-    gang_ttl_s: float = 5.0
-    """How long an LM holds a gang's reservation for its commit (``Reservations``)."""
+    gang_ttl_s: float = DEFAULT_TTL_S
+    """How long an LM holds a gang's reservation for its commit (``Reservations``), within
+    the live LM's bounds (``TTL_MIN_S`` to ``TTL_MAX_S``)."""
 
     def effective(self) -> SimConfig:
         """``central`` is Megha with one GM and one LM: the counts the run really uses."""
@@ -173,6 +175,11 @@ class SimConfig:
                 Vdc(*self.vdc)
             except VdcError as err:
                 raise SimConfigError(f"vdc: {err}") from None
+        if not TTL_MIN_S <= self.gang_ttl_s <= TTL_MAX_S:
+            raise SimConfigError(
+                f"gang_ttl_s must be within the LM's bounds {TTL_MIN_S:g}-{TTL_MAX_S:g} s, "
+                f"got {self.gang_ttl_s}"
+            )
         if not self.gang_ttl_s > 4 * self.network_delay_s:
             raise SimConfigError(
                 f"gang_ttl_s must exceed a reserve/commit round trip, got {self.gang_ttl_s}"

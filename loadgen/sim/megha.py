@@ -69,7 +69,7 @@ from services.core.global_view import ApplyResult, GlobalView, PreemptionPlan
 from services.core.limits import QueueLimits
 from services.core.lm_lifecycle import Lifecycle, RoomFor
 from services.core.match import make_policy
-from services.core.reservations import GangVerdict, Reservations, room_id
+from services.core.reservations import GangVerdict, Reservations, held_for, room_id
 from services.core.resources import NET, resources
 from services.core.scheduler import Decided, Scheduler
 from services.core.snapshot import Allocation, Snapshot
@@ -582,7 +582,12 @@ class MeghaSim:
         t = max(self.engine.now, lm.busy_until) + self.validate_ns * len(pieces)
         lm.busy_until = t
         verdict = lm.reservations.reserve(
-            gang_id, pieces, t / 1e9, self.config.gang_ttl_s, gm_id=gm.gm_id, layout=plan.layout
+            gang_id,
+            pieces,
+            t / 1e9,
+            held_for(self.config.gang_ttl_s),
+            gm_id=gm.gm_id,
+            layout=plan.layout,
         )
         state = None if verdict.ok else lm.state.snapshot(known)
         self.engine.at(t + self.delay, self._gm_reserved, gm, lm, gang_id, verdict, state)

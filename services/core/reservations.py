@@ -55,6 +55,18 @@ from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
 from services.core.vdc import UNJUDGED, fits_uplinks, member_uplink
 
+# How long an LM holds a gang's room for its commit: far above a reserve/commit round
+# trip, short enough that room held by a GM that died comes back soon. What a GM asks
+# (``ReserveGang.ttl_s``; 0: the default) is held within the bounds (``held_for``).
+DEFAULT_TTL_S = 5.0
+TTL_MIN_S, TTL_MAX_S = 0.1, 60.0
+
+
+def held_for(asked_s: float) -> float:
+    """How long a reservation asked to be held ``asked_s`` (0: the default) is held."""
+    return min(max(asked_s or DEFAULT_TTL_S, TTL_MIN_S), TTL_MAX_S)
+
+
 _MARK = "#gang"
 _ROOM = "#gang-room:"  # a placeholder holding a preempted victim's room for a gang job
 

@@ -66,7 +66,7 @@ from services.core.gang import (
     unbook,
 )
 from services.core.gang_restart import Standing, Stop, kill_reason, regather
-from services.core.reservations import room_id
+from services.core.reservations import DEFAULT_TTL_S, room_id
 from services.core.resources import NET
 from services.core.scheduler import Drop
 from services.core.states import TaskState
@@ -79,9 +79,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("megha.gm.gangs")
 
-# How long an LM holds a gang's room for its commit: far above a reserve/commit round
-# trip, short enough that room held by a GM that died comes back soon.
-GANG_TTL_S = 5.0
 # A restarting gang asks the LMs again this often while it waits for its members' kills.
 REGATHER_RETRY_S = 0.5
 
@@ -489,7 +486,7 @@ class Gangs:
         request = local_master_pb2.ReserveGangRequest(
             gm_id=gm.gm_id,
             gang_id=gang_id,
-            ttl_s=GANG_TTL_S,
+            ttl_s=DEFAULT_TTL_S,
             known_version=self._known(lm_id),
             expires_unix_nanos=gm._expiry(lm_id),
         )

@@ -83,7 +83,7 @@ from services.core.lm_lifecycle import (
     RoomFor,
     Start,
 )
-from services.core.reservations import Reservations
+from services.core.reservations import Reservations, held_for
 from services.core.resources import (
     NET,
     ResourceError,
@@ -103,8 +103,6 @@ EVENT_RETRY_S = 0.5  # between tries to publish events while the broker is away
 REQUEUE_DRAIN_S = 5.0  # a stopping LM waits this long for its re-queues to be stored
 # A refusal that says nothing about the GM's view: no fresh state goes with it.
 CANCELLED = PlacementStatus.REJECTED_CANCELLED
-# Bounds on how long a gang's reservation is held for its commit (ReserveGang.ttl_s).
-GANG_TTL_MIN_S, GANG_TTL_MAX_S = 0.1, 60.0
 
 
 def _expired(request, now: int) -> bool:
@@ -444,9 +442,13 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             pieces.append(
                 GangPiece(p.member, spec, self.lm_id, p.node_index, p.node_id, p.repartition)
             )
-        ttl_s = min(max(request.ttl_s or 5.0, GANG_TTL_MIN_S), GANG_TTL_MAX_S)
         verdict = self.gangs.reserve(
-            request.gang_id, pieces, time.monotonic(), ttl_s, gm_id=request.gm_id, layout=layout
+            request.gang_id,
+            pieces,
+            time.monotonic(),
+            held_for(request.ttl_s),
+            gm_id=request.gm_id,
+            layout=layout,
         )
         reply.status = placement_status_to_proto(verdict.status)
         reply.reason = verdict.reason

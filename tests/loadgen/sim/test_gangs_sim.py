@@ -97,6 +97,7 @@ def test_vdc_aware_placement_admits_what_per_task_net_mbps_cannot():
         ({"gangs": True, "gang_queues": ("nowhere",)}, "not configured"),
         ({"vdc": (100, 177)}, "set gangs as well"),
         ({"gangs": True, "vdc": (-1, 177)}, "bandwidth_per_core must be finite and >= 0"),
+        ({"gangs": True, "gang_ttl_s": 61.0}, "within the LM's bounds 0.1-60 s"),
     ],
 )
 def test_bad_gang_settings_say_why(overrides, message):

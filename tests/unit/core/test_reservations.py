@@ -8,7 +8,16 @@ from services.core.cancels import CancelledJobs
 from services.core.cluster_state import ClusterState
 from services.core.gang import Gang, GangPiece, GangPlan, VdcLayout, plan_gang
 from services.core.global_view import GlobalView
-from services.core.reservations import Held, Reservations, is_placeholder, room_id
+from services.core.reservations import (
+    DEFAULT_TTL_S,
+    TTL_MAX_S,
+    TTL_MIN_S,
+    Held,
+    Reservations,
+    held_for,
+    is_placeholder,
+    room_id,
+)
 from services.core.resources import NET, resources
 from services.core.status import PlacementStatus as S
 from services.core.task import TaskSpec
@@ -77,6 +86,13 @@ def test_a_refused_piece_leaves_nothing_held():
     assert verdict.reason.startswith("t1 on w1: node w1 has cpu=4")
     assert not state.allocations and res.held() == []
     assert_books(state, before)
+
+
+def test_a_reservation_is_held_as_long_as_asked_within_the_bounds():
+    """What the LM's ReserveGang and the simulator hold a gang's room for."""
+    assert held_for(0.0) == DEFAULT_TTL_S  # a GM that asks nothing
+    assert held_for(2.5) == 2.5
+    assert held_for(0.01) == TTL_MIN_S and held_for(600.0) == TTL_MAX_S
 
 
 def test_a_cancelled_jobs_gang_holds_nothing_first_try_or_retry():
