@@ -79,6 +79,7 @@ RPC_ROLES: dict[str, frozenset[str]] = {
     _LM + "DrainNode": frozenset({"autoscaler", "console"}),  # console: query only
     _LM + "RegisterWorker": frozenset({"worker"}),
     _LM + "WorkerHeartbeats": frozenset({"worker"}),
+    _LM + "HostHeartbeats": frozenset({"worker"}),
     _LM + "ReportTask": frozenset({"worker"}),
     _LM + "SendTaskOutput": frozenset({"worker"}),
     _WORKER + "StartTask": frozenset({"lm"}),
@@ -95,6 +96,7 @@ PAIRED = frozenset(
     {
         _LM + "RegisterWorker",
         _LM + "WorkerHeartbeats",
+        _LM + "HostHeartbeats",
         _LM + "ReportTask",
         _LM + "SendTaskOutput",
         _WORKER + "StartTask",

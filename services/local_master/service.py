@@ -95,6 +95,7 @@ from services.core.snapshot import Allocation
 from services.core.states import RELEASED
 from services.core.status import PlacementStatus
 from services.core.task import TaskSpec
+from services.local_master.host_streams import serve_host
 from services.local_master.journal import FLUSH_S, TaskJournal
 
 log = logging.getLogger("megha.lm")
@@ -742,6 +743,15 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
 
     async def WorkerHeartbeats(self, request_iterator, context):
         """Bidirectional: reports in, commands out, for as long as the worker stays."""
+        await self._serve_worker(context)
+
+    async def HostHeartbeats(self, request_iterator, context):
+        """A worker host's nodes' streams on one call, each served as WorkerHeartbeats."""
+        await serve_host(context, self._serve_worker)
+
+    async def _serve_worker(self, context) -> None:
+        """One worker's heartbeat stream: a call's context, or a node stream of a host's
+        call (``host_streams.NodeContext``); it reads, writes and aborts the same."""
         first = await context.read()
         if first is grpc.aio.EOF:
             return

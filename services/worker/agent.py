@@ -64,6 +64,7 @@ from services.worker.executors import (
     Executor,
     executor_for,
 )
+from services.worker.link import HostLink
 from services.worker.outputs import READ_LIMIT, TaskOutputs
 
 log = logging.getLogger("megha.worker")
@@ -168,6 +169,7 @@ class WorkerAgent:
         stream_life_s: float = WORKER_STREAM_LIFE_S,
         fence_s: float = 0.0,
         outputs: TaskOutputs | None = None,
+        link: HostLink | None = None,
     ) -> None:
         if default_executor not in EXECUTOR_NAMES:
             raise ValueError(
@@ -190,6 +192,8 @@ class WorkerAgent:
         self.node_index: int | None = None
         self.channel = channel
         self._stub = local_master_pb2_grpc.LocalMasterStub(channel)
+        # The host's one heartbeat call (services.worker.link), or None: a stream of its own.
+        self._link = link
         self._executors = executors
         self._outputs = outputs  # what the host's tasks wrote (megha logs)
         self._answers: set[asyncio.Task[None]] = set()  # SendTaskOutput calls under way
@@ -395,7 +399,7 @@ class WorkerAgent:
         """One heartbeat stream, until it breaks, we shut down, or its life is over.
         True when it ended by being replaced, cleanly: every report we wrote was read
         and every command the LM wrote was read here."""
-        call = self._stub.WorkerHeartbeats()
+        call = self._stub.WorkerHeartbeats() if self._link is None else self._link.open()
         self.streams += 1
         self._unacked.clear()  # an ack on this stream names a heartbeat of this stream
         if not connected.is_set():
@@ -494,8 +498,15 @@ class WorkerAgent:
                 await call.done_writing()
                 return True
             # asyncio.timeout, not wait_for: no task per heartbeat (hundreds of agents).
+            # On a host's link, on the host's clock: its idle nodes' heartbeats go together.
+            interval = self.heartbeat_interval_s
+            loop = asyncio.get_running_loop()
+            if self._link is None:
+                when = loop.time() + interval
+            else:
+                when = self._link.next_beat(interval, self.node_id)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.heartbeat_interval_s):
+                async with asyncio.timeout_at(when):
                     await wake.wait()
 
     async def _receive_loop(self, call: grpc.aio.StreamStreamCall) -> None:

@@ -1,8 +1,9 @@
 """Many worker agents in one process: one ``WorkerGroup`` of the federation config.
 
-All agents of a host share one gRPC channel to their LM (one HTTP/2 connection carries
-every agent's heartbeat stream), so a host of thousands of simulated nodes costs one
-socket, and they share one set of executors (one Docker client).
+All agents of a host share one gRPC channel to their LM and one heartbeat call on it
+(``HostLink``: every agent's heartbeat stream is a node stream of that call), so a host
+of thousands of simulated nodes costs one socket and writes one message where each node
+wrote its own, and they share one set of executors (one Docker client).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from services.worker.executors import (
 )
 from services.worker.janitor import Janitor
 from services.worker.leftovers import GroupLedger
+from services.worker.link import HostLink
 from services.worker.machine import Machine, cap_to_machine, machine
 from services.worker.outputs import TaskOutputs
 from services.worker.runas import RunAs, RunAsError, TaskDirs
@@ -100,6 +102,7 @@ class WorkerHost:
         self.address = advertised_address(group)
         self.agents: list[WorkerAgent] = []
         self._channel: grpc.aio.Channel | None = None
+        self._link: HostLink | None = None
         self._executors: dict[str, Executor] = {}
         self._agent_tasks: list[asyncio.Task[None]] = []
         self._run_task: asyncio.Task[None] | None = None
@@ -143,6 +146,11 @@ class WorkerHost:
             if exc is None and isinstance(outcome, Exception):
                 raise outcome
 
+    @property
+    def link(self) -> HostLink | None:
+        """The agents' one heartbeat call (None before the host starts)."""
+        return self._link
+
     async def run(self) -> None:
         """Run every agent until ``shutdown()``; if one fails for good, stop all and raise."""
         self._start()
@@ -168,6 +176,7 @@ class WorkerHost:
         # The shared options cap gRPC's reconnect backoff: without them, agents polling an
         # LM that was down for 40 s reached it again 20-27 s after it was back.
         self._channel = server.channel(self.target)
+        self._link = HostLink(self._channel, self.config.worker_stream_life_s)
         # Before any agent registers: what a crashed former life of this host left
         # running must be gone before the LM re-queues those tasks elsewhere.
         self._ledger.sweep()
@@ -211,6 +220,7 @@ class WorkerHost:
                 registration_slots=slots,
                 outputs=self._outputs,
                 address=self.address,
+                link=self._link,
             )
             for node_id in self.node_ids
         ]
@@ -252,6 +262,8 @@ class WorkerHost:
         for task in self._agent_tasks:
             task.cancel()
         await asyncio.gather(*self._agent_tasks, return_exceptions=True)
+        if self._link is not None:
+            await self._link.close()
         if self._channel is not None:
             await self._channel.close()
         docker = self._executors.get("docker")

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import time
+
+import grpc
+import pytest
 
 from services.common.config import parse_config
 from services.core.resources import resources
 from services.worker.host import WorkerHost, advertised, advertised_address, node_ids
+from services.worker.link import MAX_PER_MESSAGE, HostLink
 from services.worker.machine import Machine
 
 
@@ -112,3 +117,25 @@ def test_a_host_of_real_tasks_advertises_no_more_than_its_machine(caplog) -> Non
     assert advertised(beyond.workers[0], small).tolist() == [64000, 8192, 0, 0]
     sim = config(2, capacity="cpu=64,mem=8Gi")
     assert advertised(sim.workers[0], small).tolist() == [64000, 8192, 0, 0]
+
+
+async def test_a_hosts_nodes_heartbeat_on_one_clock() -> None:
+    """Nodes that heartbeat at different moments next heartbeat at the same tick of the
+    host's clock, at least a tenth of an interval ahead (a timer woken a little early must
+    not heartbeat twice) and never more than 1.1 intervals ahead."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{closed_port()}") as channel:
+        link = HostLink(channel, life_s=120.0, rng=random.Random(7))
+        loop = asyncio.get_running_loop()
+        interval = 0.2
+        first = link.next_beat(interval, "w0")
+        assert loop.time() + 0.1 * interval <= first <= loop.time() + 1.1 * interval
+        await asyncio.sleep(0.01)
+        # Other nodes, a little later: the same tick, a message's worth of them.
+        others = {link.next_beat(interval, f"w{i}") for i in range(1, MAX_PER_MESSAGE)}
+        assert others == {first}
+        beyond = link.next_beat(interval, "w-next")  # the next message's worth: its own tick
+        assert beyond != first
+        assert loop.time() + 0.1 * interval <= beyond <= loop.time() + 1.1 * interval
+        await asyncio.sleep(max(0.0, first - loop.time() - 0.01))  # just before the tick
+        following = link.next_beat(interval, "w0")
+        assert following == pytest.approx(first + interval)

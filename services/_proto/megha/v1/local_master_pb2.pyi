@@ -1074,6 +1074,127 @@ class WorkerHeartbeat(_message.Message):
 Global___WorkerHeartbeat: _TypeAlias = WorkerHeartbeat  # noqa: Y015
 
 @_typing.final
+class HostHeartbeatsRequest(_message.Message):
+    """What a worker host writes on its HostHeartbeats call: its nodes' heartbeats, each
+    on the node stream it opened on this call.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEARTBEATS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def heartbeats(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeHeartbeat]: ...
+    def __init__(
+        self,
+        *,
+        heartbeats: _abc.Iterable[Global___NodeHeartbeat] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeats", b"heartbeats"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostHeartbeatsRequest: _TypeAlias = HostHeartbeatsRequest  # noqa: Y015
+
+@_typing.final
+class NodeHeartbeat(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    CANCEL_FIELD_NUMBER: _builtins.int
+    stream: _builtins.int
+    """The node's stream on this call, numbered by the host from 1 up (a node that
+    replaces its stream opens the next number). A number the LM has not seen opens it.
+    """
+    end: _builtins.bool
+    """The node has written all it will on this stream (after heartbeat, if both): the
+    LM ends it once read, as WorkerHeartbeats does when the worker half-closes.
+    """
+    cancel: _builtins.bool
+    """The node gave up on the stream: the LM stops serving it at once."""
+    @_builtins.property
+    def heartbeat(self) -> Global___WorkerHeartbeat:
+        """Absent on an end with nothing more to say."""
+
+    def __init__(
+        self,
+        *,
+        stream: _builtins.int = ...,
+        heartbeat: Global___WorkerHeartbeat | None = ...,
+        end: _builtins.bool = ...,
+        cancel: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["heartbeat", b"heartbeat"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "end", b"end", "heartbeat", b"heartbeat", "stream", b"stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeHeartbeat: _TypeAlias = NodeHeartbeat  # noqa: Y015
+
+@_typing.final
+class HostHeartbeatsResponse(_message.Message):
+    """What the LM writes on a HostHeartbeats call: commands for its nodes' streams."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMANDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def commands(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeCommand]: ...
+    def __init__(
+        self,
+        *,
+        commands: _abc.Iterable[Global___NodeCommand] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commands", b"commands"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HostHeartbeatsResponse: _TypeAlias = HostHeartbeatsResponse  # noqa: Y015
+
+@_typing.final
+class NodeCommand(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STREAM_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    CODE_FIELD_NUMBER: _builtins.int
+    DETAILS_FIELD_NUMBER: _builtins.int
+    stream: _builtins.int
+    end: _builtins.bool
+    """The LM ended this node stream, with a gRPC status code (0: ended cleanly, as a
+    WorkerHeartbeats call ends OK) and its details.
+    """
+    code: _builtins.int
+    details: _builtins.str
+    @_builtins.property
+    def command(self) -> Global___WorkerCommand:
+        """Absent on an end."""
+
+    def __init__(
+        self,
+        *,
+        stream: _builtins.int = ...,
+        command: Global___WorkerCommand | None = ...,
+        end: _builtins.bool = ...,
+        code: _builtins.int = ...,
+        details: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["command", b"command"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "command", b"command", "details", b"details", "end", b"end", "stream", b"stream"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeCommand: _TypeAlias = NodeCommand  # noqa: Y015
+
+@_typing.final
 class WorkerCommand(_message.Message):
     """An order from the LM to a worker, sent down the heartbeat stream."""
 

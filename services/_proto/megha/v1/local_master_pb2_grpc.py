@@ -70,6 +70,11 @@ class LocalMasterStub:
                 request_serializer=megha_dot_v1_dot_local__master__pb2.WorkerHeartbeat.SerializeToString,
                 response_deserializer=megha_dot_v1_dot_local__master__pb2.WorkerCommand.FromString,
                 _registered_method=True)
+        self.HostHeartbeats = channel.stream_stream(
+                '/megha.v1.LocalMaster/HostHeartbeats',
+                request_serializer=megha_dot_v1_dot_local__master__pb2.HostHeartbeatsRequest.SerializeToString,
+                response_deserializer=megha_dot_v1_dot_local__master__pb2.HostHeartbeatsResponse.FromString,
+                _registered_method=True)
         self.ReportTask = channel.unary_unary(
                 '/megha.v1.LocalMaster/ReportTask',
                 request_serializer=megha_dot_v1_dot_local__master__pb2.ReportTaskRequest.SerializeToString,
@@ -173,6 +178,16 @@ class LocalMasterServicer:
         """Called by a worker: one long-lived stream per worker. Heartbeats (with
         task reports) go up, start/kill commands come down; when the stream
         breaks the LM marks the node dead after a grace period.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HostHeartbeats(self, request_iterator, context):
+        """Called by a worker host (many nodes in one process): every node's heartbeat
+        stream on one call, each a WorkerHeartbeats stream in all but its carriage. The
+        host's messages, and the LM's, carry whatever its nodes queued meanwhile, so a
+        host of many nodes writes one message where it wrote one per node.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -299,6 +314,11 @@ def add_LocalMasterServicer_to_server(servicer, server):
                     servicer.WorkerHeartbeats,
                     request_deserializer=megha_dot_v1_dot_local__master__pb2.WorkerHeartbeat.FromString,
                     response_serializer=megha_dot_v1_dot_local__master__pb2.WorkerCommand.SerializeToString,
+            ),
+            'HostHeartbeats': grpc.stream_stream_rpc_method_handler(
+                    servicer.HostHeartbeats,
+                    request_deserializer=megha_dot_v1_dot_local__master__pb2.HostHeartbeatsRequest.FromString,
+                    response_serializer=megha_dot_v1_dot_local__master__pb2.HostHeartbeatsResponse.SerializeToString,
             ),
             'ReportTask': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportTask,
@@ -540,6 +560,33 @@ class LocalMaster:
             '/megha.v1.LocalMaster/WorkerHeartbeats',
             megha_dot_v1_dot_local__master__pb2.WorkerHeartbeat.SerializeToString,
             megha_dot_v1_dot_local__master__pb2.WorkerCommand.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HostHeartbeats(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/megha.v1.LocalMaster/HostHeartbeats',
+            megha_dot_v1_dot_local__master__pb2.HostHeartbeatsRequest.SerializeToString,
+            megha_dot_v1_dot_local__master__pb2.HostHeartbeatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,6 +55,12 @@ class LocalMasterStub:
     task reports) go up, start/kill commands come down; when the stream
     breaks the LM marks the node dead after a grace period.
     """
+    HostHeartbeats: _grpc.StreamStreamMultiCallable[_local_master_pb2.HostHeartbeatsRequest, _local_master_pb2.HostHeartbeatsResponse]
+    """Called by a worker host (many nodes in one process): every node's heartbeat
+    stream on one call, each a WorkerHeartbeats stream in all but its carriage. The
+    host's messages, and the LM's, carry whatever its nodes queued meanwhile, so a
+    host of many nodes writes one message where it wrote one per node.
+    """
     ReportTask: _grpc.UnaryUnaryMultiCallable[_local_master_pb2.ReportTaskRequest, _local_master_pb2.ReportTaskResponse]
     """Called by a worker to report task changes at once instead of waiting
     for the next heartbeat.
@@ -120,6 +126,12 @@ class LocalMasterAsyncStub(LocalMasterStub):
     """Called by a worker: one long-lived stream per worker. Heartbeats (with
     task reports) go up, start/kill commands come down; when the stream
     breaks the LM marks the node dead after a grace period.
+    """
+    HostHeartbeats: _aio.StreamStreamMultiCallable[_local_master_pb2.HostHeartbeatsRequest, _local_master_pb2.HostHeartbeatsResponse]  # type: ignore[assignment]
+    """Called by a worker host (many nodes in one process): every node's heartbeat
+    stream on one call, each a WorkerHeartbeats stream in all but its carriage. The
+    host's messages, and the LM's, carry whatever its nodes queued meanwhile, so a
+    host of many nodes writes one message where it wrote one per node.
     """
     ReportTask: _aio.UnaryUnaryMultiCallable[_local_master_pb2.ReportTaskRequest, _local_master_pb2.ReportTaskResponse]  # type: ignore[assignment]
     """Called by a worker to report task changes at once instead of waiting
@@ -225,6 +237,18 @@ class LocalMasterServicer(metaclass=_abc_1.ABCMeta):
         """Called by a worker: one long-lived stream per worker. Heartbeats (with
         task reports) go up, start/kill commands come down; when the stream
         breaks the LM marks the node dead after a grace period.
+        """
+
+    @_abc_1.abstractmethod
+    def HostHeartbeats(
+        self,
+        request_iterator: _MaybeAsyncIterator[_local_master_pb2.HostHeartbeatsRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_local_master_pb2.HostHeartbeatsResponse], _abc.AsyncIterator[_local_master_pb2.HostHeartbeatsResponse]]:
+        """Called by a worker host (many nodes in one process): every node's heartbeat
+        stream on one call, each a WorkerHeartbeats stream in all but its carriage. The
+        host's messages, and the LM's, carry whatever its nodes queued meanwhile, so a
+        host of many nodes writes one message where it wrote one per node.
         """
 
     @_abc_1.abstractmethod
