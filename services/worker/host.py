@@ -272,4 +272,13 @@ class WorkerHost:
         self._ledger.close()
         if self._outputs is not None:
             await asyncio.to_thread(self._outputs.stop)
-        log.info("worker host stopped", extra={"lm_id": self.group.lm})
+        link = self._link
+        log.info(
+            "worker host stopped",
+            extra={
+                "lm_id": self.group.lm,
+                # What its one heartbeat call carried: node heartbeats per message.
+                "messages_written": link.messages_written if link else 0,
+                "heartbeats_written": link.heartbeats_written if link else 0,
+            },
+        )
