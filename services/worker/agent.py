@@ -4,7 +4,8 @@ the tasks the LM starts on it and reports how they go.
 ::
 
     RegisterWorker ──▶ node_index, heartbeat interval
-    WorkerHeartbeats (one bidi stream per connection)
+    WorkerHeartbeats (one bidi stream per connection; on a worker host, a node stream
+                      of the host's one HostHeartbeats call: services/worker/link.py)
        up:   WorkerHeartbeat(reports) every interval, and at once when a task changes state
        down: WorkerCommand start ──▶ executor.run in an asyncio task ──▶ RUNNING, then
                                      SUCCEEDED / FAILED (or PREEMPTED / FAILED when killed)
