@@ -87,14 +87,7 @@ class NodeCall:
         if not self._closed and not self._ended:
             self._host.send_nowait(local_master_pb2.NodeHeartbeat(stream=self.stream, cancel=True))
         self._closed = True
-        self._end(
-            grpc.aio.AioRpcError(
-                grpc.StatusCode.CANCELLED,
-                grpc.aio.Metadata(),
-                grpc.aio.Metadata(),
-                details="Locally cancelled by application!",
-            )
-        )
+        self._end(_rpc_error(grpc.StatusCode.CANCELLED, "Locally cancelled by application!"))
         return True
 
     def _check_writable(self) -> None:
@@ -186,12 +179,7 @@ class _HostCall:
     def stop(self) -> None:
         """End the call now: its node streams fail (CANCELLED)."""
         self._fail(
-            grpc.aio.AioRpcError(
-                grpc.StatusCode.CANCELLED,
-                grpc.aio.Metadata(),
-                grpc.aio.Metadata(),
-                details="the worker host closed its heartbeat call",
-            )
+            _rpc_error(grpc.StatusCode.CANCELLED, "the worker host closed its heartbeat call")
         )
         self._out.stop()
         if self._reader is not asyncio.current_task():
@@ -228,12 +216,7 @@ class _HostCall:
             return
         # The LM ended the call: so are the streams it had not ended.
         self._fail(
-            grpc.aio.AioRpcError(
-                grpc.StatusCode.UNAVAILABLE,
-                grpc.aio.Metadata(),
-                grpc.aio.Metadata(),
-                details="the LM ended the host's heartbeat call",
-            )
+            _rpc_error(grpc.StatusCode.UNAVAILABLE, "the LM ended the host's heartbeat call")
         )
 
 
@@ -247,27 +230,22 @@ def _message_size(waiting: Sequence[local_master_pb2.NodeHeartbeat]) -> int:
     return min(len(waiting), MAX_PER_MESSAGE)
 
 
+def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    """The error a node stream fails with, as its own call would have."""
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+
 def _ended_with(command: local_master_pb2.NodeCommand) -> BaseException | None:
     if command.code == grpc.StatusCode.OK.value[0]:
         return None
     code = next((c for c in grpc.StatusCode if c.value[0] == command.code), None)
-    return grpc.aio.AioRpcError(
-        code or grpc.StatusCode.UNKNOWN,
-        grpc.aio.Metadata(),
-        grpc.aio.Metadata(),
-        details=command.details,
-    )
+    return _rpc_error(code or grpc.StatusCode.UNKNOWN, command.details)
 
 
 def _as_rpc_error(err: BaseException) -> BaseException:
     if isinstance(err, grpc.aio.AioRpcError):
         return err
-    return grpc.aio.AioRpcError(
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.aio.Metadata(),
-        grpc.aio.Metadata(),
-        details=f"the host's heartbeat call failed: {err!r}",
-    )
+    return _rpc_error(grpc.StatusCode.UNAVAILABLE, f"the host's heartbeat call failed: {err!r}")
 
 
 class HostLink:

@@ -397,3 +397,22 @@ async def container_health_check(target: str, config_path: Path) -> None:
         env=env,
     )
     assert probe.returncode == 0 and "SERVING" in probe.stdout, probe.stderr
+
+
+@contextlib.asynccontextmanager
+async def lm_alone(config: FederationConfig, lm_id: str = "lm-1"):
+    """A real LM in this process on the in-memory bus, and a stub to it: a test that
+    plays its GM and its workers itself."""
+    async with (
+        make_bus("memory://", broker=InMemoryBroker()) as bus,
+        running_lm(config, lm_id, bus),
+        channel(config.lm(lm_id).target) as ch,
+    ):
+        yield local_master_pb2_grpc.LocalMasterStub(ch)
+
+
+async def register_worker(lm, node_id: str, cpu_milli: int = 2000, memory_mb: int = 4096) -> int:
+    """Register ``node_id`` with the LM behind stub ``lm``: its node index."""
+    register = local_master_pb2.RegisterWorkerRequest(node_id=node_id)
+    register.capacity.cpu_milli, register.capacity.memory_mb = cpu_milli, memory_mb
+    return (await lm.RegisterWorker(register, timeout=5)).node_index

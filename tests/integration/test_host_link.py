@@ -11,13 +11,12 @@ import time
 import grpc
 import pytest
 
-from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
+from services._proto.megha.v1 import common_pb2, local_master_pb2
 from services.app.runner import running_lm
 from services.common.bus import InMemoryBroker, make_bus
 from services.common.config import parse_config
-from services.common.server import channel
 from services.worker.host import WorkerHost
-from tests.integration.harness import free_ports
+from tests.integration.harness import free_ports, lm_alone, register_worker
 
 pytestmark = pytest.mark.integration
 
@@ -57,17 +56,8 @@ async def test_node_streams_on_one_call_are_served_as_worker_streams_each():
     ended with the status WorkerHeartbeats gives it, the nodes get their starts on their
     own streams, and a node that ends its stream gets the clean end of a call."""
     config = _config()
-    async with (
-        make_bus("memory://", broker=InMemoryBroker()) as bus,
-        running_lm(config, "lm-1", bus),
-        channel(config.lm("lm-1").target) as ch,
-    ):
-        lm = local_master_pb2_grpc.LocalMasterStub(ch)
-        nodes = {}
-        for name in ("w-0", "w-1"):
-            register = local_master_pb2.RegisterWorkerRequest(node_id=name)
-            register.capacity.cpu_milli, register.capacity.memory_mb = 2000, 4096
-            nodes[name] = (await lm.RegisterWorker(register, timeout=5)).node_index
+    async with lm_alone(config) as lm:
+        nodes = {name: await register_worker(lm, name) for name in ("w-0", "w-1")}
 
         def beat(stream: int, name: str, index: int) -> local_master_pb2.NodeHeartbeat:
             heartbeat = local_master_pb2.WorkerHeartbeat(

@@ -23,7 +23,7 @@ from services.common.bus import InMemoryBroker, make_bus
 from services.common.config import parse_config
 from services.common.names import EVENT_EXCHANGE, EVERY_TASK_EVENT, user_queue
 from services.common.server import channel
-from tests.integration.harness import free_ports
+from tests.integration.harness import free_ports, lm_alone, register_worker
 
 pytestmark = pytest.mark.integration
 
@@ -283,15 +283,8 @@ async def test_a_start_after_a_worker_registered_again_goes_out_on_its_new_strea
     read it, and the LM took it for sent), so the task stayed placed for ever
     (``chaos-sim --small --calm-streams --seed 293``). The test plays the worker."""
     config = _config()
-    async with (
-        make_bus("memory://", broker=InMemoryBroker()) as bus,
-        running_lm(config, "lm-1", bus),
-        channel(config.lm("lm-1").target) as ch,
-    ):
-        lm = local_master_pb2_grpc.LocalMasterStub(ch)
-        register = local_master_pb2.RegisterWorkerRequest(node_id="w-0")
-        register.capacity.cpu_milli, register.capacity.memory_mb = 2000, 4096
-        node = (await lm.RegisterWorker(register, timeout=5)).node_index
+    async with lm_alone(config) as lm:
+        node = await register_worker(lm, "w-0")
 
         def beat() -> local_master_pb2.WorkerHeartbeat:
             return local_master_pb2.WorkerHeartbeat(
@@ -302,7 +295,7 @@ async def test_a_start_after_a_worker_registered_again_goes_out_on_its_new_strea
         await old.write(beat())
         await asyncio.sleep(0.2)  # the LM serves the old stream
         # The worker left it (its end only: the LM's end stays open) and registers again.
-        await lm.RegisterWorker(register, timeout=5)
+        await register_worker(lm, "w-0")
         reply = await lm.Launch(
             local_master_pb2.LaunchRequest(
                 gm_id="gm-1",
