@@ -336,6 +336,9 @@ def counters_from(texts: dict[str, str]) -> dict[str, int]:
         "megha_repartitions_total": "repartitions",
         "megha_preemption_attempts_total": "preemption_attempts",
         "megha_preemptions_total": "preemptions",
+        # What the GMs published to the user queues: jobs, in how many messages.
+        "megha_queue_message_jobs_total": "queue_message_jobs",
+        "megha_queue_messages_total": "queue_messages",
     }
     totals = dict.fromkeys(wanted.values(), 0)
     for text in texts.values():
@@ -1041,6 +1044,19 @@ def _events_line(s: dict[str, Any]) -> str:
     )
 
 
+def _queue_messages_line(s: dict[str, Any]) -> str | None:
+    """How many jobs each durable queue message carried (``TaskBatch.more_jobs``)."""
+    messages = s.get("queue_messages", 0)
+    if not messages:
+        return None
+    jobs = s.get("queue_message_jobs", 0)
+    return (
+        f"queue messages         {jobs} jobs in {messages} messages to the user queues: "
+        f"{jobs / messages:.2f} jobs a message (a publish, a confirm, a delivery and an ack "
+        "each)"
+    )
+
+
 def render(result: BenchResult) -> str:
     s = result.summary
     lag = s["offer_lag_s"]
@@ -1051,6 +1067,7 @@ def render(result: BenchResult) -> str:
         f"{s.get('submit_api', 'SubmitJob')} p50 {report.ms(s['submit_rpc_s']['p50'])} ms",
         _answers_line(s),
         _events_line(s),
+        *filter(None, [_queue_messages_line(s)]),
         f"percentiles over {s['measured_tasks']} tasks that started after the "
         f"{s['warmup_s']:g} s warm-up ({s['excluded_warmup']} warm-up tasks excluded)",
     ]

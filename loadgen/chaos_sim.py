@@ -82,6 +82,14 @@ def add_subcommand(subparsers: argparse._SubParsersAction) -> argparse.ArgumentP
         help="an LM crash also loses its journal with this chance (outside the promise)",
     )
     parser.add_argument(
+        "--bursts",
+        type=unit_interval,
+        default=0.0,
+        metavar="P",
+        help="a job comes with the one before it (same instant and queue) with this "
+        "chance, so GMs publish several jobs as one queue message (default 0: none)",
+    )
+    parser.add_argument(
         "--jobs", type=positive_int, default=os.cpu_count() or 1, help="worker processes"
     )
     return parser
@@ -102,6 +110,7 @@ def config(args: argparse.Namespace) -> ChaosConfig:
         slow_broker=not args.calm_broker,
         lose_journal_p=args.lose_journal,
         failover=args.failover,
+        bursts=args.bursts,
     )
 
 

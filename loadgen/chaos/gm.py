@@ -2,8 +2,12 @@
 the very ``Scheduler`` the live GM runs. Every decision is the scheduler's; what is here
 is the protocol around it, await for await:
 
-    SubmitJob ──▶ broker.enqueue (own queue: scheduled from memory meanwhile, ``_local``)
-    delivery ──▶ redelivered (or in doubt)? fence on every LM, skip what they hold
+    SubmitJob ──▶ publish: with the queue's other jobs taken while its publishes await
+                  their confirms, one message (``TaskBatch.more_jobs``) ──▶ broker.enqueue
+                  (own queue: scheduled from memory meanwhile, ``_local``)
+    delivery ──▶ each job of it a delivery of its own (``Part``; the message is acked
+                 once every part is)
+             ──▶ redelivered (or in doubt)? fence on every LM, skip what they hold
              ──▶ the job book's ``taken`` skipped ──▶ Scheduler.submit
     round ──▶ launches ──▶ _send ──answer──▶ accepted / refused + state / _rejected
                                   ──none──▶ unanswered; fence on that LM (lease + 1);
@@ -20,7 +24,7 @@ from __future__ import annotations
 
 import weakref
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from loadgen.chaos.broker import Delivery
@@ -54,6 +58,8 @@ LOOKUP_TIMEOUT_S = 5.0
 # The live GM's is 16; the simulated jobs have 1-8 tasks, so that both ways (scheduled
 # while the broker confirms, or after) are taken, the line is drawn lower here.
 SCHEDULE_BEFORE_CONFIRM = 4
+PUBLISHES_IN_FLIGHT = 2  # as the live GM's, per queue
+JOBS_PER_MESSAGE = 256
 RECOVER_EVERY_S = 2.0
 RESTART_GRACE_S = 5.0
 ROUND_EVERY_S = 0.02
@@ -142,16 +148,31 @@ class Book:
 class MessageBatch:
     """One broker message; acked once every task in it has launched."""
 
-    delivery: Delivery | None
+    delivery: Delivery | Part | None
     remaining: int
     cancelled: bool = False
     out: int = 0
     landed: list[Future] = field(default_factory=list)
     key: tuple = ()
-    joined: list[Delivery] = field(default_factory=list)
+    joined: list[Delivery | Part] = field(default_factory=list)
     # Batches of later copies that skipped tasks this one holds queued (``_delivered``):
     # each is one task nearer its ack once this one is done.
     followers: list[MessageBatch] = field(default_factory=list)
+
+
+@dataclass(eq=False, slots=True)
+class Part:
+    """As the live GM's ``_Part``: one job of a message that carries several, a delivery
+    of its own; the message is acked once every part is."""
+
+    whole: Delivery
+    body: Batch
+    unsettled: list[int]  # the message's parts not acked yet, shared by them
+    settled: bool = False
+
+    @property
+    def redelivered(self) -> bool:
+        return self.whole.redelivered
 
 
 @dataclass(eq=False)
@@ -207,6 +228,10 @@ class GM(Actor):
         self.round_due = False
         self.recheck_at: float | None = None  # the parked work's recheck timer, when set
         self.counters: dict[str, int] = defaultdict(int)
+        # As the live GM's ``_publishers``: per queue, the jobs waiting for a publish
+        # (with the futures their submissions wait on) and the publishes under way.
+        self.to_publish: dict[str, list[tuple[Batch, Future]]] = defaultdict(list)
+        self.publishing: dict[str, int] = defaultdict(int)
 
     def start(self) -> None:
         broker = self.world.broker
@@ -258,6 +283,20 @@ class GM(Actor):
             done.set(True)
         return stored
 
+    def submit_jobs(self, batches: tuple[Batch, ...]) -> Proc:
+        """A SubmitStream message of several jobs: each submitted as ``submit_job``,
+        concurrently (``GlobalMaster.SubmitStream``); their answers, in order."""
+        answers = [Future() for _ in batches]
+        for batch, answer in zip(batches, answers, strict=True):
+            self.spawn(self._answer_job(batch, answer))
+        oks = []
+        for answer in answers:
+            oks.append((yield answer))
+        return oks
+
+    def _answer_job(self, batch: Batch, answer: Future) -> Proc:
+        answer.set((yield from self.submit_job(batch)))
+
     def _submit_job(self, batch: Batch) -> Proc:
         if self.failed.get(batch.job_id) is not None:
             yield from self._all_landed(self.failed[batch.job_id])
@@ -275,7 +314,7 @@ class GM(Actor):
             queued_at=self.k.now,
         )
         if batch.queue not in self.from_memory:
-            stored = yield self.world.broker.enqueue(batch.queue, batch)
+            stored = yield self._publish(batch)
             if stored:
                 for task in batch.tasks:
                     self.book.queued(task, relayed=True)
@@ -291,7 +330,7 @@ class GM(Actor):
         early = len(pending) <= SCHEDULE_BEFORE_CONFIRM
         if early:
             self._push(batch.queue, pending)
-        stored = yield self.world.broker.enqueue(batch.queue, batch)
+        stored = yield self._publish(batch)
         if stored:
             if not early:
                 self._push(batch.queue, pending)
@@ -315,6 +354,34 @@ class GM(Actor):
             self.spawn(self._delivered(delivery))
         return False
 
+    def _publish(self, batch: Batch) -> Future:
+        """``GlobalMaster._enqueue``: stored or not (the broker's confirm) once the
+        message carrying ``batch`` is; the jobs that come while PUBLISHES_IN_FLIGHT
+        publishes to the queue are under way go together in the next."""
+        stored = Future()
+        self.to_publish[batch.queue].append((batch, stored))
+        if self.publishing[batch.queue] < PUBLISHES_IN_FLIGHT:
+            self.publishing[batch.queue] += 1
+            self.spawn(self._publisher(batch.queue))
+        return stored
+
+    def _publisher(self, queue: str) -> Proc:
+        # As the live GM's publishing task, which first runs a loop turn after it is
+        # made: the jobs of one stream message go together.
+        yield self.k.sleep(0.0)
+        waiting = self.to_publish[queue]
+        while waiting:
+            taken = waiting[:JOBS_PER_MESSAGE]
+            del waiting[:JOBS_PER_MESSAGE]
+            jobs = [job for job, _ in taken]
+            self.counters["messages"] += 1
+            self.counters["jobs_in_messages"] += len(jobs)
+            message = jobs[0] if len(jobs) == 1 else replace(jobs[0], more_jobs=tuple(jobs[1:]))
+            stored = yield self.world.broker.enqueue(queue, message)
+            for _, future in taken:
+                future.set(stored)
+        self.publishing[queue] -= 1
+
     def _forget_failed(self, key: tuple, local: MessageBatch) -> Proc:
         yield from self._all_landed(local)
         if self.local.get(key) is local:
@@ -333,9 +400,25 @@ class GM(Actor):
 
     # ------------------------------------------------------------ broker input
     def _on_delivery(self, delivery: Delivery) -> None:
-        self.spawn(self._delivered(delivery))
+        msg: Batch = delivery.body
+        if not msg.more_jobs:
+            self.spawn(self._delivered(delivery))
+            return
+        unsettled = [1 + len(msg.more_jobs)]
+        for job in (replace(msg, more_jobs=()), *msg.more_jobs):
+            self.spawn(self._delivered(Part(delivery, job, unsettled)))
 
-    def _delivered(self, delivery: Delivery) -> Proc:
+    def _ack(self, delivery: Delivery | Part) -> None:
+        """Ack a delivery; a part's counts towards its message's (``_Part.ack``)."""
+        if not isinstance(delivery, Part):
+            self.world.broker.ack(delivery)
+        elif not delivery.settled:
+            delivery.settled = True
+            delivery.unsettled[0] -= 1
+            if delivery.unsettled[0] == 0:
+                self.world.broker.ack(delivery.whole)
+
+    def _delivered(self, delivery: Delivery | Part) -> Proc:
         msg: Batch = delivery.body
         key = msg.key()
         if msg.queue not in self.preferred:
@@ -344,7 +427,7 @@ class GM(Actor):
         if local is not None and not local.cancelled:
             local.delivery = delivery
             if local.remaining == 0:
-                self.world.broker.ack(delivery)
+                self._ack(delivery)
             return
         held = self.held.get(key)
         if held is not None and held.remaining and not held.cancelled:
@@ -400,7 +483,7 @@ class GM(Actor):
             if self.held.get(key) is batch:
                 del self.held[key]
             for done in (delivery, *batch.joined):
-                self.world.broker.ack(done)
+                self._ack(done)
             return
         batch.remaining -= len(launched)
         for task in msg.tasks:
@@ -718,7 +801,7 @@ class GM(Actor):
             del self.held[batch.key]
         for delivery in (batch.delivery, *batch.joined):
             if delivery is not None:
-                self.world.broker.ack(delivery)
+                self._ack(delivery)
         for follower in batch.followers:
             self._launched(follower)
 

@@ -79,6 +79,7 @@ class Batch:
     queue: str
     tasks: tuple[Task, ...]
     queued_at: float = 0.0  # the tasks' queued_unix_nanos (simulated seconds)
+    more_jobs: tuple[Batch, ...] = ()  # more jobs in the same message (``TaskBatch.more_jobs``)
 
     def key(self) -> tuple:
         return (self.job_id, tuple((t.task_id, t.attempt) for t in self.tasks))

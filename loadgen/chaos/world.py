@@ -71,6 +71,10 @@ class ChaosConfig:
     # Queue failover (``queue_failover``): every GM consumes every queue, one at a time
     # (the broker's single active consumer), its own first.
     failover: bool = False
+    # A job comes with the one before it (same instant, same queue) with this chance, as
+    # a client's stream message carries several: a GM then publishes them as one queue
+    # message (``TaskBatch.more_jobs``). 0: none (and nothing drawn for it).
+    bursts: float = 0.0
 
     @property
     def gm_ids(self) -> tuple[str, ...]:
@@ -155,12 +159,14 @@ class World:
     # ------------------------------------------------------------------ jobs
     def _jobs(self) -> list[tuple[float, Batch]]:
         k, cfg = self.k, self.cfg
-        out = []
+        out: list[tuple[float, Batch]] = []
         for j in range(cfg.jobs):
             # Queue a comes first and fills the federation; b comes later, under its
             # share, and preempts a.
             queue = "a" if k.rng.random() < (0.8 if j < cfg.jobs // 2 else 0.3) else "b"
             at = k.uniform(0.0, cfg.submit_window_s * (0.5 if queue == "a" else 1.0)) + 2.0
+            if out and cfg.bursts > 0 and k.chance(cfg.bursts):
+                at, queue = out[-1][0], out[-1][1].queue
             n = int(k.rng.integers(1, 9))
             tasks = []
             for i in range(n):
@@ -177,6 +183,27 @@ class World:
                 self.tasks[task.task_id] = task
             out.append((at, Batch(f"j{j}", queue, tuple(tasks))))
         return out
+
+    def _submit_group(self, batches: list[Batch]) -> None:
+        """Jobs submitted together (one SubmitStream message): one call, each job
+        answered on its own; one not queued is asked again alone (``_submit``)."""
+        if len(batches) == 1:
+            self._submit(batches[0], 0)
+            return
+        alive = [gm for gm in self.gms.values() if gm.alive]
+        gm = alive[int(self.k.rng.integers(len(alive)))] if alive else self.gms["gm-0"]
+        answer = self.net.rpc(
+            self.client, gm, gm.submit_jobs, (tuple(batches),), 10.0, faults=False
+        )
+
+        def answered(oks) -> None:
+            for batch, ok in zip(batches, oks or [False] * len(batches), strict=True):
+                if ok:
+                    self.acknowledged.update(t.task_id for t in batch.tasks)
+                else:
+                    self.k.after(0.5, self._submit, batch, 1)
+
+        answer.on(answered)
 
     def _submit(self, batch: Batch, attempt: int) -> None:
         """A client: SubmitJob to a GM, again (another GM, backing off) until told queued."""
@@ -304,8 +331,14 @@ class World:
             gm.start()
         for worker in self.workers.values():
             worker.start()
-        for at, batch in jobs:
-            k.after(at, self._submit, batch, 0)
+        # Jobs of a burst (``bursts``) go together, as a stream message carries them.
+        groups: list[list[Batch]] = []
+        for i, (at, batch) in enumerate(jobs):
+            if i and at == jobs[i - 1][0]:
+                groups[-1].append(batch)
+            else:
+                groups.append([batch])
+                k.after(at, self._submit_group, groups[-1])
         total = sum(len(b.tasks) for _, b in jobs)
         ended_at = self._until_done(total)
         try:

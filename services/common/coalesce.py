@@ -4,6 +4,9 @@ gRPC allows one write in flight per call, and each costs about as much whatever 
 carries (services/bench_hops.py), so the writers of a shared call (the node streams of
 a worker host's heartbeat call, both ways) queue their items here and one task writes
 them: alone at light load, many to a message when they come faster than a write takes.
+
+``Gatherer`` is the same for calls that are each answered on their own (a confirmed
+broker publish): a few under way at once, and a failed one fails only what it carried.
 """
 
 from __future__ import annotations
@@ -112,3 +115,85 @@ class Coalescer(Generic[T]):
             raise
         except BaseException as err:  # the stream broke under the write
             self.fail(err)
+
+
+class Gatherer(Generic[T]):
+    """Sends queued items with ``send_many(items)``, at most ``in_flight`` calls under way
+    at once, each with as many of the waiting items as ``take(items)`` says (at least
+    one): alone while calls are free, together once they come faster than calls end.
+    Each sender gets its own call's outcome: a call that fails fails only its items."""
+
+    def __init__(
+        self,
+        send_many: Callable[[list[T]], Awaitable[None]],
+        take: Callable[[Sequence[T]], int],
+        name: str,
+        in_flight: int = 1,
+    ) -> None:
+        if in_flight < 1:
+            raise ValueError(f"in_flight must be at least 1, got {in_flight}")
+        self._send_many = send_many
+        self._take = take
+        self._name = name
+        self._limit = in_flight
+        self._queue: list[_Queued[T]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._running = 0  # tasks in ``_run`` (a finished one is off at once, unlike _tasks)
+        self.calls = 0  # calls made (each counted when it starts)
+        self.items = 0  # items they carried
+
+    async def send(self, item: T) -> None:
+        """Return once the call carrying ``item`` succeeded, or raise its error; cancelled
+        before a call took it, it is not sent at all."""
+        queued = _Queued(item, asyncio.get_running_loop().create_future())
+        self._queue.append(queued)
+        if self._running < self._limit:
+            self._running += 1
+            task = asyncio.create_task(self._run(), name=self._name)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        try:
+            await queued.done  # type: ignore[misc]
+        except asyncio.CancelledError:
+            with contextlib.suppress(ValueError):
+                self._queue.remove(queued)
+            raise
+
+    def stop(self) -> None:
+        """Cancel the calls under way (their senders fail CancelledError) and drop what
+        waits (its senders too)."""
+        for queued in self._queue:
+            if queued.done is not None:
+                queued.done.cancel()
+        self._queue.clear()
+        for task in self._tasks:
+            task.cancel()
+
+    async def _run(self) -> None:
+        try:
+            while self._queue:
+                await self._call()
+        finally:
+            self._running -= 1
+
+    async def _call(self) -> None:
+        count = max(1, self._take([q.item for q in self._queue]))
+        taken = self._queue[:count]
+        del self._queue[:count]
+        self.calls += 1
+        self.items += len(taken)
+        try:
+            await self._send_many([q.item for q in taken])
+        except Exception as err:
+            for queued in taken:
+                if queued.done is not None and not queued.done.done():
+                    queued.done.set_exception(err)
+            return
+        except BaseException:
+            for queued in taken:
+                if queued.done is not None:
+                    queued.done.cancel()
+            raise
+        for queued in taken:
+            if queued.done is not None and not queued.done.done():
+                queued.done.set_result(None)

@@ -67,6 +67,17 @@ SUBMISSION_READ_WAIT_SECONDS = Histogram(
     ["gm"],
     buckets=_SECONDS,
 )
+QUEUE_MESSAGES = Counter(
+    "megha_queue_messages_total",
+    "Messages a GM published to user queues for the jobs submitted to it (several jobs "
+    "taken while the queue's publishes awaited their confirms go in one).",
+    ["gm"],
+)
+QUEUE_MESSAGE_JOBS = Counter(
+    "megha_queue_message_jobs_total",
+    "Jobs those messages carried (over megha_queue_messages_total: jobs per message).",
+    ["gm"],
+)
 BROKER_CONFIRM_SECONDS = Histogram(
     "megha_broker_confirm_seconds",
     "Time from publishing a durable message (a job, a task's return to its queue) to "

@@ -33,9 +33,10 @@ from services._proto.megha.v1 import (
     local_master_pb2,
     local_master_pb2_grpc,
 )
-from services.common import authz, metrics, stalls
+from services.common import authz, metrics, queue_messages, stalls
 from services.common.bus import Bus, Delivery
 from services.common.client import BUSY_PAUSE_MAX_S, BUSY_PAUSE_S, new_job_id
+from services.common.coalesce import Gatherer
 from services.common.config import FederationConfig
 from services.common.convert import (
     InvalidTask,
@@ -109,6 +110,12 @@ MAX_SUBMISSIONS = 10_000
 # Jobs of up to this many tasks are scheduled while the broker confirms them, bigger ones
 # once it has (see SubmitJob).
 SCHEDULE_BEFORE_CONFIRM = 16
+# A queue's jobs taken here while its publishes await their confirms go together in its
+# next publish (``TaskBatch.more_jobs``): at most PUBLISHES_IN_FLIGHT publishes under way per
+# queue, each of at most JOBS_PER_MESSAGE jobs and MESSAGE_BYTES (a bigger job alone).
+PUBLISHES_IN_FLIGHT = 2
+JOBS_PER_MESSAGE = 256
+MESSAGE_BYTES = 1 << 20
 # How long after an LM restarted a task no node in the view fits is queued, not refused.
 CATCH_UP_S = 60.0  # how long a starting GM keeps asking an LM that does not answer
 RECOVER_EVERY_S = 2.0  # how often a GM looks for task ends it never heard of
@@ -192,6 +199,67 @@ def _one_done(batch: Batch) -> list[Delivery]:
     for follower in batch.followers:
         done.extend(_one_done(follower))
     return done
+
+
+@dataclass(eq=False, slots=True)
+class _Whole:
+    """A user-queue message of several jobs: acked once each of its parts is."""
+
+    delivery: Delivery
+    unsettled: int
+
+
+class _Part:
+    """One job of a message that carries several (``TaskBatch.more_jobs``): to the GM, a
+    delivery of its own. Its ack counts towards the message's, which goes once every
+    part was acked; its nack gives the whole message back (its other jobs come again,
+    marked redelivered, and are checked against what launched like any redelivery)."""
+
+    __slots__ = ("_settled", "_whole", "batch")
+
+    def __init__(self, whole: _Whole, batch: common_pb2.TaskBatch) -> None:
+        self._whole = whole
+        self._settled = False
+        self.batch = batch
+
+    @property
+    def body(self) -> bytes:
+        return self.batch.SerializeToString()
+
+    @property
+    def redelivered(self) -> bool:
+        return self._whole.delivery.redelivered
+
+    @property
+    def headers(self):
+        return self._whole.delivery.headers
+
+    @property
+    def message_id(self) -> str:
+        return self._whole.delivery.message_id
+
+    async def ack(self) -> None:
+        if self._settled:
+            return
+        self._settled = True
+        self._whole.unsettled -= 1
+        if self._whole.unsettled == 0:
+            await self._whole.delivery.ack()
+
+    async def nack(self, requeue: bool = True) -> None:
+        if not self._settled:
+            self._settled = True
+            await self._whole.delivery.nack(requeue=requeue)
+
+
+def _fits_a_message(bodies) -> int:
+    """How many of the waiting jobs' bodies go in the next message (at least one)."""
+    size = 0
+    for count, body in enumerate(bodies[:JOBS_PER_MESSAGE]):
+        size += len(body)
+        if size > MESSAGE_BYTES:
+            return max(1, count)
+    return min(len(bodies), JOBS_PER_MESSAGE)
 
 
 def _owner() -> str:
@@ -316,6 +384,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # until the delivery comes; the ``_local`` entry goes once nothing is out
         # (``_forget_failed``).
         self._failed: dict[str, Batch] = {}
+        # A publisher per user queue (``_enqueue``).
+        self._publishers: dict[str, Gatherer[bytes]] = {}
         # Client-named jobs (SubmitJob.job_id) whose submission is under way here: a retry
         # of the same id waits for it (``_submit``).
         self._submitting: dict[str, asyncio.Event] = {}
@@ -473,6 +543,15 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 await loop
         for launcher in self._launchers.values():
             await launcher.close()
+        for queue, publisher in self._publishers.items():
+            publisher.stop()
+            log.info(
+                "published %d jobs to queue %s in %d messages",
+                publisher.items,
+                queue,
+                publisher.calls,
+                extra={"queue": queue, "jobs": publisher.items, "messages": publisher.calls},
+            )
         await self.predictions.close()
 
     # ------------------------------------------------------------ client API
@@ -757,7 +836,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         body = batch.SerializeToString()
         if queue not in self._from_memory:
             try:
-                await self.bus.enqueue(user_queue(queue), body)
+                await self._enqueue(queue, body)
             except Exception as err:  # nacked, or unknown: the client's retry settles it
                 raise Refused(
                     grpc.StatusCode.UNAVAILABLE,
@@ -798,7 +877,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             await asyncio.sleep(0)
             await asyncio.sleep(0)
         try:
-            await self.bus.enqueue(user_queue(queue), body)
+            await self._enqueue(queue, body)
             if not early:
                 self._push(queue, pending)
         except BaseException as err:
@@ -837,6 +916,30 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                 ) from err
             raise
         return global_master_pb2.SubmitJobResponse(job_id=job_id, task_ids=ids)
+
+    async def _enqueue(self, queue: str, body: bytes) -> None:
+        """Store one job's message (a serialized TaskBatch) in user queue ``queue``; return
+        once the broker confirmed it, or raise. The jobs taken for the queue while its
+        publishes await their confirms go together in its next one (``Gatherer``,
+        ``queue_messages.join``): under load a publish, a confirm, a delivery and an ack
+        for many jobs, not for each. Those of a failed publish all fail with it, each
+        then handled as a job whose publish failed alone."""
+        publisher = self._publishers.get(queue)
+        if publisher is None:
+            name = user_queue(queue)
+
+            messages = metrics.QUEUE_MESSAGES.labels(self.gm_id)
+            jobs = metrics.QUEUE_MESSAGE_JOBS.labels(self.gm_id)
+
+            async def publish(bodies: list[bytes]) -> None:
+                messages.inc()
+                jobs.inc(len(bodies))
+                await self.bus.enqueue(name, queue_messages.join(bodies))
+
+            publisher = self._publishers[queue] = Gatherer(
+                publish, _fits_a_message, f"publish {queue}", PUBLISHES_IN_FLIGHT
+            )
+        await publisher.send(body)
 
     async def _forget_failed(self, key: tuple, local: Batch) -> None:
         """A failed submission's message may never arrive: once none of its launches is
@@ -1070,7 +1173,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
     # ------------------------------------------------------------ broker input
     def _authenticated(self, queue: str) -> Callable[[Delivery], Awaitable[None]]:
-        """``_on_delivery`` for the messages of user queue ``queue`` that a GM or an LM
+        """``_on_message`` for the messages of user queue ``queue`` that a GM or an LM
         signed; any other is dropped unread (rejected, not requeued: dead-lettered if the
         operator gave the queue a dead-letter exchange) and counted."""
 
@@ -1082,7 +1185,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                     await delivery.ack()
                     return
                 if self.seal_key is None or self._all_sealed(delivery.body):
-                    await self._on_delivery(delivery)
+                    await self._on_message(delivery)
                     return
                 why = "with a task whose seal does not hold"
             metrics.UNAUTHENTICATED_MESSAGES.labels(self.gm_id, queue).inc()
@@ -1101,13 +1204,30 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         """Whether every task of a queued message carries a GM's seal (``seal_key``)."""
         assert self.seal_key is not None
         try:
-            tasks = common_pb2.TaskBatch.FromString(body).tasks
-        except Exception:  # not a batch: ``_on_delivery`` says so as before
+            batch = common_pb2.TaskBatch.FromString(body)
+        except Exception:  # not a batch: ``_on_message`` says so as before
             return True
-        return all(sealed(self.seal_key, task) for task in tasks)
+        return all(
+            sealed(self.seal_key, task) for job in (batch, *batch.more_jobs) for task in job.tasks
+        )
 
-    async def _on_delivery(self, delivery: Delivery) -> None:
-        batch_msg = common_pb2.TaskBatch.FromString(delivery.body)
+    async def _on_message(self, delivery: Delivery) -> None:
+        """A user-queue message: one job, or several (``TaskBatch.more_jobs``, ``_enqueue``),
+        each then taken as a delivery of its own (``_Part``), concurrently."""
+        batch = common_pb2.TaskBatch.FromString(delivery.body)
+        if not batch.more_jobs:
+            await self._on_delivery(delivery, batch)
+            return
+        jobs = queue_messages.split(batch)
+        whole = _Whole(delivery, len(jobs))
+        await asyncio.gather(*(self._on_delivery(_Part(whole, job), job) for job in jobs))
+
+    async def _on_delivery(
+        self, delivery: Delivery, batch_msg: common_pb2.TaskBatch | None = None
+    ) -> None:
+        """One job's message (``batch_msg``, else read from ``delivery.body``)."""
+        if batch_msg is None:
+            batch_msg = common_pb2.TaskBatch.FromString(delivery.body)
         key = _message_key(batch_msg)
         local = self._local.pop(key, None)
         if local is not None and not local.cancelled:  # scheduled from memory at submit

@@ -8,6 +8,8 @@ docs/chaos.md bugs 3 and 5).
   redelivered): an earlier life of the GM may have scheduled it from memory and died
   before the broker confirmed it, so that its tasks run. It is fenced like a
   redelivered one, and what an LM holds is not placed again.
+- A message of several jobs (``TaskBatch.more_jobs``) delivered again: each job is checked on
+  its own, and the message is acked once every job of it is done, not before.
 
 Every service runs in this process on the in-memory bus (``embedded_federation``); two
 4-CPU workers kept busy by a "hog" job hold the tasks in the GM's queue.
@@ -21,6 +23,7 @@ import time
 import pytest
 
 from services._proto.megha.v1 import common_pb2, local_master_pb2, local_master_pb2_grpc
+from services.common import queue_messages
 from services.common.server import channel
 from tests.integration.harness import (
     StoredAfterAll,
@@ -64,18 +67,8 @@ async def test_a_first_delivery_queued_before_the_gm_started_is_fenced():
         # An earlier life of the GM launched the job from memory and died before the
         # broker confirmed it: lm-1 holds its tasks, this GM has never heard of them.
         message = _message("early", queue, 2)
-        async with channel(config.lm("lm-1").target) as ch:
-            lm = local_master_pb2_grpc.LocalMasterStub(ch)
-            placements = []
-            for task in message.tasks:
-                task.lease = 1
-                placements.append(local_master_pb2.Placement(task=task, node_index=0))
-            reply = await lm.Launch(
-                local_master_pb2.LaunchRequest(gm_id="gm-1", placements=placements), timeout=5
-            )
-        assert {r.status for r in reply.results} == {local_master_pb2.PLACEMENT_STATUS_ACCEPTED}
+        await _launched_by_an_earlier_life(config, message)
         for task in message.tasks:
-            task.lease = 0
             task.timestamps.queued_unix_nanos = time.time_ns() - 3_600 * 10**9  # before
 
         first = StoredAfterAll(message.SerializeToString())  # not marked redelivered
@@ -87,4 +80,43 @@ async def test_a_first_delivery_queued_before_the_gm_started_is_fenced():
         assert {(t.task_id, t.lm_id) for t in job.tasks} == {
             ("early.0", "lm-1"),
             ("early.1", "lm-1"),
+        }
+
+
+async def _launched_by_an_earlier_life(config, message: common_pb2.TaskBatch) -> None:
+    """lm-1 holds ``message``'s tasks, launched by a life of gm-1 before this one."""
+    async with channel(config.lm("lm-1").target) as ch:
+        lm = local_master_pb2_grpc.LocalMasterStub(ch)
+        placements = []
+        for task in message.tasks:
+            task.lease = 1
+            placements.append(local_master_pb2.Placement(task=task, node_index=0))
+        reply = await lm.Launch(
+            local_master_pb2.LaunchRequest(gm_id="gm-1", placements=placements), timeout=5
+        )
+    assert {r.status for r in reply.results} == {local_master_pb2.PLACEMENT_STATUS_ACCEPTED}
+    for task in message.tasks:
+        task.lease = 0
+
+
+async def test_a_message_of_several_jobs_delivered_again_is_checked_job_by_job():
+    async with embedded_federation("several-again") as (config, gm, _bus, client):
+        queue = config.queues_of("gm-1")[0].name
+        ran, waits = _message("ran", queue, 2), _message("waits", queue, 2)
+        await _launched_by_an_earlier_life(config, ran)
+        await hog(client, 1.5)  # "waits" then waits in the GM's queue
+
+        body = queue_messages.join([ran.SerializeToString(), waits.SerializeToString()])
+        again = StoredAfterAll(body, redelivered=True)
+        async with asyncio.timeout(10):
+            await gm._on_message(again)
+        assert gm.queues.pending(queue) == 2, "only the job that did not run is queued"
+        assert not again.acked, "acked while a job of it waits: lost should the GM die"
+
+        await job_in_state(client, "waits", common_pb2.TASK_STATE_SUCCEEDED, timeout_s=20)
+        assert again.acked
+        job = await client.job("ran")
+        assert {(t.task_id, t.lm_id, t.attempt) for t in job.tasks} == {
+            ("ran.0", "lm-1", 0),
+            ("ran.1", "lm-1", 0),
         }

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from loadgen.chaos.world import SMALL, ChaosConfig, run_seed
+from loadgen.chaos.world import SMALL, ChaosConfig, World, run_seed
 from loadgen.cli import main
 
 # LM pauses over a lossy network between GMs and LMs (launches time out, are fenced and
@@ -58,6 +58,21 @@ def _seeds_keep_every_promise(seeds: range) -> None:
 
 def test_fifty_seeds_with_every_fault_keep_every_promise():
     _seeds_keep_every_promise(range(50))
+
+
+def test_jobs_published_together_keep_every_promise():
+    """Bursts of jobs (one stream message's): the GMs publish several as one queue
+    message (``TaskBatch.more_jobs``), whose every job is acked, fenced when redelivered, and
+    run exactly once, whatever the faults."""
+    bursts = dataclasses.replace(SMALL, bursts=0.5)
+    jobs = messages = 0
+    for seed in range(40):
+        world = World(seed, bursts)
+        violations = world.run().violations
+        assert not violations, f"seed {seed}: {[str(v) for v in violations[:5]]}"
+        jobs += sum(gm.counters["jobs_in_messages"] for gm in world.gms.values())
+        messages += sum(gm.counters["messages"] for gm in world.gms.values())
+    assert messages < 0.8 * jobs  # many went together
 
 
 @pytest.mark.slow  # ~45 s: run apart by .ci/run (MEGHA_SLOW_TESTS=1), the default's budget

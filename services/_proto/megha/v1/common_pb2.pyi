@@ -990,6 +990,7 @@ class TaskBatch(_message.Message):
     TASKS_FIELD_NUMBER: _builtins.int
     GANG_FIELD_NUMBER: _builtins.int
     MIN_TASKS_FIELD_NUMBER: _builtins.int
+    MORE_JOBS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     queue: _builtins.str
     gang: _builtins.bool
@@ -1000,6 +1001,15 @@ class TaskBatch(_message.Message):
     """With gang: at least this many of its tasks start together (0: all of them)."""
     @_builtins.property
     def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___Task]: ...
+    @_builtins.property
+    def more_jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskBatch]:
+        """More jobs of the same queue in the same broker message: a GM publishes the jobs
+        it took while its previous publish to the queue awaited the broker's confirm as
+        one message (one publish, confirm, delivery and ack for all). Each is handled as
+        a message of its own; the message is acked once every job in it is. Their own
+        ``more_jobs`` is empty.
+        """
+
     def __init__(
         self,
         *,
@@ -1008,10 +1018,11 @@ class TaskBatch(_message.Message):
         tasks: _abc.Iterable[Global___Task] | None = ...,
         gang: _builtins.bool = ...,
         min_tasks: _builtins.int = ...,
+        more_jobs: _abc.Iterable[Global___TaskBatch] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang", "job_id", b"job_id", "min_tasks", b"min_tasks", "queue", b"queue", "tasks", b"tasks"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gang", b"gang", "job_id", b"job_id", "min_tasks", b"min_tasks", "more_jobs", b"more_jobs", "queue", b"queue", "tasks", b"tasks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
