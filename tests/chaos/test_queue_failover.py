@@ -2,8 +2,10 @@
 
 ``queue_failover: true``: every GM consumes every user queue with RabbitMQ's single
 active consumer, each GM first its own queues (``queues[].gm``, the preference). A steady
-stream of submissions goes to both queues; gm-1, which serves queue ``a``, is killed (-9)
-mid-stream and stays down. Checked with an independent event recorder
+stream of submissions goes to both queues, in bursts of jobs sent at once on a stream
+(a GM publishes the jobs it takes together as one message, ``TaskBatch.more_jobs``,
+whose every job is checked when redelivered); gm-1, which serves queue ``a``, is killed
+(-9) mid-stream and stays down. Checked with an independent event recorder
 (``loadgen.invariants``): every acknowledged task ends, no (task, attempt) starts twice
 (the redelivered messages are checked against what the LMs launched, fenced), and a task
 of ``a`` submitted after the kill starts within 5 s. Then gm-1 comes back as a standby:
@@ -21,6 +23,7 @@ import pytest
 
 from loadgen.invariants import check
 from services._proto.megha.v1 import common_pb2
+from services.common.client import GlobalMasterClient
 from services.core.states import TERMINAL
 from services.global_master.service import PROBE_EVERY_S, STANDBY_AFTER_S
 from tests.integration.harness import Federation, sim_tasks
@@ -30,8 +33,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 QUEUES = [{"name": "a", "share": 0.5, "gm": "gm-1"}, {"name": "b", "share": 0.5, "gm": "gm-2"}]
 CPU = 500
 LOAD_S = 12.0
-KILL_AT_S = 4.0
-EVERY_S = 0.2
+KILL_AT_S = 4.3  # at the next tick (5 s): a second after a burst of queue a through gm-1
+EVERY_S = 1.0  # a burst of BURST jobs
+BURST = 5
 TARGET_S = 5.0
 DEADLINE_S = 90
 
@@ -64,8 +68,11 @@ async def test_the_gm_serving_a_queue_killed_another_serves_it_nothing_lost_or_t
         capacity="cpu=1,mem=8Gi",  # 16 slots of CPU: the load below slightly more
         queues=QUEUES,
         queue_failover=True,
+        metrics=True,
     )
     async with fed:
+        for gm_id in ("gm-1", "gm-2"):  # SubmitStream: a burst's jobs reach a GM together
+            fed.clients[gm_id] = GlobalMasterClient(fed.config.gm(gm_id).target, streaming=True)
         # Each GM serves its own queue: it subscribed first (the other a little later).
         await _until_served(fed, ["gm-1", "gm-2"], {"a": {"gm-1"}, "b": {"gm-2"}})
 
@@ -77,10 +84,10 @@ async def test_the_gm_serving_a_queue_killed_another_serves_it_nothing_lost_or_t
         killed_at = 0.0
 
         async def submit(n: int) -> None:
-            queue = "a" if n % 2 == 0 else "b"
+            queue = "a" if n // BURST % 2 == 0 else "b"
             # Through gm-1 while it lives (it serves a: the message goes through the broker
             # to it), then through gm-2.
-            gm_id = "gm-1" if not killed_at and n % 4 < 2 else "gm-2"
+            gm_id = "gm-1" if not killed_at and n // BURST % 4 < 2 else "gm-2"
             job_id = f"{queue}-{n}"
             sent_at[job_id] = time.monotonic() - began
             try:
@@ -101,8 +108,8 @@ async def test_the_gm_serving_a_queue_killed_another_serves_it_nothing_lost_or_t
             if not killed_at and now >= KILL_AT_S:
                 fed.children.kill("gm-gm-1")  # kill -9, and it stays down
                 killed_at = time.monotonic() - began
-            submissions.append(asyncio.create_task(submit(n)))
-            n += 1
+            submissions += [asyncio.create_task(submit(n + k)) for k in range(BURST)]
+            n += BURST
             await asyncio.sleep(EVERY_S)
         await asyncio.gather(*submissions)
 
@@ -119,6 +126,8 @@ async def test_the_gm_serving_a_queue_killed_another_serves_it_nothing_lost_or_t
             events, acknowledged, dict.fromkeys(acknowledged, CPU), dict.fromkeys(nodes, 1000)
         )
         redelivered = fed.log("gm-gm-2").count("a message redelivered")
+        published = await fed.metric("gm-2", "megha_queue_message_jobs_total")
+        messages = await fed.metric("gm-2", "megha_queue_messages_total")
         # Served again: the first start of a task of queue a sent after the kill.
         first_start = min(
             (
@@ -137,7 +146,8 @@ async def test_the_gm_serving_a_queue_killed_another_serves_it_nothing_lost_or_t
             f"\nkill -9 gm-1 at {killed_at:.1f} s; {len(jobs)} jobs accepted, {len(refused)} "
             f"refused ({refused[:2]}); queue a's first task sent after the kill started "
             f"{served_after_s:.2f} s after it; {report.summary()}; {redelivered} messages "
-            f"redelivered to gm-2"
+            f"redelivered to gm-2; gm-2 published {published:.0f} jobs in {messages:.0f} "
+            "messages"
         )
         assert report.ok, "\n".join(str(v) for v in report.violations[:20])
         assert not refused, refused[:5]
