@@ -27,6 +27,16 @@ class _Queued(Generic[T]):
         self.done = done
 
 
+async def _until_done(queue: list[_Queued[T]], queued: _Queued[T]) -> None:
+    """Wait for ``queued``'s write; cancelled before it began, it leaves ``queue``."""
+    try:
+        await queued.done  # type: ignore[misc]
+    except asyncio.CancelledError:
+        with contextlib.suppress(ValueError):
+            queue.remove(queued)
+        raise
+
+
 class Coalescer(Generic[T]):
     """Writes queued items with ``write(items)``, one call at a time, as many per call as
     ``take(items)`` says of those waiting (at least one). If a write fails, every item
@@ -54,12 +64,7 @@ class Coalescer(Generic[T]):
         queued = _Queued(item, asyncio.get_running_loop().create_future())
         self._queue.append(queued)
         self._wake.set()
-        try:
-            await queued.done  # type: ignore[misc]
-        except asyncio.CancelledError:
-            with contextlib.suppress(ValueError):
-                self._queue.remove(queued)
-            raise
+        await _until_done(self._queue, queued)
 
     def send_nowait(self, item: T) -> None:
         """Queue ``item`` and wait for nothing (dropped once the writes failed)."""
@@ -97,11 +102,12 @@ class Coalescer(Generic[T]):
                 await self._wake.wait()
                 self._wake.clear()
                 while self._queue and self.error is None:
-                    count = max(1, self._take([q.item for q in self._queue]))
+                    items = [q.item for q in self._queue]
+                    count = max(1, self._take(items))
                     taken = self._writing = self._queue[:count]
                     del self._queue[:count]
                     try:
-                        await self._write([q.item for q in taken])
+                        await self._write(items[:count])
                     except BaseException:
                         self._queue[:0] = taken  # they fail with the rest
                         raise
@@ -152,12 +158,7 @@ class Gatherer(Generic[T]):
             task = asyncio.create_task(self._run(), name=self._name)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        try:
-            await queued.done  # type: ignore[misc]
-        except asyncio.CancelledError:
-            with contextlib.suppress(ValueError):
-                self._queue.remove(queued)
-            raise
+        await _until_done(self._queue, queued)
 
     def stop(self) -> None:
         """Cancel the calls under way (their senders fail CancelledError) and drop what
@@ -177,13 +178,14 @@ class Gatherer(Generic[T]):
             self._running -= 1
 
     async def _call(self) -> None:
-        count = max(1, self._take([q.item for q in self._queue]))
+        items = [q.item for q in self._queue]
+        count = max(1, self._take(items))
         taken = self._queue[:count]
         del self._queue[:count]
         self.calls += 1
         self.items += len(taken)
         try:
-            await self._send_many([q.item for q in taken])
+            await self._send_many(items[:count])
         except Exception as err:
             for queued in taken:
                 if queued.done is not None and not queued.done.done():
