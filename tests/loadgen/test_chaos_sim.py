@@ -66,7 +66,7 @@ def test_jobs_published_together_keep_every_promise():
     run exactly once, whatever the faults."""
     bursts = dataclasses.replace(SMALL, bursts=0.5)
     jobs = messages = 0
-    for seed in range(40):
+    for seed in range(30):
         world = World(seed, bursts)
         violations = world.run().violations
         assert not violations, f"seed {seed}: {[str(v) for v in violations[:5]]}"
