@@ -39,6 +39,8 @@ def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
 
 # The most requests one coalesced stream message carries (``wrap_many``).
 MAX_COALESCED = 256
+# The most coalesced messages out unread on one stream (``RequestStream``).
+WINDOW = 4
 
 Answers = Iterable[tuple[int, Any]]
 
@@ -52,7 +54,17 @@ class RequestStream(Generic[Request, Reply]):
     into one message), the requests that queue while a write is in flight go out
     together as one message: under load a
     stream then carries fewer, bigger messages instead of falling behind one write at a
-    time (gRPC allows one write in flight per call)."""
+    time (gRPC allows one write in flight per call).
+
+    With ``wrap_many``, at most ``window`` messages are out unread: a message counts
+    until the first answer to one of its requests (the server answers a message's
+    refusals as it reads it) or until none of its requests is waiting any more. A gRPC
+    write is done once the transport holds the message, not once the server read it:
+    without the window a busy server's unread messages pile up in the transport, each a
+    few requests, and every request waits behind them (a GM reading one message a
+    turn of its loop read 80-200 a second while clients wrote 150-300 a second, and the
+    tries waited seconds before its read). With it the requests wait in the outbox,
+    where they go together in the next message."""
 
     def __init__(
         self,
@@ -61,6 +73,7 @@ class RequestStream(Generic[Request, Reply]):
         unwrap: Callable[[Any], Answers],
         what: str,
         wrap_many: Callable[[list[tuple[int, Request, int]]], Any] | None = None,
+        window: int = WINDOW,
     ) -> None:
         self._open_call = open_call
         self._wrap = wrap
@@ -76,6 +89,13 @@ class RequestStream(Generic[Request, Reply]):
         self._outbox: list[tuple[int, Request, int]] = []
         self._writer: asyncio.Task[None] | None = None
         self.written = 0  # stream messages written (fewer than requests when coalesced)
+        # With wrap_many: the messages out unread (``window``), each its request ids, and
+        # which message each request went in.
+        self._window = window
+        self._unread: dict[int, set[int]] = {}
+        self._message_of: dict[int, int] = {}
+        self._messages = itertools.count(1)
+        self._room = asyncio.Event()
 
     async def request(self, request: Request, timeout: float) -> Reply:
         rid = next(self._ids)
@@ -97,6 +117,7 @@ class RequestStream(Generic[Request, Reply]):
             ) from None
         finally:
             self._pending.pop(rid, None)
+            self._settled(rid, answered=False)
             if reply.done() and not reply.cancelled():
                 reply.exception()  # retrieved: a failed write already raised its own error
 
@@ -118,10 +139,17 @@ class RequestStream(Generic[Request, Reply]):
         empty; a request given up on meanwhile (its deadline) is left out."""
         assert self._wrap_many is not None
         while self._outbox:
+            while len(self._unread) >= self._window:
+                self._room.clear()
+                await self._room.wait()
             take = [one for one in self._outbox[:MAX_COALESCED] if one[0] in self._pending]
             del self._outbox[:MAX_COALESCED]
             if not take:
                 continue
+            message = next(self._messages)
+            self._unread[message] = {rid for rid, *_ in take}
+            for rid, *_ in take:
+                self._message_of[rid] = message
             try:
                 await self._write(self._open(), self._wrap_many(take))
             except Exception as err:  # a broken stream, or a request that cannot be sent
@@ -129,6 +157,22 @@ class RequestStream(Generic[Request, Reply]):
                     waiting = self._pending.get(rid)
                     if waiting is not None and not waiting.done():
                         waiting.set_exception(err)
+
+    def _settled(self, rid: int, answered: bool) -> None:
+        """Request ``rid`` was answered, or is not waited for any more: its message is
+        read (the first answer to any of its requests), or leaves the window once none of
+        its requests is waited for."""
+        message = self._message_of.pop(rid, None)
+        if message is None:
+            return
+        rids = self._unread.get(message)
+        if rids is None:
+            return
+        rids.discard(rid)
+        if answered or not rids:
+            for other in self._unread.pop(message):
+                self._message_of.pop(other, None)
+            self._room.set()
 
     def _open(self) -> grpc.aio.StreamStreamCall:
         if self._call is None:
@@ -141,6 +185,7 @@ class RequestStream(Generic[Request, Reply]):
         try:
             async for message in call:
                 for rid, answer in self._unwrap(message):
+                    self._settled(rid, answered=True)
                     waiting = self._pending.pop(rid, None)
                     if waiting is not None and not waiting.done():
                         if isinstance(answer, grpc.aio.AioRpcError):
@@ -168,6 +213,9 @@ class RequestStream(Generic[Request, Reply]):
                 if not waiting.done():
                     waiting.set_exception(error)
             self._pending.clear()
+            self._unread.clear()  # none of them will be read now
+            self._message_of.clear()
+            self._room.set()
 
     async def close(self) -> None:
         if self._writer is not None:
