@@ -79,6 +79,7 @@ from services.common.names import (
     user_queue,
 )
 from services.common.progress import Progress
+from services.common.request_stream import SEND_WITHIN_S
 from services.common.server import TlsError, broker_ssl_context, use_tls, wait_all_healthy
 from services.common.stalls import STALL_S, StallTally, settle
 from services.common.stalls import watch as watch_stalls
@@ -443,6 +444,7 @@ class Offer:
     errors: Counter[str] = field(default_factory=Counter)  # gRPC code -> failed jobs
     busy_retries: int = 0  # jobs sent again after a GM refused them RESOURCE_EXHAUSTED
     throttled: int = 0  # tries the clients kept back, no message sent (AdaptiveThrottle)
+    unsent: int = 0  # tries a stream did not send within SEND_WITHIN_S (NotSent)
     lags_s: list[float] = field(default_factory=list)  # send time - deadline, per job
     rpc_s: list[float] = field(default_factory=list)  # SubmitJob round trips
     answer_s: list[float] = field(default_factory=list)  # each try's wait for its answer
@@ -813,6 +815,7 @@ async def _measure(
             wall_s = time.monotonic() - began
             clients = {id(t.client): t.client for t in targets}.values()
             offer.offer.throttled = sum(client.throttled for client in clients)
+            offer.offer.unsent = sum(client.unsent for client in clients)
             cpu = meter.stop(len(offer.offer.accepted))
             memory = meter.memory(len(offer.offer.accepted))
             for loop_task in (reporter, sampler, watcher):
@@ -947,6 +950,8 @@ def summarise(
         busy_retries=offer.busy_retries,
         # Tries a client kept back, answered by itself without a message (AdaptiveThrottle).
         throttled_tries=offer.throttled,
+        # Tries a client's stream did not send in time, answered by itself (NotSent).
+        unsent_tries=offer.unsent,
         failed=failed,
         duplicates=events.duplicates,
         # Tasks of submissions never acknowledged (e.g. DEADLINE_EXCEEDED) that ran
@@ -1085,6 +1090,12 @@ def render(result: BenchResult) -> str:
                 f"; {s['throttled_tries']} tries kept back by the clients (throttled: no "
                 "message sent)"
                 if s.get("throttled_tries")
+                else ""
+            )
+            + (
+                f"; {s['unsent_tries']} tries not sent within {SEND_WITHIN_S:g} s (the GMs "
+                "read slower than the clients asked)"
+                if s.get("unsent_tries")
                 else ""
             )
             + (

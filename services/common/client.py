@@ -14,7 +14,7 @@ import grpc
 
 from services._proto.megha.v1 import common_pb2, global_master_pb2, global_master_pb2_grpc
 from services.common.convert import resources_to_proto
-from services.common.request_stream import Submitter, rpc_error
+from services.common.request_stream import NotSent, Submitter, rpc_error
 from services.common.server import channel
 from services.core.states import TERMINAL
 from services.core.throttle import WINDOW_S, AdaptiveThrottle
@@ -178,6 +178,8 @@ class GlobalMasterClient:
         # at once as refused (``AdaptiveThrottle``); ``throttled`` counts them.
         self.throttle = AdaptiveThrottle()
         self.throttled = 0
+        # Tries a streaming client did not send within ``SEND_WITHIN_S`` (``NotSent``).
+        self.unsent = 0
 
     async def __aenter__(self) -> GlobalMasterClient:
         return self
@@ -211,8 +213,10 @@ class GlobalMasterClient:
         ``jittered``), each announced to ``on_busy``; then its refusal is raised. A try
         this client's throttle keeps back (``AdaptiveThrottle``: the GM refused most of
         its recent tries) is refused here at once, without a message, and counted in
-        ``throttled``. ``on_answer`` is told how long each try sent waited for its answer
-        (seconds), whatever the answer. With ``unsure_for_s``, an answer that leaves
+        ``throttled``. On a stream, a try not sent within ``SEND_WITHIN_S`` (the GM reads
+        slower than this client asks: ``NotSent``) waits and asks again as a kept-back
+        one, counted in ``unsent``. ``on_answer`` is told how long each try sent waited
+        for its answer (seconds), whatever the answer. With ``unsure_for_s``, an answer that leaves
         unknown whether the job was queued (``unsure``) is asked again under the same job
         id (one made here if none is given, ``new_job_id``) after pauses as the busy ones,
         for up to that long, each announced to ``on_unsure`` (the error, the job id, the
@@ -238,8 +242,18 @@ class GlobalMasterClient:
                 now = time.time_ns()
                 for task in unstamped:
                     task.timestamps.submitted_unix_nanos = now
+                sent = True
                 try:
                     reply = await self._submit_once(request)
+                except NotSent:
+                    # Not sent in time: the GM reads slower than this client asks. Counted
+                    # as a try the GM did not take (the throttle then keeps more back),
+                    # waited out as a kept-back one.
+                    sent = False
+                    self.throttle.record(time.monotonic(), accepted=False)
+                    self.unsent += 1
+                    if not pauses or time.monotonic() >= give_up:
+                        raise
                 except grpc.aio.AioRpcError as err:
                     busy = err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                     if busy or err.code() not in NOT_COUNTED:
@@ -258,7 +272,7 @@ class GlobalMasterClient:
                     self.throttle.record(time.monotonic(), accepted=True)
                     return reply
                 finally:
-                    if on_answer is not None:
+                    if on_answer is not None and sent:
                         on_answer(time.perf_counter() - began)
             else:
                 self.throttle.record(time.monotonic(), accepted=False)

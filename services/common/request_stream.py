@@ -39,10 +39,32 @@ def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
 
 # The most requests one coalesced stream message carries (``wrap_many``).
 MAX_COALESCED = 256
-# The most coalesced messages out unread on one stream (``RequestStream``).
-WINDOW = 4
+# The most coalesced messages out unread on one stream (``RequestStream``): one, so
+# that under load a client's submissions go as one message per answer, each as big as
+# what waited meanwhile (up to MAX_COALESCED): its own clock, as TCP's acks are.
+WINDOW = 1
+# How long a submission may wait in a client's outbox before the client answers it itself
+# (``NotSent``): a GM answers every submission within a second (issue 32), and one that
+# reads slower than its clients ask would otherwise have them wait without bound.
+SEND_WITHIN_S = 0.5
 
 Answers = Iterable[tuple[int, Any]]
+
+
+class NotSent(grpc.aio.AioRpcError):
+    """A request the stream did not send within its ``send_within_s``: the server read
+    the stream's earlier messages too slowly. RESOURCE_EXHAUSTED, as a busy server's
+    refusal: nothing of it was sent, so it may be asked again."""
+
+    def __init__(self, what: str, waited_s: float) -> None:
+        super().__init__(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            grpc.aio.Metadata(),
+            grpc.aio.Metadata(),
+            f"not sent: waited {waited_s:g} s to go on the {what} stream (the server "
+            "reads this client's earlier requests slower than it asks); retry it in a "
+            "moment, backing off",
+        )
 
 
 class RequestStream(Generic[Request, Reply]):
@@ -74,6 +96,7 @@ class RequestStream(Generic[Request, Reply]):
         what: str,
         wrap_many: Callable[[list[tuple[int, Request, int]]], Any] | None = None,
         window: int = WINDOW,
+        send_within_s: float | None = None,
     ) -> None:
         self._open_call = open_call
         self._wrap = wrap
@@ -96,6 +119,7 @@ class RequestStream(Generic[Request, Reply]):
         self._message_of: dict[int, int] = {}
         self._messages = itertools.count(1)
         self._room = asyncio.Event()
+        self._send_within_s = send_within_s
 
     async def request(self, request: Request, timeout: float) -> Reply:
         rid = next(self._ids)
@@ -138,10 +162,17 @@ class RequestStream(Generic[Request, Reply]):
         """Write what waits in the outbox, as few messages as it takes, until it is
         empty; a request given up on meanwhile (its deadline) is left out."""
         assert self._wrap_many is not None
+        # While it waits for room, the outbox is looked at this often for requests that
+        # waited too long (``send_within_s``).
+        check_s = None if self._send_within_s is None else self._send_within_s / 4
         while self._outbox:
-            while len(self._unread) >= self._window:
+            while len(self._unread) >= self._window and self._outbox:
                 self._room.clear()
-                await self._room.wait()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(check_s):
+                        await self._room.wait()
+                self._shed()
+            self._shed()
             take = [one for one in self._outbox[:MAX_COALESCED] if one[0] in self._pending]
             del self._outbox[:MAX_COALESCED]
             if not take:
@@ -157,6 +188,23 @@ class RequestStream(Generic[Request, Reply]):
                     waiting = self._pending.get(rid)
                     if waiting is not None and not waiting.done():
                         waiting.set_exception(err)
+
+    def _shed(self) -> None:
+        """Answer ``NotSent`` to the requests that waited in the outbox longer than
+        ``send_within_s`` (the oldest are first)."""
+        if self._send_within_s is None:
+            return
+        now = time.time_ns()
+        oldest = now - int(self._send_within_s * 1e9)
+        shed = 0
+        for rid, _, asked in self._outbox:
+            if asked > oldest:
+                break
+            shed += 1
+            waiting = self._pending.get(rid)
+            if waiting is not None and not waiting.done():
+                waiting.set_exception(NotSent(self._what, round((now - asked) / 1e9, 2)))
+        del self._outbox[:shed]
 
     def _settled(self, rid: int, answered: bool) -> None:
         """Request ``rid`` was answered, or is not waited for any more: its message is
@@ -256,7 +304,12 @@ class Submitter(
     """A client's jobs on one GM (``SubmitStream``); a refused job raises the
     ``AioRpcError`` the unary ``SubmitJob`` would have."""
 
-    def __init__(self, stub: global_master_pb2_grpc.GlobalMasterStub) -> None:
+    def __init__(
+        self,
+        stub: global_master_pb2_grpc.GlobalMasterStub,
+        window: int = WINDOW,
+        send_within_s: float | None = SEND_WITHIN_S,
+    ) -> None:
         super().__init__(
             stub.SubmitStream,
             lambda rid, request: global_master_pb2.SubmitStreamRequest(
@@ -265,6 +318,8 @@ class Submitter(
             _submit_answers,
             "submit",
             wrap_many=_submit_many,
+            window=window,
+            send_within_s=send_within_s,
         )
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from services.common import client as client_module
 from services.common.client import BUSY_PAUSE_MAX_S, GlobalMasterClient, busy_pauses, jittered
-from services.common.request_stream import rpc_error
+from services.common.request_stream import NotSent, rpc_error
 from services.core.throttle import MIN_REQUESTS
 
 
@@ -104,6 +104,19 @@ async def test_each_try_says_how_long_it_waited_for_its_answer(gm) -> None:
     with pytest.raises(grpc.aio.AioRpcError):
         await gm.submit([], busy_tries=8, on_answer=waited.append)
     assert len(waited) == 4  # an error is an answer too
+
+
+async def test_a_try_not_sent_in_time_is_waited_out_and_no_answer(gm) -> None:
+    """A streamed try the client did not send within ``SEND_WITHIN_S`` (``NotSent``):
+    no try the GM answered, so not counted as one, nor as one of its refusals; the job
+    asks again after a pause."""
+    gm.answers = [NotSent("submit", 0.5), NotSent("submit", 0.5), "queued"]
+    waited: list[float] = []
+    assert await gm.submit([], busy_tries=1, on_answer=waited.append) == "queued"
+    assert gm.unsent == 2 and len(gm.slept) == 2 and len(waited) == 1
+    gm.answers = [NotSent("submit", 0.5)]  # without busy tries: at once, as a refusal
+    with pytest.raises(NotSent):
+        await gm.submit([])
 
 
 async def test_each_try_stamps_its_own_time_on_copies_of_the_tasks(gm) -> None:

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from services._proto.megha.v1 import global_master_pb2, global_master_pb2_grpc
-from services.common.request_stream import Submitter
+from services.common.request_stream import NotSent, Submitter
 
 
 class Peer(global_master_pb2_grpc.GlobalMasterServicer):
@@ -71,7 +71,7 @@ def job(i: int) -> global_master_pb2.SubmitJobRequest:
 
 
 async def test_past_the_window_requests_wait_and_go_together_once_a_message_is_answered(peer):
-    stream = Submitter(peer.stub)  # window 4
+    stream = Submitter(peer.stub, window=4, send_within_s=None)
     asked = []
     for i in range(4):  # each alone: the window has room
         asked.append(asyncio.create_task(stream.request(job(i), timeout=10)))
@@ -90,9 +90,46 @@ async def test_past_the_window_requests_wait_and_go_together_once_a_message_is_a
     await stream.close()
 
 
+async def test_by_default_one_message_is_out_at_a_time(peer):
+    stream = Submitter(peer.stub, send_within_s=None)
+    asked = [asyncio.create_task(stream.request(job(0), timeout=10))]
+    await until(lambda: len(peer.read) == 1)
+    for i in range(1, 20):
+        asked.append(asyncio.create_task(stream.request(job(i), timeout=10)))
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.1)
+    assert peer.jobs_per_message == [1]
+    peer.release(1)
+    await until(lambda: len(peer.read) == 20)
+    assert peer.jobs_per_message == [1, 19]
+    peer.release(*range(2, 21))
+    await asyncio.gather(*asked)
+    await stream.close()
+
+
+async def test_what_waits_too_long_to_be_sent_is_refused_by_the_client(peer):
+    stream = Submitter(peer.stub, send_within_s=0.3)
+    first = asyncio.create_task(stream.request(job(0), timeout=10))
+    await until(lambda: len(peer.read) == 1)
+    began = asyncio.get_running_loop().time()
+    waiting = [asyncio.create_task(stream.request(job(i), timeout=10)) for i in range(1, 6)]
+    results = await asyncio.gather(*waiting, return_exceptions=True)
+    assert all(isinstance(r, NotSent) for r in results), results
+    assert {r.code() for r in results} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    assert "not sent" in results[0].details()
+    assert 0.3 <= asyncio.get_running_loop().time() - began < 2.0
+    assert peer.read == [1]  # none of them reached the server
+    later = asyncio.create_task(stream.request(job(6), timeout=10))
+    peer.release(1)  # the first is answered: the stream goes on with the next request
+    assert (await first).job_id == "j1"
+    await until(lambda: len(peer.read) == 2)
+    peer.release(7)
+    assert (await later).job_id == "j7"
+    await stream.close()
+
+
 async def test_a_message_none_waits_for_any_more_leaves_the_window(peer):
-    stream = Submitter(peer.stub)
-    stream._window = 1
+    stream = Submitter(peer.stub, send_within_s=None)
     with pytest.raises(grpc.aio.AioRpcError) as late:
         await stream.request(job(0), timeout=0.3)  # never answered
     assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
