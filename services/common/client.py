@@ -4,6 +4,7 @@ generator use). Any GM accepts any job; jobs go to the queue's own GM via the br
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 import uuid
@@ -55,6 +56,12 @@ NOT_COUNTED = {
 def busy_pauses(tries: int = BUSY_TRIES) -> list[float]:
     """The pauses before each retry of a job a busy GM refused: 0.1, 0.2, 0.4 ... 5 s."""
     return [min(BUSY_PAUSE_MAX_S, BUSY_PAUSE_S * 2**n) for n in range(tries)]
+
+
+@functools.cache
+def _pauses(tries: int) -> tuple[float, ...]:
+    """``busy_pauses``, made once per count: every job a client submits asks for them."""
+    return tuple(busy_pauses(tries))
 
 
 def unreached(err: grpc.aio.AioRpcError) -> bool:
@@ -229,7 +236,7 @@ class GlobalMasterClient:
         )
         request.tasks.extend(tasks)
         unstamped = [t for t in request.tasks if not t.timestamps.submitted_unix_nanos]
-        pauses = busy_pauses(busy_tries)
+        pauses = _pauses(busy_tries)
         # A try kept back is no try: the job waits as after a refusal and asks again, for
         # at most as long as its busy tries would take in all: their pauses, and each
         # answered within the second a GM promises (ANSWER_S).
