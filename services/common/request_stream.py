@@ -73,20 +73,17 @@ class RequestStream(Generic[Request, Reply]):
     ``wrap(request_id, request)`` makes the stream message; ``unwrap(message)`` gives the
     request ids and their answers, or an ``AioRpcError`` to raise for a request. With
     ``wrap_many`` (a list of (request id, request, when it was asked: wall clock, ns)
-    into one message), the requests that queue while a write is in flight go out
-    together as one message: under load a
-    stream then carries fewer, bigger messages instead of falling behind one write at a
-    time (gRPC allows one write in flight per call).
-
-    With ``wrap_many``, at most ``window`` messages are out unread: a message counts
-    until the first answer to one of its requests (the server answers a message's
-    refusals as it reads it) or until none of its requests is waiting any more. A gRPC
-    write is done once the transport holds the message, not once the server read it:
-    without the window a busy server's unread messages pile up in the transport, each a
-    few requests, and every request waits behind them (a GM reading one message a
-    turn of its loop read 80-200 a second while clients wrote 150-300 a second, and the
-    tries waited seconds before its read). With it the requests wait in the outbox,
-    where they go together in the next message."""
+    into one message), at most ``window`` messages are out unread, and the requests
+    that queue meanwhile go out together as the next message: under load a stream then
+    carries fewer, bigger messages instead of falling behind. A message counts until
+    the first answer to one of its requests (a GM answers a message's refusals as it
+    reads it) or until none of its requests is waited for. A gRPC write is done once the
+    transport holds the message, not once the server read it: without the window a busy
+    server's unread messages piled up in the transport, a few requests each, and every
+    request waited behind them (a GM reading one message a turn of its loop, 35-100 a
+    second, while its client wrote about 150, and the tries waited seconds before its
+    read). With ``send_within_s``, a request that waited that long in the outbox is
+    answered ``NotSent`` and never sent."""
 
     def __init__(
         self,
