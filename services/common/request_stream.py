@@ -109,12 +109,11 @@ class RequestStream(Generic[Request, Reply]):
         self._outbox: list[tuple[int, Request, int]] = []
         self._writer: asyncio.Task[None] | None = None
         self.written = 0  # stream messages written (fewer than requests when coalesced)
-        # With wrap_many: the messages out unread (``window``), each its request ids, and
-        # which message each request went in.
+        # With wrap_many: how many messages are out unread (``window``), and for each
+        # request in one, the ids of that message's requests still waited for.
         self._window = window
-        self._unread: dict[int, set[int]] = {}
-        self._message_of: dict[int, int] = {}
-        self._messages = itertools.count(1)
+        self._unread = 0
+        self._message_of: dict[int, set[int]] = {}
         self._room = asyncio.Event()
         self._send_within_s = send_within_s
 
@@ -163,20 +162,20 @@ class RequestStream(Generic[Request, Reply]):
         # waited too long (``send_within_s``).
         check_s = None if self._send_within_s is None else self._send_within_s / 4
         while self._outbox:
-            while len(self._unread) >= self._window and self._outbox:
+            self._shed()
+            if self._unread >= self._window:
                 self._room.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(check_s):
                         await self._room.wait()
-                self._shed()
-            self._shed()
+                continue
             take = [one for one in self._outbox[:MAX_COALESCED] if one[0] in self._pending]
             del self._outbox[:MAX_COALESCED]
             if not take:
                 continue
-            message = next(self._messages)
-            self._unread[message] = {rid for rid, *_ in take}
-            for rid, *_ in take:
+            message = {rid for rid, *_ in take}
+            self._unread += 1
+            for rid in message:
                 self._message_of[rid] = message
             try:
                 await self._write(self._open(), self._wrap_many(take))
@@ -210,13 +209,11 @@ class RequestStream(Generic[Request, Reply]):
         message = self._message_of.pop(rid, None)
         if message is None:
             return
-        rids = self._unread.get(message)
-        if rids is None:
-            return
-        rids.discard(rid)
-        if answered or not rids:
-            for other in self._unread.pop(message):
-                self._message_of.pop(other, None)
+        message.discard(rid)
+        if answered or not message:
+            for other in message:
+                del self._message_of[other]
+            self._unread -= 1
             self._room.set()
 
     def _open(self) -> grpc.aio.StreamStreamCall:
@@ -258,7 +255,7 @@ class RequestStream(Generic[Request, Reply]):
                 if not waiting.done():
                     waiting.set_exception(error)
             self._pending.clear()
-            self._unread.clear()  # none of them will be read now
+            self._unread = 0  # none of them will be read now
             self._message_of.clear()
             self._room.set()
 
