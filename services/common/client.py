@@ -243,6 +243,13 @@ class GlobalMasterClient:
         give_up = time.monotonic() + sum(pauses) + ANSWER_S * len(pauses)
         refused = waited = 0  # tries the GM refused; pauses taken (the backoff's step)
         outage = OutageWait(unsure_for_s)
+
+        def held_back() -> bool:
+            """A try not sent (kept back, or not sent in time): counted as one the GM did
+            not take; whether the job gives up now."""
+            self.throttle.record(time.monotonic(), accepted=False)
+            return not pauses or time.monotonic() >= give_up
+
         while True:
             if self.throttle.allow(time.monotonic(), _JITTER.random()):
                 began = time.perf_counter()
@@ -253,13 +260,11 @@ class GlobalMasterClient:
                 try:
                     reply = await self._submit_once(request)
                 except NotSent:
-                    # Not sent in time: the GM reads slower than this client asks. Counted
-                    # as a try the GM did not take (the throttle then keeps more back),
-                    # waited out as a kept-back one.
+                    # Not sent in time: the GM reads slower than this client asks. Waited
+                    # out as a kept-back try (the throttle then keeps more back).
                     sent = False
-                    self.throttle.record(time.monotonic(), accepted=False)
                     self.unsent += 1
-                    if not pauses or time.monotonic() >= give_up:
+                    if held_back():
                         raise
                 except grpc.aio.AioRpcError as err:
                     busy = err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -282,9 +287,8 @@ class GlobalMasterClient:
                     if on_answer is not None and sent:
                         on_answer(time.perf_counter() - began)
             else:
-                self.throttle.record(time.monotonic(), accepted=False)
                 self.throttled += 1
-                if not pauses or time.monotonic() >= give_up:
+                if held_back():
                     raise throttled_error(*self.throttle.counts(time.monotonic()))
             pause = jittered(pauses[min(waited, len(pauses) - 1)])
             waited += 1
