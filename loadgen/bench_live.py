@@ -376,48 +376,79 @@ def histogram_from(texts: dict[str, str], name: str) -> dict[str, Any] | None:
 def stalls_from(
     texts: dict[str, str], before: dict[str, str] | None = None
 ) -> dict[str, dict[str, Any]]:
-    """Per process: how often its event loop ran more than ``STALL_S`` late, a bound on the
-    worst lag (the histogram bucket it fell in), and its garbage collections by generation
-    as [count, seconds]. With ``before`` (the same scrape when the load began), only what
-    came after it: a process's start-up (connecting, its one full collection in
-    ``settle``) is not the run's."""
+    """Per process: how often its event loop ran more than ``STALL_S`` late, how many of
+    those its own work covers (``busy_stalls``; the rest were waits for a core), a bound
+    on the worst lag (the histogram bucket it fell in), and its garbage collections by
+    generation as [count, seconds]. With ``before`` (the same scrape when the load
+    began), only what came after it: a process's start-up (connecting, its one full
+    collection in ``settle``) is not the run's."""
     out: dict[str, dict[str, Any]] = {}
     for name, text in texts.items():
-        buckets, gc = _loop_figures(text)
-        if not buckets:
+        figures = _loop_figures(text)
+        if not figures.lags:
             continue  # a service without the watcher
         if before is not None and name in before:
-            earlier, earlier_gc = _loop_figures(before[name])
-            buckets = {edge: n - earlier.get(edge, 0.0) for edge, n in buckets.items()}
-            for generation, (count, seconds) in earlier_gc.items():
-                entry = gc.get(generation)
-                if entry is not None:
-                    entry[0] -= count
-                    entry[1] -= seconds
-            gc = {g: entry for g, entry in gc.items() if entry[0] > 0}
-        total = buckets[float("inf")]
-        below = max((n for edge, n in buckets.items() if edge <= STALL_S), default=0.0)
-        worst = min((edge for edge, n in buckets.items() if n >= total), default=0.0)
-        tally = StallTally(int(total), int(total - below), worst, gc)
+            figures = figures.since(_loop_figures(before[name]))
+        lags = figures.lags
+        total = lags[float("inf")]
+        worst = min((edge for edge, n in lags.items() if n >= total), default=0.0)
+        tally = StallTally(
+            int(total),
+            _over(lags, STALL_S),
+            worst,
+            {g: entry for g, entry in figures.gc.items() if entry[0] > 0},
+            _over(figures.busy, STALL_S),
+        )
         out[name] = tally.as_dict()
     return out
 
 
-def _loop_figures(text: str) -> tuple[dict[float, float], dict[str, list[float]]]:
-    """A process's loop-lag histogram (bucket edge -> cumulative count) and its
-    collections by generation ([count, seconds]), from its Prometheus text."""
-    buckets: dict[float, float] = {}
-    gc: dict[str, list[float]] = {}
+def _over(buckets: dict[float, float], edge: float) -> int:
+    """How many observations of a cumulative histogram fell above ``edge``."""
+    if not buckets:
+        return 0
+    below = max((n for e, n in buckets.items() if e <= edge), default=0.0)
+    return int(buckets[float("inf")] - below)
+
+
+@dataclass
+class _LoopFigures:
+    """A process's loop-lag histograms (bucket edge -> cumulative count: every lag, and
+    the lags its own work covers) and its collections by generation ([count, seconds])."""
+
+    lags: dict[float, float]
+    busy: dict[float, float]
+    gc: dict[str, list[float]]
+
+    def since(self, earlier: _LoopFigures) -> _LoopFigures:
+        gc = {g: list(entry) for g, entry in self.gc.items()}
+        for generation, (count, seconds) in earlier.gc.items():
+            entry = gc.get(generation)
+            if entry is not None:
+                entry[0] -= count
+                entry[1] -= seconds
+        return _LoopFigures(
+            {edge: n - earlier.lags.get(edge, 0.0) for edge, n in self.lags.items()},
+            {edge: n - earlier.busy.get(edge, 0.0) for edge, n in self.busy.items()},
+            gc,
+        )
+
+
+def _loop_figures(text: str) -> _LoopFigures:
+    """A process's loop figures from its Prometheus text."""
+    figures = _LoopFigures({}, {}, {})
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "megha_event_loop_lag_seconds_bucket":
-                buckets[float(sample.labels["le"])] = sample.value
+                figures.lags[float(sample.labels["le"])] = sample.value
+            elif sample.name == "megha_event_loop_busy_lag_seconds_bucket":
+                figures.busy[float(sample.labels["le"])] = sample.value
             elif sample.name.startswith("megha_gc_pause_seconds_"):
                 kind = sample.name.rsplit("_", 1)[1]
                 if kind in ("count", "sum"):
-                    entry = gc.setdefault(sample.labels["generation"], [0, 0.0])
+                    entry = figures.gc.setdefault(sample.labels["generation"], [0, 0.0])
                     entry[1 if kind == "sum" else 0] = sample.value
-    return buckets, gc
+    return figures
 
 
 # --------------------------------------------------------------------------- events
@@ -1180,7 +1211,10 @@ def render_stalls(stalls: dict[str, dict[str, Any]]) -> str:
     def one(name: str, st: dict[str, Any]) -> str:
         count, seconds = st["gc"].get("2", [0, 0.0])
         stalled = f"{st['stalls']} stalls" + (
-            f" (worst <= {st['worst_lag_le_s']:g} s)" if st["stalls"] else ""
+            f" ({st.get('busy_stalls', 0)} the loop's own work, worst <= "
+            f"{st['worst_lag_le_s']:g} s)"
+            if st["stalls"]
+            else ""
         )
         return f"{name} {stalled}, gen-2 gc {count}x {seconds:.2f} s"
 

@@ -7,6 +7,14 @@ process not getting a core), and it times every collection of CPython's cyclic g
 collector through ``gc.callbacks``. Both go to Prometheus histograms; a lag of
 ``warn_s`` or more is also logged, with the collections that ran while the loop was late,
 so a stall in an allocation-time report can be matched to its cause from the service's log.
+
+A lag has two causes that call for different mends: the loop's own work (a callback, or a
+run of them, that held it: computing, or blocked in a call) or no free core (the thread was
+ready to run and the host's other processes had the cores). The watcher tells them apart
+by the time the kernel kept its thread waiting for a core (``/proc/thread-self/schedstat``,
+Linux): a lag less than half of which was such a wait is the loop's own
+(``megha_event_loop_busy_lag_seconds``); the rest only less work on the host mends. Where
+the kernel does not say, every lag counts as the loop's own.
 """
 
 from __future__ import annotations
@@ -31,6 +39,12 @@ STALL_S = _BUCKETS[7]  # 0.128 s
 LOOP_LAG_SECONDS = Histogram(
     "megha_event_loop_lag_seconds",
     "How late the event loop ran a timer that was due (blocked loop or no free core).",
+    buckets=_BUCKETS,
+)
+BUSY_LAG_SECONDS = Histogram(
+    "megha_event_loop_busy_lag_seconds",
+    "The loop lags its own thread's CPU time covers: a callback or a run of them held it"
+    " (not a wait for a free core).",
     buckets=_BUCKETS,
 )
 # Called with each lag ``watch`` measures in this process (a GM's ``Admission`` reads
@@ -77,10 +91,12 @@ class StallTally:
     stalls: int = 0
     worst_lag_s: float = 0.0
     gc: dict[str, list[float]] = field(default_factory=dict)  # generation -> [count, s]
+    busy_stalls: int = 0  # of ``stalls``, those the loop's own work covers (``busy``)
 
-    def add(self, lag: float, collections: list[tuple[int, float]]) -> None:
+    def add(self, lag: float, collections: list[tuple[int, float]], busy: bool = False) -> None:
         self.loop_lags += 1
         self.stalls += lag > STALL_S
+        self.busy_stalls += lag > STALL_S and busy
         self.worst_lag_s = max(self.worst_lag_s, lag)
         for generation, took in collections:
             entry = self.gc.setdefault(str(generation), [0, 0.0])
@@ -92,9 +108,29 @@ class StallTally:
         return {
             "loop_lags": self.loop_lags,
             "stalls": self.stalls,
+            "busy_stalls": self.busy_stalls,
             "worst_lag_le_s": worst,
             "gc": {gen: [int(c), round(sec, 3)] for gen, (c, sec) in sorted(self.gc.items())},
         }
+
+
+_SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+def core_wait_s(path: str = _SCHEDSTAT) -> float | None:
+    """How long the calling thread has waited, ready, for a core since it began (the
+    second of the kernel's three schedstat figures, in ns), or None where it is not told."""
+    try:
+        with open(path, "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def busy(lag: float, waited_s: float | None) -> bool:
+    """Whether a lag of ``lag`` s was the loop's own work: its thread waited for a core
+    ``waited_s`` of the time, less than half the lag (None: not known, so its own)."""
+    return lag > 0 and (waited_s is None or waited_s < lag / 2)
 
 
 def describe(collections: list[tuple[int, float]]) -> str:
@@ -159,6 +195,13 @@ def settle(thresholds: tuple[int, int, int] | None = None) -> tuple[int, int, in
     return thresholds
 
 
+def _cause(own: bool, waited: float | None) -> str:
+    if waited is None:
+        return "the loop's own work, or a wait for a core: not told"
+    said = f"waited {waited:.3f} s for a core"
+    return f"the loop's own work ({said})" if own else f"mostly a wait for a core ({said})"
+
+
 async def watch(
     interval_s: float = 0.05, warn_s: float = 0.1, tally: StallTally | None = None
 ) -> None:
@@ -169,21 +212,32 @@ async def watch(
     try:
         loop = asyncio.get_running_loop()
         while True:
+            waited_before = core_wait_s()
             due = loop.time() + interval_s
             await asyncio.sleep(interval_s)
             lag = max(0.0, loop.time() - due)
+            waited_after = core_wait_s()
+            waited = (
+                None
+                if waited_before is None or waited_after is None
+                else waited_after - waited_before
+            )
+            own = busy(lag, waited)
             LOOP_LAG_SECONDS.observe(lag)
+            if own:
+                BUSY_LAG_SECONDS.observe(lag)
             for listener in LAG_LISTENERS:
                 listener(lag)
             collections = timer.drain()
             if tally is not None:
-                tally.add(lag, collections)
+                tally.add(lag, collections, own)
             if lag >= warn_s:
                 log.warning(
-                    "event loop ran %.3f s late (%s)",
+                    "event loop ran %.3f s late (%s; %s)",
                     lag,
                     describe(collections),
-                    extra={"lag_s": round(lag, 3)},
+                    _cause(own, waited),
+                    extra={"lag_s": round(lag, 3), "busy": own},
                 )
     finally:
         gc.callbacks.remove(timer)

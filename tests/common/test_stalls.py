@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -42,6 +45,10 @@ async def test_a_blocked_loop_is_logged_with_the_collections_that_ran_meanwhile(
     # The worst lag's bucket (powers of two from 1 ms): 0.512 s for the 0.3 s block,
     # the next one up when a loaded machine stretched the block and the collection.
     assert counted["stalls"] == 1
+    # Blocked in a call, not waiting for a core: the loop's own (where the kernel tells).
+    if stalls.core_wait_s() is not None:
+        assert counted["busy_stalls"] == 1 and record.busy
+        assert "the loop's own work" in record.getMessage()
     assert counted["worst_lag_le_s"] / 2 < record.lag_s <= counted["worst_lag_le_s"]
     assert counted["loop_lags"] >= 3 and counted["gc"]["2"][0] == 1
 
@@ -97,3 +104,39 @@ def test_the_thresholds_can_be_set_from_the_environment(monkeypatch, caplog):
         gc.set_threshold(*before)
         gc.unfreeze()
     assert "three positive integers" in caplog.text
+
+
+def test_a_lag_is_the_loops_own_unless_mostly_a_wait_for_a_core(tmp_path):
+    assert stalls.busy(0.3, 0.0) and stalls.busy(0.3, 0.149)
+    assert not stalls.busy(0.3, 0.15) and not stalls.busy(0.3, 0.29)
+    assert stalls.busy(0.3, None)  # not told: not excused
+    assert not stalls.busy(0.0, 0.0)  # on time
+    told = tmp_path / "schedstat"
+    told.write_text("341749585 456000000 27\n")
+    assert stalls.core_wait_s(str(told)) == 0.456
+    assert stalls.core_wait_s(str(tmp_path / "absent")) is None
+    told.write_text("")
+    assert stalls.core_wait_s(str(told)) is None
+
+
+@pytest.mark.skipif(stalls.core_wait_s() is None, reason="the kernel does not tell")
+def test_the_kernel_counts_the_wait_for_a_core_a_busy_neighbour_causes():
+    """What ``busy`` relies on: a thread that shares its one core with a process that
+    spins waits for the core about as long as it runs."""
+    cpu = min(os.sched_getaffinity(0))
+    allowed = os.sched_getaffinity(0)
+    rival = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(rival.pid, {cpu})
+        os.sched_setaffinity(0, {cpu})
+        time.sleep(0.1)  # the rival is spinning
+        before = stalls.core_wait_s()
+        spun = time.monotonic() + 0.4
+        while time.monotonic() < spun:
+            pass
+        waited = stalls.core_wait_s() - before
+    finally:
+        os.sched_setaffinity(0, allowed)
+        rival.kill()
+        rival.wait()
+    assert waited >= 0.1  # about 0.2 s when the two share the core evenly

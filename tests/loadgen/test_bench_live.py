@@ -145,12 +145,14 @@ def test_cli_without_a_subcommand_describes_itself(capsys) -> None:
 
 def test_stalls_are_read_from_each_process_histograms() -> None:
     registry = CollectorRegistry()
-    lag = Histogram(
-        "megha_event_loop_lag_seconds", "", buckets=(0.128, 0.256, 0.512, 1.024), registry=registry
-    )
+    edges = (0.128, 0.256, 0.512, 1.024)
+    lag = Histogram("megha_event_loop_lag_seconds", "", buckets=edges, registry=registry)
+    busy = Histogram("megha_event_loop_busy_lag_seconds", "", buckets=edges, registry=registry)
     pause = Histogram("megha_gc_pause_seconds", "", ["generation"], registry=registry)
     for seconds in (0.001, 0.2, 0.3, 0.9):
         lag.observe(seconds)
+    for seconds in (0.001, 0.3):  # the loop's own work; 0.2 and 0.9 waited for a core
+        busy.observe(seconds)
     pause.labels("2").observe(0.05)
     pause.labels("2").observe(0.07)
     quiet = CollectorRegistry()
@@ -163,10 +165,12 @@ def test_stalls_are_read_from_each_process_histograms() -> None:
     assert stalls["lm-1"] == {
         "loop_lags": 4,
         "stalls": 3,  # 0.2, 0.3 and 0.9: over 0.128 s
+        "busy_stalls": 1,  # 0.3
         "worst_lag_le_s": 1.024,
         "gc": {"2": [2, 0.12]},
     }
     assert stalls["gm-1"]["stalls"] == 0 and stalls["gm-1"]["gc"] == {}
+    assert stalls["gm-1"]["busy_stalls"] == 0  # a process without the busy histogram
     assert "predictor" not in stalls
 
 
@@ -174,22 +178,25 @@ def test_stalls_count_from_the_scrape_before_the_load() -> None:
     """A process's start-up (connecting, ``settle``'s full collection) is not the run's:
     only what its histograms gained after the scrape taken when the load began counts."""
     registry = CollectorRegistry()
-    lag = Histogram(
-        "megha_event_loop_lag_seconds", "", buckets=(0.128, 0.256, 0.512, 1.024), registry=registry
-    )
+    edges = (0.128, 0.256, 0.512, 1.024)
+    lag = Histogram("megha_event_loop_lag_seconds", "", buckets=edges, registry=registry)
+    busy = Histogram("megha_event_loop_busy_lag_seconds", "", buckets=edges, registry=registry)
     pause = Histogram("megha_gc_pause_seconds", "", ["generation"], registry=registry)
     lag.observe(0.9)  # start-up
+    busy.observe(0.9)
     pause.labels("2").observe(0.2)  # settle's collection
     lag.observe(0.001)
     before = {"gm-1": generate_latest(registry).decode()}
     for seconds in (0.001, 0.3):
         lag.observe(seconds)
+        busy.observe(seconds)
     pause.labels("0").observe(0.01)
     after = {"gm-1": generate_latest(registry).decode()}
 
     assert stalls_from(after, before)["gm-1"] == {
         "loop_lags": 2,
         "stalls": 1,  # 0.3; the start-up's 0.9 is left out
+        "busy_stalls": 1,
         "worst_lag_le_s": 0.512,
         "gc": {"0": [1, 0.01]},
     }
