@@ -70,6 +70,7 @@ from services.common.config import (
     parse_config,
 )
 from services.common.convert import resources_to_proto
+from services.common.gate import IN_FLIGHT
 from services.common.names import (
     CANCEL_EXCHANGE,
     EVENT_EXCHANGE,
@@ -476,6 +477,7 @@ class Offer:
     busy_retries: int = 0  # jobs sent again after a GM refused them RESOURCE_EXHAUSTED
     throttled: int = 0  # tries the clients kept back, no message sent (AdaptiveThrottle)
     unsent: int = 0  # tries a stream did not send within SEND_WITHIN_S (NotSent)
+    not_admitted: int = 0  # jobs whose turn at a client's gate did not come in time
     lags_s: list[float] = field(default_factory=list)  # send time - deadline, per job
     rpc_s: list[float] = field(default_factory=list)  # SubmitJob round trips
     answer_s: list[float] = field(default_factory=list)  # each try's wait for its answer
@@ -847,6 +849,7 @@ async def _measure(
             clients = {id(t.client): t.client for t in targets}.values()
             offer.offer.throttled = sum(client.throttled for client in clients)
             offer.offer.unsent = sum(client.unsent for client in clients)
+            offer.offer.not_admitted = sum(client.not_admitted for client in clients)
             cpu = meter.stop(len(offer.offer.accepted))
             memory = meter.memory(len(offer.offer.accepted))
             for loop_task in (reporter, sampler, watcher):
@@ -983,6 +986,7 @@ def summarise(
         throttled_tries=offer.throttled,
         # Tries a client's stream did not send in time, answered by itself (NotSent).
         unsent_tries=offer.unsent,
+        not_admitted_jobs=offer.not_admitted,
         failed=failed,
         duplicates=events.duplicates,
         # Tasks of submissions never acknowledged (e.g. DEADLINE_EXCEEDED) that ran
@@ -1127,6 +1131,12 @@ def render(result: BenchResult) -> str:
                 f"; {s['unsent_tries']} tries not sent within {SEND_WITHIN_S:g} s (the GMs "
                 "read slower than the clients asked)"
                 if s.get("unsent_tries")
+                else ""
+            )
+            + (
+                f"; {s['not_admitted_jobs']} jobs never sent (their turn among a client's "
+                f"{IN_FLIGHT} jobs in flight did not come in time)"
+                if s.get("not_admitted_jobs")
                 else ""
             )
             + (

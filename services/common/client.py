@@ -15,6 +15,7 @@ import grpc
 
 from services._proto.megha.v1 import common_pb2, global_master_pb2, global_master_pb2_grpc
 from services.common.convert import resources_to_proto
+from services.common.gate import IN_FLIGHT, Gate
 from services.common.request_stream import NotSent, Submitter, rpc_error
 from services.common.server import channel
 from services.core.states import TERMINAL
@@ -42,6 +43,7 @@ BUSY_PAUSE_S, BUSY_PAUSE_MAX_S, BUSY_TRIES = 0.1, 5.0, 8
 # so after pauses doubling as the busy ones, for up to this long (an outage of a few
 # seconds, a GM restarting or its broker node failing over, then costs a wait, not the job).
 OUTAGE_S = 30.0
+SUBMIT_TIMEOUT_S = 30.0  # the most a try waits for its answer
 ANSWER_S = 1.0  # a GM answers every submission within this (issue 32)
 # Failures that say nothing of whether the GM took the try (it is away, the call was
 # cancelled, or no answer came): not counted by a client's throttle (``AdaptiveThrottle``).
@@ -187,6 +189,10 @@ class GlobalMasterClient:
         self.throttled = 0
         # Tries a streaming client did not send within ``SEND_WITHIN_S`` (``NotSent``).
         self.unsent = 0
+        # At most IN_FLIGHT jobs try at once; the rest wait their turn (``Gate``), and
+        # those whose turn did not come within their bound are refused unsent (counted).
+        self.gate = Gate(IN_FLIGHT)
+        self.not_admitted = 0
 
     async def __aenter__(self) -> GlobalMasterClient:
         return self
@@ -250,58 +256,72 @@ class GlobalMasterClient:
             self.throttle.record(time.monotonic(), accepted=False)
             return not pauses or time.monotonic() >= give_up
 
-        while True:
-            if self.throttle.allow(time.monotonic(), _JITTER.random()):
-                began = time.perf_counter()
-                now = time.time_ns()
-                for task in unstamped:
-                    task.timestamps.submitted_unix_nanos = now
-                sent = True
-                try:
-                    reply = await self._submit_once(request)
-                except NotSent:
-                    # Not sent in time: the GM reads slower than this client asks. Waited
-                    # out as a kept-back try (the throttle then keeps more back).
-                    sent = False
-                    self.unsent += 1
-                    if held_back():
-                        raise
-                except grpc.aio.AioRpcError as err:
-                    busy = err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-                    if busy or err.code() not in NOT_COUNTED:
-                        self.throttle.record(time.monotonic(), accepted=not busy)
-                    if not busy and unsure_for_s > 0 and unsure(err):
-                        pause = outage.pause(time.monotonic())
-                        if pause is not None:
-                            if on_unsure is not None:
-                                on_unsure(err, job_id, pause)
-                            await asyncio.sleep(pause)
-                            continue
-                    if not busy or refused == len(pauses):
-                        raise
-                    refused += 1
+        # Behind the client's other jobs in flight for as long as its tries could take,
+        # or, with none to take, as long as one try may wait for its answer (``Gate``).
+        waited_from = time.monotonic()
+        if not await self.gate.enter(give_up - waited_from if pauses else SUBMIT_TIMEOUT_S):
+            self.not_admitted += 1
+            raise rpc_error(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"not sent: waited {time.monotonic() - waited_from:.1f} s behind this "
+                f"client's {self.gate.limit} jobs in flight (the GM takes fewer than it is "
+                "offered); retry it later",
+            )
+        try:
+            while True:
+                if self.throttle.allow(time.monotonic(), _JITTER.random()):
+                    began = time.perf_counter()
+                    now = time.time_ns()
+                    for task in unstamped:
+                        task.timestamps.submitted_unix_nanos = now
+                    sent = True
+                    try:
+                        reply = await self._submit_once(request)
+                    except NotSent:
+                        # Not sent in time: the GM reads slower than this client asks. Waited
+                        # out as a kept-back try (the throttle then keeps more back).
+                        sent = False
+                        self.unsent += 1
+                        if held_back():
+                            raise
+                    except grpc.aio.AioRpcError as err:
+                        busy = err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                        if busy or err.code() not in NOT_COUNTED:
+                            self.throttle.record(time.monotonic(), accepted=not busy)
+                        if not busy and unsure_for_s > 0 and unsure(err):
+                            pause = outage.pause(time.monotonic())
+                            if pause is not None:
+                                if on_unsure is not None:
+                                    on_unsure(err, job_id, pause)
+                                await asyncio.sleep(pause)
+                                continue
+                        if not busy or refused == len(pauses):
+                            raise
+                        refused += 1
+                    else:
+                        self.throttle.record(time.monotonic(), accepted=True)
+                        return reply
+                    finally:
+                        if on_answer is not None and sent:
+                            on_answer(time.perf_counter() - began)
                 else:
-                    self.throttle.record(time.monotonic(), accepted=True)
-                    return reply
-                finally:
-                    if on_answer is not None and sent:
-                        on_answer(time.perf_counter() - began)
-            else:
-                self.throttled += 1
-                if held_back():
-                    raise throttled_error(*self.throttle.counts(time.monotonic()))
-            pause = jittered(pauses[min(waited, len(pauses) - 1)])
-            waited += 1
-            if on_busy is not None:
-                on_busy(pause)
-            await asyncio.sleep(pause)
+                    self.throttled += 1
+                    if held_back():
+                        raise throttled_error(*self.throttle.counts(time.monotonic()))
+                pause = jittered(pauses[min(waited, len(pauses) - 1)])
+                waited += 1
+                if on_busy is not None:
+                    on_busy(pause)
+                await asyncio.sleep(pause)
+        finally:
+            self.gate.leave()
 
     async def _submit_once(
         self, request: global_master_pb2.SubmitJobRequest
     ) -> global_master_pb2.SubmitJobResponse:
         if self._submitter is not None:
-            return await self._submitter.request(request, timeout=30)
-        return await self.stub.SubmitJob(request, timeout=30)
+            return await self._submitter.request(request, timeout=SUBMIT_TIMEOUT_S)
+        return await self.stub.SubmitJob(request, timeout=SUBMIT_TIMEOUT_S)
 
     async def job(self, job_id: str) -> global_master_pb2.Job:
         reply = await self.stub.GetJob(global_master_pb2.GetJobRequest(job_id=job_id), timeout=10)

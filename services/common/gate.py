@@ -1,0 +1,100 @@
+"""A client's gate for its submissions: at most ``limit`` jobs in flight, the rest waiting
+their turn, first come first served (issue 32, item 1).
+
+A client that offers more than its GM takes used to send every job at once and retry each
+on its own after its pauses: at 10,000 one-task jobs a second offered to a federation
+placing about 3,000, the load generator held some 200,000 jobs, each waking on its own
+timer to be refused again or kept back by its throttle (2.7 million such wakes in a 20 s
+run). That took the load generator 78 % of a core, on the cores the federation runs on,
+and the federation placed 136 tasks a second (``megha-loadgen bench-live --rate 10000``).
+
+Behind the gate a job waits on a future, not a timer: it costs nothing until a job in
+flight ends and hands it its place. The jobs in flight are the only ones that try, pause
+and retry, so the work a refused try costs is bounded by ``limit``, however much the
+caller offers. Each waiter has a deadline (the time its tries would have taken in all):
+one timer, for the earliest deadline, refuses those whose turn did not come in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections import deque
+
+# Per client. Four of a GM's largest stream messages (``MAX_COALESCED``, 256 jobs): at
+# 3,000 one-task jobs a second offered a client has 150-900 in flight (answered in
+# 0.1-0.6 s). Measured at 10,000 a second (bench-live, docs/overload.md): 256 and 512
+# placed 2,435 and 2,473 tasks/s, 1,024 placed 2,623, with each try answered within
+# p99 0.38, 0.82 and 0.81 s.
+IN_FLIGHT = 1024
+
+
+class Gate:
+    """At most ``limit`` holders at once; ``enter`` waits its turn, ``leave`` hands it on."""
+
+    def __init__(self, limit: int = IN_FLIGHT) -> None:
+        if limit < 1:
+            raise ValueError(f"a gate lets at least one job through, not {limit}")
+        self.limit = limit
+        self.held = 0
+        self._waiting: deque[asyncio.Future[bool]] = deque()  # in the order they came
+        # The same waiters by deadline (and arrival, for ties), for the one timer.
+        self._deadlines: list[tuple[float, int, asyncio.Future[bool]]] = []
+        self._arrivals = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def waiting(self) -> int:
+        """How many wait their turn."""
+        return sum(not turn.done() for turn in self._waiting)
+
+    async def enter(self, within_s: float) -> bool:
+        """Take a place: True once one is free, False if none was within ``within_s``
+        seconds. One who gets True must ``leave``."""
+        if self.held < self.limit and not self._waiting:
+            self.held += 1
+            return True
+        if within_s <= 0:
+            return False
+        loop = asyncio.get_running_loop()
+        turn: asyncio.Future[bool] = loop.create_future()
+        self._waiting.append(turn)
+        deadline = loop.time() + within_s
+        heapq.heappush(self._deadlines, (deadline, next(self._arrivals), turn))
+        if self._timer is None or deadline < self._timer.when():
+            self._arm(loop)
+        try:
+            return await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled() and turn.result():
+                self.leave()  # handed a place as it was cancelled: hand it on
+            raise
+
+    def leave(self) -> None:
+        """A holder is done: its place goes to the first waiter still waiting."""
+        self.held -= 1
+        while self._waiting:
+            turn = self._waiting.popleft()
+            if not turn.done():
+                self.held += 1
+                turn.set_result(True)
+                return
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The timer, for the earliest deadline of a waiter still waiting (None: none)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        while self._deadlines and self._deadlines[0][2].done():
+            heapq.heappop(self._deadlines)  # passed through or cancelled meanwhile
+        self._timer = loop.call_at(self._deadlines[0][0], self._expire) if self._deadlines else None
+
+    def _expire(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, _, turn = heapq.heappop(self._deadlines)
+            if not turn.done():
+                turn.set_result(False)
+        self._timer = None
+        self._arm(loop)

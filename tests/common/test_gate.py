@@ -1,0 +1,107 @@
+"""A client's gate: at most ``limit`` jobs in flight, the rest wait their turn in order,
+each for a bounded time, on a future rather than a timer of its own."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from services.common.client import GlobalMasterClient
+from services.common.gate import Gate
+
+
+async def test_past_the_limit_jobs_wait_and_pass_in_the_order_they_came() -> None:
+    gate = Gate(2)
+    assert await gate.enter(1.0) and await gate.enter(1.0)
+    passed: list[int] = []
+
+    async def job(n: int) -> None:
+        assert await gate.enter(5.0)
+        passed.append(n)
+
+    waiting = [asyncio.create_task(job(n)) for n in range(3)]
+    await asyncio.sleep(0.01)
+    assert passed == [] and gate.waiting == 3 and gate.held == 2
+    gate.leave()
+    await asyncio.sleep(0.01)
+    assert passed == [0]
+    gate.leave()
+    gate.leave()
+    await asyncio.gather(*waiting)
+    assert passed == [0, 1, 2] and gate.held == 3 - 1  # two left, three came in
+
+
+async def test_a_job_whose_turn_does_not_come_in_time_is_refused() -> None:
+    gate = Gate(1)
+    assert await gate.enter(1.0)
+    assert not await gate.enter(0)  # no wait at all: refused at once
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    first, second = (asyncio.create_task(gate.enter(s)) for s in (0.05, 0.1))
+    assert not await first and not await second
+    assert 0.09 <= loop.time() - began < 1.0
+    assert gate.waiting == 0 and gate.held == 1
+    gate.leave()  # nobody waits: the place is free
+    assert gate.held == 0 and await gate.enter(0)
+
+
+async def test_a_cancelled_waiter_is_passed_over_and_a_place_is_never_lost() -> None:
+    gate = Gate(1)
+    assert await gate.enter(1.0)
+    cancelled = asyncio.create_task(gate.enter(5.0))
+    later = asyncio.create_task(gate.enter(5.0))
+    await asyncio.sleep(0.01)
+    cancelled.cancel()
+    await asyncio.sleep(0.01)
+    gate.leave()
+    assert await later and gate.held == 1
+    # Handed a place just as it was cancelled: it hands the place on.
+    handed = asyncio.create_task(gate.enter(5.0))
+    after = asyncio.create_task(gate.enter(5.0))
+    await asyncio.sleep(0.01)
+    gate.leave()  # ``handed`` gets the place ...
+    handed.cancel()  # ... and is cancelled before it runs
+    with pytest.raises(asyncio.CancelledError):
+        await handed
+    assert await after and gate.held == 1
+
+
+def test_a_gate_lets_at_least_one_through() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        Gate(0)
+
+
+async def test_a_client_keeps_at_most_its_limit_of_jobs_in_flight(monkeypatch) -> None:
+    """Behind the gate a job sends nothing: the GM sees at most ``limit`` jobs at once, and
+    one whose turn does not come within its tries' bound is refused unsent, counted."""
+    client = GlobalMasterClient("127.0.0.1:1")
+    client.gate = Gate(2)
+    in_flight, most = [0], [0]
+    release = asyncio.Event()
+
+    async def submit_once(request):
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        try:
+            await release.wait()
+            return request.job_id
+        finally:
+            in_flight[0] -= 1
+
+    monkeypatch.setattr(client, "_submit_once", submit_once)
+    try:
+        jobs = [asyncio.create_task(client.submit([], job_id=f"j{n}")) for n in range(5)]
+        await asyncio.sleep(0.05)
+        assert most[0] == 2 and client.gate.waiting == 3
+        # One busy try's bound (0.1 s pause + 1 s answer) passes behind the other five.
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await client.submit([], job_id="late", busy_tries=1)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "not sent" in refused.value.details() and client.not_admitted == 1
+        release.set()
+        assert await asyncio.gather(*jobs) == [f"j{n}" for n in range(5)]
+        assert most[0] == 2 and client.gate.held == 0
+    finally:
+        await client.close()
