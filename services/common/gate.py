@@ -22,12 +22,13 @@ import heapq
 import itertools
 from collections import deque
 
-# Per client. Four of a GM's largest stream messages (``MAX_COALESCED``, 256 jobs): at
-# 3,000 one-task jobs a second offered a client has 150-900 in flight (answered in
-# 0.1-0.6 s). Measured at 10,000 a second (bench-live, docs/overload.md): 256 and 512
-# placed 2,435 and 2,473 tasks/s, 1,024 placed 2,623, with each try answered within
-# p99 0.38, 0.82 and 0.81 s.
-IN_FLIGHT = 1024
+# Per client: one of a GM's largest stream messages (``MAX_COALESCED``). What is in flight
+# waits, so this bounds a try's wait: at 10,000 one-task jobs a second offered (bench-live,
+# 2 GMs, docs/overload.md), 256 placed 2,637 / 2,073 tasks/s with every try answered
+# within 1 s (p99 0.34 / 0.48 s), 1,024 placed 2,489 / 2,637 with 512 tries answered after
+# more than 1 s (p99 0.83 / 0.79 s); at 3,000 offered, 256 placed 2,954 / 2,770 and 1,024
+# 2,983 / 2,930 (p99 0.31-0.34 s against 0.53-0.64 s).
+IN_FLIGHT = 256
 
 
 class Gate:
