@@ -236,12 +236,6 @@ class GlobalMasterClient:
         pause)."""
         if unsure_for_s > 0 and not job_id:
             job_id = new_job_id()  # kept by every try: a GM runs the job once
-        # Built once: each try only stamps its own time (the tasks are copies made here).
-        request = global_master_pb2.SubmitJobRequest(
-            job_id=job_id, queue=queue, gang=gang, min_tasks=min_tasks, vdc=vdc
-        )
-        request.tasks.extend(tasks)
-        unstamped = [t for t in request.tasks if not t.timestamps.submitted_unix_nanos]
         pauses = _pauses(busy_tries)
         # A try kept back is no try: the job waits as after a refusal and asks again, for
         # at most as long as its busy tries would take in all: their pauses, and each
@@ -268,6 +262,13 @@ class GlobalMasterClient:
                 "offered); retry it later",
             )
         try:
+            # Built once, past the gate: each try only stamps its own time (the tasks are
+            # copies made here).
+            request = global_master_pb2.SubmitJobRequest(
+                job_id=job_id, queue=queue, gang=gang, min_tasks=min_tasks, vdc=vdc
+            )
+            request.tasks.extend(tasks)
+            unstamped = [t for t in request.tasks if not t.timestamps.submitted_unix_nanos]
             while True:
                 if self.throttle.allow(time.monotonic(), _JITTER.random()):
                     began = time.perf_counter()
