@@ -12,7 +12,9 @@ Behind the gate a job waits on a future, not a timer: it costs nothing until a j
 flight ends and hands it its place. The jobs in flight are the only ones that try, pause
 and retry, so the work a refused try costs is bounded by ``limit``, however much the
 caller offers. Each waiter has a deadline (the time its tries would have taken in all):
-one timer, for the earliest deadline, refuses those whose turn did not come in time.
+one timer, for the earliest deadline, refuses those whose turn did not come in time. A job
+that would wait behind more than can pass before its deadline, at the pace places came
+free lately (``services/core/throttle.py``'s ``Pace``), is refused at once instead.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import asyncio
 import heapq
 import itertools
 from collections import deque
+
+from services.core.throttle import Pace
 
 # Per client: one of a GM's largest stream messages (``MAX_COALESCED``). What is in flight
 # waits, so this bounds a try's wait: at 10,000 one-task jobs a second offered (bench-live,
@@ -44,11 +48,13 @@ class Gate:
         self._deadlines: list[tuple[float, int, asyncio.Future[bool]]] = []
         self._arrivals = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
+        self._queued = 0  # of ``_waiting``, those still waiting
+        self.pace = Pace()
 
     @property
     def waiting(self) -> int:
         """How many wait their turn."""
-        return sum(not turn.done() for turn in self._waiting)
+        return self._queued
 
     async def enter(self, within_s: float) -> bool:
         """Take a place: True once one is free, False if none was within ``within_s``
@@ -56,11 +62,12 @@ class Gate:
         if self.held < self.limit and not self._waiting:
             self.held += 1
             return True
-        if within_s <= 0:
-            return False
         loop = asyncio.get_running_loop()
+        if within_s <= 0 or self.pace.hopeless(self._queued + 1, within_s, loop.time()):
+            return False
         turn: asyncio.Future[bool] = loop.create_future()
         self._waiting.append(turn)
+        self._queued += 1
         deadline = loop.time() + within_s
         heapq.heappush(self._deadlines, (deadline, next(self._arrivals), turn))
         if self._timer is None or deadline < self._timer.when():
@@ -68,17 +75,21 @@ class Gate:
         try:
             return await turn
         except asyncio.CancelledError:
-            if turn.done() and not turn.cancelled() and turn.result():
+            if turn.cancelled():
+                self._queued -= 1  # left waiting
+            elif turn.result():
                 self.leave()  # handed a place as it was cancelled: hand it on
             raise
 
     def leave(self) -> None:
         """A holder is done: its place goes to the first waiter still waiting."""
         self.held -= 1
+        self.pace.freed(asyncio.get_running_loop().time())
         while self._waiting:
             turn = self._waiting.popleft()
             if not turn.done():
                 self.held += 1
+                self._queued -= 1
                 turn.set_result(True)
                 return
 
@@ -96,6 +107,7 @@ class Gate:
         while self._deadlines and self._deadlines[0][0] <= now:
             _, _, turn = heapq.heappop(self._deadlines)
             if not turn.done():
+                self._queued -= 1
                 turn.set_result(False)
         self._timer = None
         self._arm(loop)

@@ -99,3 +99,54 @@ class AdaptiveThrottle:
             _, requests, accepts = buckets.popleft()
             self._requests -= requests
             self._accepts -= accepts
+
+
+# The window over which a client's gate measures how fast its jobs go through
+# (``services/common/gate.py``).
+PACE_S = 2.0
+
+
+class Pace:
+    """How fast places come free at a client's gate (``Gate``: each job in flight that
+    ends frees one), and whether a job that would wait behind others can have its turn
+    within its bound. A job that cannot is refused at once rather than after waiting out
+    the bound: its caller hears sooner, and the client keeps no future and no timer for it.
+
+    The pace is the places freed over the last ``window_s`` (or since the first, when that
+    is more recent). While none came free in the window nothing is judged hopeless: the
+    waiters then wait out their own bounds."""
+
+    __slots__ = ("_freed", "_since", "window_s")
+
+    def __init__(self, window_s: float = PACE_S):
+        if window_s <= 0:
+            raise ValueError(f"window_s must be positive, got {window_s}")
+        self.window_s = window_s
+        self._freed: deque[float] = deque()  # when each place came free, oldest first
+        self._since: float | None = None
+
+    def freed(self, now: float) -> None:
+        """A place came free at ``now``."""
+        if self._since is None:
+            self._since = now
+        self._freed.append(now)
+        self._expire(now)
+
+    def per_s(self, now: float) -> float:
+        """Places freed per second lately (0.0: none within the window)."""
+        self._expire(now)
+        if not self._freed or self._since is None:
+            return 0.0
+        return len(self._freed) / max(min(self.window_s, now - self._since), 0.1)
+
+    def hopeless(self, ahead: int, within_s: float, now: float) -> bool:
+        """Whether a job behind ``ahead`` waiters would not have its turn within
+        ``within_s`` at the pace lately."""
+        rate = self.per_s(now)
+        return rate > 0 and ahead / rate > within_s
+
+    def _expire(self, now: float) -> None:
+        oldest = now - self.window_s
+        freed = self._freed
+        while freed and freed[0] <= oldest:
+            freed.popleft()

@@ -55,6 +55,7 @@ async def test_a_cancelled_waiter_is_passed_over_and_a_place_is_never_lost() -> 
     await asyncio.sleep(0.01)
     cancelled.cancel()
     await asyncio.sleep(0.01)
+    assert gate.waiting == 1
     gate.leave()
     assert await later and gate.held == 1
     # Handed a place just as it was cancelled: it hands the place on.
@@ -66,6 +67,33 @@ async def test_a_cancelled_waiter_is_passed_over_and_a_place_is_never_lost() -> 
     with pytest.raises(asyncio.CancelledError):
         await handed
     assert await after and gate.held == 1
+
+
+async def test_a_job_that_cannot_have_its_turn_in_time_is_refused_at_once() -> None:
+    """At the pace places came free lately, a job behind too many waiters is refused
+    without waiting out its bound (no future, no timer kept for it)."""
+    gate = Gate(1)
+    assert await gate.enter(1.0)
+    for _ in range(20):  # a place comes free and is taken again: 20 in about 0.1 s
+        gate.leave()
+        assert await gate.enter(1.0)
+        await asyncio.sleep(0.005)
+    rate = gate.pace.per_s(asyncio.get_running_loop().time())
+    assert 50 < rate < 400
+    ahead = [asyncio.create_task(gate.enter(30.0)) for _ in range(int(rate * 0.5))]
+    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    assert not await gate.enter(0.2)  # ~0.5 s behind the others: refused at once
+    assert loop.time() - began < 0.05 and gate.waiting == len(ahead)
+    patient = asyncio.create_task(gate.enter(30.0))  # time enough: it waits its turn
+    ahead.append(patient)
+    await asyncio.sleep(0.01)
+    assert not patient.done() and gate.waiting == len(ahead)
+    for task in ahead:
+        task.cancel()
+    await asyncio.gather(*ahead, return_exceptions=True)
+    assert gate.waiting == 0
 
 
 def test_a_gate_lets_at_least_one_through() -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.core.throttle import MIN_REQUESTS, AdaptiveThrottle
+from services.core.throttle import MIN_REQUESTS, AdaptiveThrottle, Pace
 
 
 def test_a_gm_taking_everything_is_never_throttled() -> None:
@@ -92,3 +92,21 @@ def test_the_gm_sees_about_k_tries_per_one_it_takes(offered: int, capacity: int,
     assert taken >= room_20s - max(0.05 * room_20s, 15)
     if offered > 3 * capacity:
         assert sent <= 2.5 * taken + 20  # about k tries per one taken, not ``offered``
+
+
+def test_the_pace_is_the_places_freed_over_the_window_or_since_the_first() -> None:
+    pace = Pace(window_s=2.0)
+    assert pace.per_s(0.0) == 0.0 and not pace.hopeless(10**6, 1.0, 0.0)  # not known
+    for n in range(100):  # 100 freed within 0.5 s: 200 a second, not 50
+        pace.freed(10.0 + n * 0.005)
+    assert pace.per_s(10.5) == pytest.approx(200.0)
+    # 1,000 ahead at 200 a second: 5 s.
+    assert pace.hopeless(1_000, 4.9, 10.5) and not pace.hopeless(1_000, 5.1, 10.5)
+    assert pace.per_s(11.5) == pytest.approx(100 / 1.5)  # since the first: 1.5 s
+    assert pace.per_s(12.0) == pytest.approx(99 / 2.0)  # the window: the first left it
+    assert pace.per_s(12.6) == 0.0 and not pace.hopeless(10**6, 1.0, 12.6)  # none lately
+
+
+def test_a_pace_needs_a_window() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        Pace(window_s=0)
