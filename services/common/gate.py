@@ -59,10 +59,11 @@ class Gate:
     async def enter(self, within_s: float) -> bool:
         """Take a place: True once one is free, False if none was within ``within_s``
         seconds. One who gets True must ``leave``."""
-        if self.held < self.limit and not self._waiting:
+        if self.held < self.limit and not self._queued:
             self.held += 1
             return True
         loop = asyncio.get_running_loop()
+        # Its turn comes once a place came free for each waiter before it, and one for it.
         if within_s <= 0 or self.pace.hopeless(self._queued + 1, within_s, loop.time()):
             return False
         turn: asyncio.Future[bool] = loop.create_future()

@@ -139,11 +139,11 @@ class Pace:
             return 0.0
         return len(self._freed) / max(min(self.window_s, now - self._since), 0.1)
 
-    def hopeless(self, ahead: int, within_s: float, now: float) -> bool:
-        """Whether a job behind ``ahead`` waiters would not have its turn within
-        ``within_s`` at the pace lately."""
+    def hopeless(self, places: int, within_s: float, now: float) -> bool:
+        """Whether a job whose turn comes once ``places`` more came free would not have
+        it within ``within_s``, at the pace lately."""
         rate = self.per_s(now)
-        return rate > 0 and ahead / rate > within_s
+        return rate > 0 and places / rate > within_s
 
     def _expire(self, now: float) -> None:
         oldest = now - self.window_s
