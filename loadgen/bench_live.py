@@ -378,7 +378,7 @@ def stalls_from(
     texts: dict[str, str], before: dict[str, str] | None = None
 ) -> dict[str, dict[str, Any]]:
     """Per process: how often its event loop ran more than ``STALL_S`` late, how many of
-    those its own work covers (``busy_stalls``; the rest were waits for a core), a bound
+    those its own work caused (``busy_stalls``; the rest were waits for a core), a bound
     on the worst lag (the histogram bucket it fell in), and its garbage collections by
     generation as [count, seconds]. With ``before`` (the same scrape when the load
     began), only what came after it: a process's start-up (connecting, its one full
@@ -415,7 +415,7 @@ def _over(buckets: dict[float, float], edge: float) -> int:
 @dataclass
 class _LoopFigures:
     """A process's loop-lag histograms (bucket edge -> cumulative count: every lag, and
-    the lags its own work covers) and its collections by generation ([count, seconds])."""
+    the lags its own work caused) and its collections by generation ([count, seconds])."""
 
     lags: dict[float, float]
     busy: dict[float, float]

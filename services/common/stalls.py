@@ -43,8 +43,8 @@ LOOP_LAG_SECONDS = Histogram(
 )
 BUSY_LAG_SECONDS = Histogram(
     "megha_event_loop_busy_lag_seconds",
-    "The loop lags its own thread's CPU time covers: a callback or a run of them held it"
-    " (not a wait for a free core).",
+    "The loop's lags its own work caused, a callback or a run of them that held it (its"
+    " thread waited for a free core less than half the lag).",
     buckets=_BUCKETS,
 )
 # Called with each lag ``watch`` measures in this process (a GM's ``Admission`` reads
@@ -91,7 +91,7 @@ class StallTally:
     stalls: int = 0
     worst_lag_s: float = 0.0
     gc: dict[str, list[float]] = field(default_factory=dict)  # generation -> [count, s]
-    busy_stalls: int = 0  # of ``stalls``, those the loop's own work covers (``busy``)
+    busy_stalls: int = 0  # of ``stalls``, those the loop's own work caused (``busy``)
 
     def add(self, lag: float, collections: list[tuple[int, float]], busy: bool = False) -> None:
         self.loop_lags += 1
@@ -211,17 +211,18 @@ async def watch(
     gc.callbacks.append(timer)
     try:
         loop = asyncio.get_running_loop()
+        waited_before = core_wait_s()
         while True:
-            waited_before = core_wait_s()
             due = loop.time() + interval_s
             await asyncio.sleep(interval_s)
             lag = max(0.0, loop.time() - due)
-            waited_after = core_wait_s()
+            waited_after = core_wait_s()  # read once a turn: the next turn's start too
             waited = (
                 None
                 if waited_before is None or waited_after is None
                 else waited_after - waited_before
             )
+            waited_before = waited_after
             own = busy(lag, waited)
             LOOP_LAG_SECONDS.observe(lag)
             if own:
