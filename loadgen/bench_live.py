@@ -88,6 +88,7 @@ from services.core.resources import parse_resources, resources
 
 T = TypeVar("T")
 DRAIN_EXTRA_S = 30.0  # the wait after the offer is bounded by seconds + this
+TURN_WAITED_S = 0.001  # a job that waited longer than this at its client's gate waited
 STARTUP_TIMEOUT_S = 90.0
 MEMORY_SAMPLE_S = 5.0  # at most, between two samples of every process's resident memory
 # Below Linux's ephemeral ports (32768-60999 by default): a port probed free there can be
@@ -481,6 +482,9 @@ class Offer:
     lags_s: list[float] = field(default_factory=list)  # send time - deadline, per job
     rpc_s: list[float] = field(default_factory=list)  # SubmitJob round trips
     answer_s: list[float] = field(default_factory=list)  # each try's wait for its answer
+    # How long each job that waited its turn at its client's gate waited, by whether its
+    # turn came (a job that found a place free at once is not in either).
+    turn_s: dict[bool, list[float]] = field(default_factory=lambda: {True: [], False: []})
     inflight: set[asyncio.Task[None]] = field(default_factory=set)
     started_ns: int = 0
     ended_ns: int = 0
@@ -529,6 +533,10 @@ class LoadOffer:
     def _on_busy(self, _pause_s: float) -> None:
         self.offer.busy_retries += 1
 
+    def _on_turn(self, waited_s: float, admitted: bool) -> None:
+        if waited_s > TURN_WAITED_S:
+            self.offer.turn_s[admitted].append(waited_s)
+
     async def _submit(self, job_id: str, target: Target) -> None:
         began = time.perf_counter()
         try:
@@ -541,6 +549,7 @@ class LoadOffer:
                 busy_tries=BUSY_TRIES,
                 on_busy=self._on_busy,
                 on_answer=self.offer.answer_s.append,
+                on_turn=self._on_turn,
             )
         except grpc.aio.AioRpcError as err:
             self.offer.errors[err.code().name] += 1
@@ -1003,6 +1012,13 @@ def summarise(
         submit_answer_s=report.percentiles(offer.answer_s),
         answers_over_1s=sum(1 for took in offer.answer_s if took > 1.0),
         tries_sent=len(offer.answer_s),  # each one a message a GM read and answered
+        # Jobs that waited their turn at a client's gate, and how long: those whose turn
+        # came, and those refused unsent after waiting (those refused at once are in
+        # ``not_admitted_jobs`` only).
+        turn_waited_s=report.percentiles(offer.turn_s[True]),
+        turn_waited_jobs=len(offer.turn_s[True]),
+        turn_refused_s=report.percentiles(offer.turn_s[False]),
+        turn_refused_jobs=len(offer.turn_s[False]),
         events_seen=events.events,
         # What every subscriber of the events exchange (each GM too) reads, in messages.
         event_messages_seen=events.batches,
@@ -1050,8 +1066,22 @@ def _answers_line(s: dict[str, Any]) -> str:
         f"answers                each try's wait p50 {report.ms(answer['p50'])} ms, "
         f"p99 {report.ms(answer['p99'])} ms, max {report.ms(answer['max'])} ms; "
         f"{s.get('answers_over_1s', 0)} of {s.get('tries_sent', '?')} over 1 s"
-        f"{_at_the_gms(s)}"
+        f"{_at_the_gms(s)}{_turns(s)}"
     )
+
+
+def _turns(s: dict[str, Any]) -> str:
+    """How long jobs waited their turn at the clients' gates before their first try."""
+    said = ""
+    for key, what in (("turn_waited", "had it"), ("turn_refused", "were refused unsent")):
+        waited = s.get(f"{key}_s") or {}
+        if waited.get("max") is not None:
+            jobs = s.get(f"{key}_jobs", "?")
+            said += (
+                f"; {jobs} jobs waited their turn at a client and {what}: p50 "
+                f"{report.ms(waited['p50'])} ms, max {report.ms(waited['max'])} ms"
+            )
+    return said
 
 
 def _at_the_gms(s: dict[str, Any]) -> str:

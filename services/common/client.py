@@ -218,6 +218,7 @@ class GlobalMasterClient:
         on_answer: Callable[[float], None] | None = None,
         unsure_for_s: float = 0.0,
         on_unsure: Callable[[grpc.aio.AioRpcError, str, float], None] | None = None,
+        on_turn: Callable[[float, bool], None] | None = None,
     ) -> global_master_pb2.SubmitJobResponse:
         """Queue a job (``gang``: all its tasks start together, or ``min_tasks`` of
         them; SubmitJobRequest.gang; ``vdc``: a gang that is a Gridiron VDC). A GM too
@@ -233,7 +234,10 @@ class GlobalMasterClient:
         unknown whether the job was queued (``unsure``) is asked again under the same job
         id (one made here if none is given, ``new_job_id``) after pauses as the busy ones,
         for up to that long, each announced to ``on_unsure`` (the error, the job id, the
-        pause)."""
+        pause). A job waits its turn behind the client's other jobs in flight first
+        (``Gate``), at most as long as its tries could take (with no busy tries, as long
+        as a try waits for its answer); ``on_turn`` is told how long it waited and whether
+        its turn came (it is refused unsent, ``not_admitted``, if not)."""
         if unsure_for_s > 0 and not job_id:
             job_id = new_job_id()  # kept by every try: a GM runs the job once
         pauses = _pauses(busy_tries)
@@ -250,10 +254,11 @@ class GlobalMasterClient:
             self.throttle.record(time.monotonic(), accepted=False)
             return not pauses or time.monotonic() >= give_up
 
-        # Behind the client's other jobs in flight for as long as its tries could take,
-        # or, with none to take, as long as one try may wait for its answer (``Gate``).
         waited_from = time.monotonic()
-        if not await self.gate.enter(give_up - waited_from if pauses else SUBMIT_TIMEOUT_S):
+        admitted = await self.gate.enter(give_up - waited_from if pauses else SUBMIT_TIMEOUT_S)
+        if on_turn is not None:
+            on_turn(time.monotonic() - waited_from, admitted)
+        if not admitted:
             self.not_admitted += 1
             raise rpc_error(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -124,8 +124,11 @@ async def test_a_client_keeps_at_most_its_limit_of_jobs_in_flight(monkeypatch) -
         await asyncio.sleep(0.05)
         assert most[0] == 2 and client.gate.waiting == 3
         # One busy try's bound (0.1 s pause + 1 s answer) passes behind the other five.
+        turns: list[tuple[float, bool]] = []
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await client.submit([], job_id="late", busy_tries=1)
+            await client.submit([], job_id="late", busy_tries=1, on_turn=lambda *t: turns.append(t))
+        ((waited, admitted),) = turns
+        assert 1.0 <= waited < 5.0 and not admitted
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "not sent" in refused.value.details() and client.not_admitted == 1
         release.set()

@@ -319,6 +319,10 @@ def test_an_overloaded_run_reports_its_refusals_and_passes_if_no_task_was_lost()
     config = bench_config(options, base_port=30_000, prefix="bench-unit")
     offer = Offer(jobs=5, tasks=5, started_ns=T0, ended_ns=T0 + 2 * S, busy_retries=3)
     offer.errors.update({"DEADLINE_EXCEEDED": 2, "RESOURCE_EXHAUSTED": 1})
+    offer.answer_s.extend([0.01, 0.02])
+    offer.turn_s[True].extend([0.5, 1.5])  # waited their turn at the client's gate
+    offer.turn_s[False].append(24.0)  # waited, then refused unsent
+    offer.not_admitted = 1
     offer.accepted.add("a.0", "a", "gm-1")
     offer.accepted.add("b.0", "b", "gm-1")
     events = run_events(
@@ -335,6 +339,11 @@ def test_an_overloaded_run_reports_its_refusals_and_passes_if_no_task_was_lost()
     assert "refused submissions    3 tasks not acknowledged" in text
     assert "DEADLINE_EXCEEDED 2  RESOURCE_EXHAUSTED 1" in text
     assert "verdict                saturated" in text
+    assert (s["turn_waited_jobs"], s["turn_refused_jobs"], s["not_admitted_jobs"]) == (2, 1, 1)
+    assert s["turn_waited_s"]["max"] == 1.5
+    assert "2 jobs waited their turn at a client and had it: p50 1000.00 ms" in text
+    assert "1 jobs waited their turn at a client and were refused unsent" in text
+    assert "1 jobs never sent" in text
 
     # The same run with one acknowledged task lost is a breach, refusals or not.
     offer.accepted.add("d.0", "d", "gm-1")
