@@ -127,6 +127,16 @@ def throttled_error(requests: int, accepts: int) -> grpc.aio.AioRpcError:
     )
 
 
+def not_admitted_error(waited_s: float, in_flight: int) -> grpc.aio.AioRpcError:
+    """The refusal a client gives itself for a job whose turn at its gate (``Gate``) did
+    not come in time: the same code as a GM's, so callers handle both alike."""
+    return rpc_error(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"not sent: waited {waited_s:.1f} s behind this client's {in_flight} jobs in flight "
+        "(the GM takes fewer than it is offered); retry it later",
+    )
+
+
 class FollowStalled(RuntimeError):
     """A GM keeps ending the watch of a job whose tasks it does not all know ended."""
 
@@ -256,16 +266,12 @@ class GlobalMasterClient:
 
         waited_from = time.monotonic()
         admitted = await self.gate.enter(give_up - waited_from if pauses else SUBMIT_TIMEOUT_S)
+        turn_s = time.monotonic() - waited_from
         if on_turn is not None:
-            on_turn(time.monotonic() - waited_from, admitted)
+            on_turn(turn_s, admitted)
         if not admitted:
             self.not_admitted += 1
-            raise rpc_error(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"not sent: waited {time.monotonic() - waited_from:.1f} s behind this "
-                f"client's {self.gate.limit} jobs in flight (the GM takes fewer than it is "
-                "offered); retry it later",
-            )
+            raise not_admitted_error(turn_s, self.gate.limit)
         try:
             # Built once, past the gate: each try only stamps its own time (the tasks are
             # copies made here).

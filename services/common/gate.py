@@ -63,13 +63,14 @@ class Gate:
             self.held += 1
             return True
         loop = asyncio.get_running_loop()
+        now = loop.time()
         # Its turn comes once a place came free for each waiter before it, and one for it.
-        if within_s <= 0 or self.pace.hopeless(self._queued + 1, within_s, loop.time()):
+        if within_s <= 0 or self.pace.hopeless(self._queued + 1, within_s, now):
             return False
         turn: asyncio.Future[bool] = loop.create_future()
         self._waiting.append(turn)
         self._queued += 1
-        deadline = loop.time() + within_s
+        deadline = now + within_s
         heapq.heappush(self._deadlines, (deadline, next(self._arrivals), turn))
         if self._timer is None or deadline < self._timer.when():
             self._arm(loop)
