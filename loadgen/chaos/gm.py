@@ -688,9 +688,9 @@ class GM(Actor):
                 self.later(plan.recheck_in, self._recheck, at)
         for item, drop in plan.dropped:
             self._drop(item, drop)
-        for (lm_id, repartition), decided in plan.launches.items():
+        for lm_id, decided in plan.per_lm().items():
             items = [(d.handle, d.placement) for d in decided]
-            self._spawn_launch([d.handle for d in decided], self._send(lm_id, repartition, items))
+            self._spawn_launch([d.handle for d in decided], self._send(lm_id, items))
         for p in plan.preemptions:
             self._spawn_launch([p.handle], self._preempt(p.queue, p.handle, p.plan))
 
@@ -732,7 +732,7 @@ class GM(Actor):
     def _expiry(self) -> float:
         return self.k.now + max(LM_ACCEPT_S, 2 * self.cfg.lm_call_timeout_s)
 
-    def _send(self, lm_id: str, repartition: bool, items: list[tuple[Pending, Placement]]) -> Proc:
+    def _send(self, lm_id: str, items: list[tuple[Pending, Placement]]) -> Proc:
         lm = self.world.lms[lm_id]
         lmv = self.view.lms.get(lm_id)
         known = lmv.version if lmv is not None else 0
@@ -740,10 +740,9 @@ class GM(Actor):
             item.task.lease = self.lease
         request = PlaceRequest(
             self.name,
-            [(item.task.copy(), placement.node) for item, placement in items],
+            [(item.task.copy(), p.node, p.repartition) for item, p in items],
             known,
             self._expiry(),
-            repartition,
         )
         if self.k.tracing:
             self.k.log(

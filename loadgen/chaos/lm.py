@@ -186,9 +186,9 @@ class LM(Actor):
             late = Decision(EXPIRED, "read after it expired")
             return PlaceReply([late for _ in request.placements])
         results, rejected, accepted = [], False, []
-        for task, node in request.placements:
+        for task, node, repartition in request.placements:
             spec = task.spec()
-            decision, actions = self.lc.place(request.gm_id, spec, node, request.repartition)
+            decision, actions = self.lc.place(request.gm_id, spec, node, repartition)
             if self.k.tracing:
                 self.k.log(
                     self.name,

@@ -116,11 +116,13 @@ class Report:
 
 @dataclass(slots=True, eq=False)
 class PlaceRequest:
+    """A launch on an LM: (task, node, repartition) each, launches and repartitions in
+    one request as the live GM's launch stream carries them (``Placement.repartition``)."""
+
     gm_id: str
-    placements: list[tuple[Task, int]]
+    placements: list[tuple[Task, int, bool]]
     known_version: int
     expires: float
-    repartition: bool
 
 
 @dataclass(slots=True, eq=False)

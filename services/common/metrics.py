@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from prometheus_client import Counter, Gauge, Histogram
 
 # 100 us .. ~100 s, x2 per bucket: allocation times span five orders of magnitude.
@@ -140,3 +143,19 @@ TASKS_ADOPTED = Counter(
     "Tasks an LM booked again from its workers' word after it restarted.",
     ["lm"],
 )
+
+
+def children(metric: Any, *fixed: str) -> Callable[..., Any]:
+    """``metric.labels(*fixed, *rest)`` for a hot path, each child looked up once:
+    ``labels`` checks its arguments and takes a lock on every call (about 3 us, 5 % of
+    an LM's CPU at 2,700 tasks/s when called per task). Only for metrics whose children
+    are never removed."""
+    cache: dict[tuple[str, ...], Any] = {}
+
+    def child(*rest: str) -> Any:
+        found = cache.get(rest)
+        if found is None:
+            found = cache[rest] = metric.labels(*fixed, *rest)
+        return found
+
+    return child

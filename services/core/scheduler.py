@@ -195,6 +195,22 @@ class RoundPlan(Generic[W]):
     recheck_in: float | None = None  # run a round again then, whatever happens before
     more: bool = False  # work is ready still: run another round
 
+    def per_lm(self) -> dict[str, list[Decided]]:
+        """The round's placements as one request per LM: its launches and repartitions
+        together (each says which it is, ``placement.repartition``), in the order they
+        were decided. The live GM sends each as one message on its LM's launch stream;
+        the simulator keeps the paper's two messages (``launches``)."""
+        requests: dict[str, list[Decided]] = {}
+        for (lm_id, _), decided in self.launches.items():
+            requests.setdefault(lm_id, []).extend(decided)
+        for decided in requests.values():
+            decided.sort(key=_decided_order)
+        return requests
+
+
+def _decided_order(decided: Decided) -> int:
+    return decided.match
+
 
 class Scheduler(Generic[W]):
     """The user queues one GM serves and every decision about them."""

@@ -1818,11 +1818,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             self._settle_timer = asyncio.get_running_loop().call_later(
                 plan.recheck_in, self._unpark_all
             )
-        for (lm_id, repartition), decided in plan.launches.items():
+        for lm_id, decided in plan.per_lm().items():
             for d in decided:
                 d.handle.task.timestamps.decided_unix_nanos = now
             items = [(d.handle, d.placement) for d in decided]
-            self._spawn_launch([d.handle for d in decided], self._send(lm_id, repartition, items))
+            self._spawn_launch([d.handle for d in decided], self._send(lm_id, items))
         for p in plan.preemptions:
             self._spawn_launch([p.handle], self._preempt(p.queue, p.handle, p.plan))
 
@@ -1863,39 +1863,33 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
 
         self._spawn(coro).add_done_callback(landed)
 
-    async def _send(self, lm_id: str, repartition: bool, items: list[tuple[Pending, Placement]]):
-        stub = self._stubs[lm_id]
+    async def _send(self, lm_id: str, items: list[tuple[Pending, Placement]]):
+        """Launch ``items`` on ``lm_id``: one message on its launch stream, those on other
+        GMs' nodes marked as repartitions."""
         lmv = self.view.lms.get(lm_id)
         known = lmv.version if lmv is not None else 0
         for item, _ in items:
             item.task.lease = self._lease
         placements = [
-            local_master_pb2.Placement(task=item.task, node_index=placement.node)
+            local_master_pb2.Placement(
+                task=item.task, node_index=placement.node, repartition=placement.repartition
+            )
             for item, placement in items
         ]
+        repartitions = sum(placement.repartition for _, placement in items)
+        if repartitions:
+            metrics.REPARTITIONS.labels(self.gm_id).inc(repartitions)
+            self.counters["repartitions"] += repartitions
         try:
-            if repartition:
-                metrics.REPARTITIONS.labels(self.gm_id).inc(len(items))
-                self.counters["repartitions"] += len(items)
-                reply = await stub.Repartition(
-                    local_master_pb2.RepartitionRequest(
-                        gm_id=self.gm_id,
-                        placements=placements,
-                        known_version=known,
-                        expires_unix_nanos=self._expiry(lm_id),
-                    ),
-                    timeout=self.config.lm_call_timeout_s,
-                )
-            else:
-                reply = await self._launchers[lm_id].launch(
-                    local_master_pb2.LaunchRequest(
-                        gm_id=self.gm_id,
-                        placements=placements,
-                        known_version=known,
-                        expires_unix_nanos=self._expiry(lm_id),
-                    ),
-                    timeout=self.config.lm_call_timeout_s,
-                )
+            reply = await self._launchers[lm_id].launch(
+                local_master_pb2.LaunchRequest(
+                    gm_id=self.gm_id,
+                    placements=placements,
+                    known_version=known,
+                    expires_unix_nanos=self._expiry(lm_id),
+                ),
+                timeout=self.config.lm_call_timeout_s,
+            )
         except grpc.aio.AioRpcError as err:
             log.warning(
                 "launch not answered; fencing it before placing its tasks again",

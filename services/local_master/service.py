@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -106,6 +107,12 @@ REQUEUE_DRAIN_S = 5.0  # a stopping LM waits this long for its re-queues to be s
 CANCELLED = PlacementStatus.REJECTED_CANCELLED
 
 
+@functools.cache
+def _state_label(state: int) -> str:
+    """A final state as its metric label: ``succeeded``."""
+    return common_pb2.TaskState.Name(state).removeprefix("TASK_STATE_").lower()
+
+
 def _expired(request, now: int) -> bool:
     """A GM's request read after its ``expires_unix_nanos``: the GM has given up on it."""
     return 0 < request.expires_unix_nanos < now
@@ -165,6 +172,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         self.config = config
         self.lm_id = lm_id
         self.bus = bus
+        # Per task: each child looked up once (``metrics.children``).
+        self._finished = metrics.children(metrics.TASKS_FINISHED, lm_id)
+        self._placements = metrics.children(metrics.LM_PLACEMENTS, lm_id)
         self.state = ClusterState(
             lm_id,
             config.gm_ids,
@@ -356,16 +366,17 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
                 if not stream:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
                 specs.append(Decision(PlacementStatus.REJECTED_INVALID, str(err)))
-        repartition = kind == "repartition"
         results, rejected, accepted = [], False, []
         for placement, spec in zip(request.placements, specs, strict=True):
+            # A launch request carries repartitions too, each marked (Placement.repartition).
+            how = "repartition" if placement.repartition else kind
             if isinstance(spec, Decision):  # malformed: the books are not involved
-                results.append(self._result(placement.task.task_id, spec, kind))
+                results.append(self._result(placement.task.task_id, spec, how))
                 continue
             decision, actions = self.life.place(
-                request.gm_id, spec, placement.node_index, repartition
+                request.gm_id, spec, placement.node_index, how == "repartition"
             )
-            results.append(self._result(spec.task_id, decision, kind))
+            results.append(self._result(spec.task_id, decision, how))
             if decision.status is PlacementStatus.ACCEPTED:
                 self._apply(actions)  # an older attempt it replaced: killed, LOST
                 accepted.append(self._start(placement.task, decision.allocation, received))
@@ -943,10 +954,9 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
             outcome.task.timestamps.MergeFrom(report.timestamps)
         verdict = outcome.verdict
         if verdict is ReportVerdict.RETRYING:
-            metrics.TASKS_FINISHED.labels(self.lm_id, "retrying").inc()
+            self._finished("retrying").inc()
         elif verdict is ReportVerdict.ENDED:
-            state_name = common_pb2.TaskState.Name(report.state).removeprefix("TASK_STATE_")
-            metrics.TASKS_FINISHED.labels(self.lm_id, state_name.lower()).inc()
+            self._finished(_state_label(report.state)).inc()
         return outcome
 
     async def _follow(self, outcome: ReportOutcome[common_pb2.Task]) -> None:
@@ -979,7 +989,7 @@ class LocalMaster(local_master_pb2_grpc.LocalMasterServicer):
         )
 
     def _result(self, task_id: str, decision: Decision, kind: str):
-        metrics.LM_PLACEMENTS.labels(self.lm_id, kind, decision.status.name.lower()).inc()
+        self._placements(kind, decision.status.name.lower()).inc()
         return local_master_pb2.PlacementResult(
             task_id=task_id,
             status=placement_status_to_proto(decision.status),

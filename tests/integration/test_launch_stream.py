@@ -137,3 +137,62 @@ async def test_a_malformed_task_on_the_stream_is_refused_alone_and_the_stream_go
             timeout=5,
         )
         assert [t.task_id for t in known.tasks] == ["fine"]
+
+
+async def test_launches_and_repartitions_go_as_one_request_each_placed_as_it_is_marked():
+    cfg = parse_config(
+        {
+            "gms": [{"id": "gm-1", "port": 1}, {"id": "gm-2", "port": 2}],
+            "lms": [{"id": "lm-1", "port": free_ports(1)[0]}],
+            "workers": [],
+            "exchange_prefix": "launch-stream-test",
+        },
+        env={},
+    )
+    async with (
+        channel(cfg.lm("lm-1").target) as ch,
+        make_bus("memory://", prefix="t") as bus,
+        running_lm(cfg, "lm-1", bus),
+    ):
+        stub = local_master_pb2_grpc.LocalMasterStub(ch)
+        launcher = Launcher(stub)
+        try:
+            for name in ("w0", "w1"):
+                await stub.RegisterWorker(
+                    local_master_pb2.RegisterWorkerRequest(
+                        node_id=name, capacity=resources_to_proto(NODE)
+                    ),
+                    timeout=10,
+                    wait_for_ready=True,
+                )
+            state = (await stub.GetState(local_master_pb2.GetStateRequest(), timeout=5)).state
+            mine = list(state.gm_ids).index("gm-1")
+            own = next(n.index for n in state.nodes if n.partition == mine)
+            other = next(n.index for n in state.nodes if n.partition != mine)
+
+            def placement(task_id: str, node: int, repartition: bool):
+                p = launch_of(task_id).placements[0]
+                return local_master_pb2.Placement(
+                    task=p.task, node_index=node, repartition=repartition
+                )
+
+            request = local_master_pb2.LaunchRequest(
+                gm_id="gm-1",
+                placements=[
+                    placement("launch", own, False),
+                    placement("unmarked", other, False),  # another GM's node, as a launch
+                    placement("marked", other, True),
+                ],
+            )
+            reply = await launcher.launch(request, timeout=10)
+            assert [(r.task_id, r.status) for r in reply.results] == [
+                ("launch", local_master_pb2.PLACEMENT_STATUS_ACCEPTED),
+                ("unmarked", local_master_pb2.PLACEMENT_STATUS_REJECTED_WRONG_PARTITION),
+                ("marked", local_master_pb2.PLACEMENT_STATUS_ACCEPTED),
+            ]
+            after = (await stub.GetState(local_master_pb2.GetStateRequest(), timeout=5)).state
+            held = {a.task_id: a for a in after.allocations}
+            assert set(held) == {"launch", "marked"}
+            assert held["marked"].logical and not held["launch"].logical  # carved out
+        finally:
+            await launcher.close()

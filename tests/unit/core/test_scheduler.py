@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from services.core.cluster_state import ClusterState
 from services.core.fairness import FairShare, QueueShare
-from services.core.global_view import ApplyResult, GlobalView
+from services.core.global_view import ApplyResult, GlobalView, Placement
 from services.core.limits import QueueLimits
-from services.core.scheduler import BLIND_RECHECK_S, Drop, Reply, RoundPlan, Scheduler
+from services.core.scheduler import BLIND_RECHECK_S, Decided, Drop, Reply, RoundPlan, Scheduler
 from services.core.status import PlacementStatus as S
 from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
@@ -511,3 +511,18 @@ def test_a_snapshot_that_wakes_no_round_leaves_nothing_a_round_would_place(ops):
                     assert placed(sched.round(0.0)) == []
                 elif wake:
                     settle()
+
+
+@given(st.lists(st.tuples(st.sampled_from(["lm-1", "lm-2"]), st.booleans()), max_size=30))
+def test_a_round_goes_as_one_request_per_lm_in_the_order_it_was_decided(choices):
+    plan: RoundPlan = RoundPlan()
+    for match, (lm_id, repartition) in enumerate(choices, start=1):
+        placement = Placement(lm_id, match, f"n{match}", repartition)
+        decided = Decided(match, task(f"t{match}"), placement, match)
+        plan.launches.setdefault((lm_id, repartition), []).append(decided)
+    requests = plan.per_lm()
+    assert set(requests) == {lm_id for lm_id, _ in choices}
+    for lm_id, decided in requests.items():
+        expected = [m for m, (lm, _) in enumerate(choices, start=1) if lm == lm_id]
+        assert [d.match for d in decided] == expected  # each once, in decision order
+        assert all(d.placement.repartition == choices[d.match - 1][1] for d in decided)

@@ -554,8 +554,16 @@ class Placement(_message.Message):
 
     TASK_FIELD_NUMBER: _builtins.int
     NODE_INDEX_FIELD_NUMBER: _builtins.int
+    REPARTITION_FIELD_NUMBER: _builtins.int
     node_index: _builtins.int
     """NodeState.index of the chosen node."""
+    repartition: _builtins.bool
+    """The node is in another GM's partition: placed as Repartition places it. On a
+    LaunchStream a GM sends its launches and repartitions on an LM as one request, so
+    a round costs one message per LM, never a call (an LM older than this field reads a
+    repartition as a launch and refuses it as outside the caller's partition: upgrade
+    the LMs first).
+    """
     @_builtins.property
     def task(self) -> _common_pb2.Task: ...
     def __init__(
@@ -563,10 +571,11 @@ class Placement(_message.Message):
         *,
         task: _common_pb2.Task | None = ...,
         node_index: _builtins.int = ...,
+        repartition: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_index", b"node_index", "task", b"task"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node_index", b"node_index", "repartition", b"repartition", "task", b"task"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -147,7 +147,8 @@ class LocalMasterServicer:
 
     def Repartition(self, request, context):
         """Called by a GM: launch tasks on nodes of other partitions, moving exactly
-        each task's resources into a logical node of the caller's partition.
+        each task's resources into a logical node of the caller's partition. (GMs of this
+        version send these on their LaunchStream instead: Placement.repartition.)
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -42,7 +42,8 @@ class LocalMasterStub:
     """
     Repartition: _grpc.UnaryUnaryMultiCallable[_local_master_pb2.RepartitionRequest, _local_master_pb2.RepartitionResponse]
     """Called by a GM: launch tasks on nodes of other partitions, moving exactly
-    each task's resources into a logical node of the caller's partition.
+    each task's resources into a logical node of the caller's partition. (GMs of this
+    version send these on their LaunchStream instead: Placement.repartition.)
     """
     Preempt: _grpc.UnaryUnaryMultiCallable[_local_master_pb2.PreemptRequest, _local_master_pb2.PreemptResponse]
     """Called by a GM: kill over-share victims to make room for a task."""
@@ -114,7 +115,8 @@ class LocalMasterAsyncStub(LocalMasterStub):
     """
     Repartition: _aio.UnaryUnaryMultiCallable[_local_master_pb2.RepartitionRequest, _local_master_pb2.RepartitionResponse]  # type: ignore[assignment]
     """Called by a GM: launch tasks on nodes of other partitions, moving exactly
-    each task's resources into a logical node of the caller's partition.
+    each task's resources into a logical node of the caller's partition. (GMs of this
+    version send these on their LaunchStream instead: Placement.repartition.)
     """
     Preempt: _aio.UnaryUnaryMultiCallable[_local_master_pb2.PreemptRequest, _local_master_pb2.PreemptResponse]  # type: ignore[assignment]
     """Called by a GM: kill over-share victims to make room for a task."""
@@ -201,7 +203,8 @@ class LocalMasterServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_local_master_pb2.RepartitionResponse, _abc.Awaitable[_local_master_pb2.RepartitionResponse]]:
         """Called by a GM: launch tasks on nodes of other partitions, moving exactly
-        each task's resources into a logical node of the caller's partition.
+        each task's resources into a logical node of the caller's partition. (GMs of this
+        version send these on their LaunchStream instead: Placement.repartition.)
         """
 
     @_abc_1.abstractmethod
