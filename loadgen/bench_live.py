@@ -526,6 +526,10 @@ class LoadOffer:
         self.offer.jobs += 1
         self.offer.tasks += len(self._tasks)
         self.offer.lags_s.append(lag_s)
+        refusal = target.client.refused_unsent(BUSY_TRIES)
+        if refusal is not None:  # its turn could not come in time: no call, no coroutine
+            self.offer.errors[refusal.code().name] += 1
+            return
         task = asyncio.create_task(self._submit(f"j{k:07d}", target))
         self.offer.inflight.add(task)
         task.add_done_callback(self.offer.inflight.discard)

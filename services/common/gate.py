@@ -64,8 +64,7 @@ class Gate:
             return True
         loop = asyncio.get_running_loop()
         now = loop.time()
-        # Its turn comes once a place came free for each waiter before it, and one for it.
-        if within_s <= 0 or self.pace.hopeless(self._queued + 1, within_s, now):
+        if self._hopeless(within_s, now):
             return False
         turn: asyncio.Future[bool] = loop.create_future()
         self._waiting.append(turn)
@@ -82,6 +81,16 @@ class Gate:
             elif turn.result():
                 self.leave()  # handed a place as it was cancelled: hand it on
             raise
+
+    def refuses(self, within_s: float) -> bool:
+        """Whether ``enter(within_s)`` now would refuse at once, without waiting."""
+        if self.held < self.limit and not self._queued:
+            return False
+        return self._hopeless(within_s, asyncio.get_running_loop().time())
+
+    def _hopeless(self, within_s: float, now: float) -> bool:
+        # Its turn comes once a place came free for each waiter before it, and one for it.
+        return within_s <= 0 or self.pace.hopeless(self._queued + 1, within_s, now)
 
     def leave(self) -> None:
         """A holder is done: its place goes to the first waiter still waiting."""

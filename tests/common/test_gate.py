@@ -84,6 +84,7 @@ async def test_a_job_that_cannot_have_its_turn_in_time_is_refused_at_once() -> N
     await asyncio.sleep(0)
     loop = asyncio.get_running_loop()
     began = loop.time()
+    assert gate.refuses(0.2) and not gate.refuses(30.0)  # told before entering
     assert not await gate.enter(0.2)  # ~0.5 s behind the others: refused at once
     assert loop.time() - began < 0.05 and gate.waiting == len(ahead)
     patient = asyncio.create_task(gate.enter(30.0))  # time enough: it waits its turn
@@ -94,6 +95,35 @@ async def test_a_job_that_cannot_have_its_turn_in_time_is_refused_at_once() -> N
         task.cancel()
     await asyncio.gather(*ahead, return_exceptions=True)
     assert gate.waiting == 0
+
+
+async def test_a_client_tells_a_job_refused_at_once_before_any_call() -> None:
+    """``refused_unsent``: what ``submit`` would refuse at once, unsent, is told (and
+    counted) without a call or a coroutine; what would go or wait its turn is not."""
+    client = GlobalMasterClient("127.0.0.1:1")
+    client.gate = gate = Gate(1)
+    try:
+        assert client.refused_unsent(busy_tries=1) is None  # a place is free
+        assert await gate.enter(1.0)
+        assert client.refused_unsent(busy_tries=1) is None  # no pace yet: it would wait
+        for _ in range(20):
+            gate.leave()
+            assert await gate.enter(1.0)
+            await asyncio.sleep(0.005)
+        rate = gate.pace.per_s(asyncio.get_running_loop().time())
+        ahead = [asyncio.create_task(gate.enter(30.0)) for _ in range(int(rate * 3))]
+        await asyncio.sleep(0)
+        # One busy try may wait 1.1 s (a 0.1 s pause, a 1 s answer); 3 s of waiters ahead.
+        refusal = client.refused_unsent(busy_tries=1)
+        assert refusal is not None and refusal.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "not sent" in refusal.details() and client.not_admitted == 1
+        assert client.refused_unsent(busy_tries=8) is None  # 24 s: time for its turn
+        assert client.not_admitted == 1 and gate.waiting == len(ahead)
+        for task in ahead:
+            task.cancel()
+        await asyncio.gather(*ahead, return_exceptions=True)
+    finally:
+        await client.close()
 
 
 def test_a_gate_lets_at_least_one_through() -> None:
