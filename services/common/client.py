@@ -66,10 +66,12 @@ def _pauses(tries: int) -> tuple[float, ...]:
     return tuple(busy_pauses(tries))
 
 
-def _turn_bound_s(pauses: tuple[float, ...]) -> float:
+@functools.cache
+def _turn_bound_s(busy_tries: int) -> float:
     """How long a job may wait its turn at its client's gate: as long as its tries could
     take in all (their pauses, each answered within ANSWER_S), or, without busy tries,
     as long as a try waits for its answer."""
+    pauses = _pauses(busy_tries)
     return sum(pauses) + ANSWER_S * len(pauses) if pauses else SUBMIT_TIMEOUT_S
 
 
@@ -210,6 +212,7 @@ class GlobalMasterClient:
         # those whose turn did not come within their bound are refused unsent (counted).
         self.gate = Gate(IN_FLIGHT)
         self.not_admitted = 0
+        self._refused_at_once: grpc.aio.AioRpcError | None = None  # ``refused_unsent``
 
     async def __aenter__(self) -> GlobalMasterClient:
         return self
@@ -228,11 +231,13 @@ class GlobalMasterClient:
         ``Gate.refuses``), counted in ``not_admitted``; None when the job would go or wait
         its turn. A caller offering jobs faster than its GMs take them asks first: a job
         refused here costs it no call and no coroutine (at 20,000 one-task jobs a second
-        offered, most of the load generator's work)."""
-        if not self.gate.refuses(_turn_bound_s(_pauses(busy_tries))):
+        offered, most of the load generator's work). The same error each time."""
+        if not self.gate.refuses(_turn_bound_s(busy_tries)):
             return None
         self.not_admitted += 1
-        return not_admitted_error(0.0, self.gate.limit)
+        if self._refused_at_once is None:
+            self._refused_at_once = not_admitted_error(0.0, self.gate.limit)
+        return self._refused_at_once
 
     async def submit(
         self,
@@ -284,7 +289,7 @@ class GlobalMasterClient:
             return not pauses or time.monotonic() >= give_up
 
         waited_from = time.monotonic()
-        admitted = await self.gate.enter(_turn_bound_s(pauses))
+        admitted = await self.gate.enter(_turn_bound_s(busy_tries))
         turn_s = time.monotonic() - waited_from
         if on_turn is not None:
             on_turn(turn_s, admitted)
