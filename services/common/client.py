@@ -276,9 +276,9 @@ class GlobalMasterClient:
             job_id = new_job_id()  # kept by every try: a GM runs the job once
         pauses = _pauses(busy_tries)
         # A try kept back is no try: the job waits as after a refusal and asks again, for
-        # at most as long as its busy tries would take in all: their pauses, and each
-        # answered within the second a GM promises (ANSWER_S).
-        give_up = time.monotonic() + sum(pauses) + ANSWER_S * len(pauses)
+        # at most as long as its busy tries would take in all (without busy tries it
+        # does not ask again).
+        give_up = time.monotonic() + _turn_bound_s(busy_tries)
         refused = waited = 0  # tries the GM refused; pauses taken (the backoff's step)
         outage = OutageWait(unsure_for_s)
 
