@@ -23,6 +23,10 @@ Run from the repository root, with RabbitMQ up:
     python scripts/probes.py idle-worker [--agents 100] [--interval 0.05] [--seconds 60]
                                          [--stream-life 120]
         a worker host whose agents only heartbeat (no task): does its memory level off?
+    python scripts/probes.py slow-watchers [--tasks 20000] [--watchers 20]
+        watches of one big job that read the first event and no more: how much does the
+        GM keep for them (its peak RSS against the same job watched by none), and how
+        does each watch end?
 """
 
 from __future__ import annotations
@@ -43,8 +47,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness is in tests/
 
-from services._proto.megha.v1 import common_pb2
+from services._proto.megha.v1 import common_pb2, global_master_pb2, global_master_pb2_grpc
 from services.common.config import WORKER_STREAM_LIFE_S
+from services.common.server import channel
 from tests.integration.harness import Federation, sim_tasks
 
 RUNNING, SUCCEEDED = common_pb2.TASK_STATE_RUNNING, common_pb2.TASK_STATE_SUCCEEDED
@@ -323,6 +328,44 @@ async def idle_worker(agents: int, interval_s: float, seconds: float, life_s: fl
             )
 
 
+async def slow_watchers(tasks: int, watchers: int) -> None:
+    peaks = []
+    for watching in (0, watchers):
+        async with _federation(
+            "slow-watchers", gms=1, lms=1, workers_per_lm=4, capacity="cpu=64,mem=64Gi"
+        ) as fed:
+            gm = fed.children.procs["gm-gm-1"].pid
+            reply = await fed.gm().submit(sim_tasks(tasks, 0.01, cpu_milli=100))
+            async with channel(fed.config.gm("gm-1").target) as ch:
+                stub = global_master_pb2_grpc.GlobalMasterStub(ch)
+                request = global_master_pb2.WatchJobRequest(job_id=reply.job_id)
+                calls = [stub.WatchJob(request) for _ in range(watching)]
+                for call in calls:
+                    await call.read()  # the watch is on; nothing more is read
+                peak = _rss_mb(gm)
+                done = asyncio.ensure_future(
+                    fed.events.wait_succeeded(set(reply.task_ids), timeout_s=600)
+                )
+                while not done.done():
+                    await asyncio.sleep(0.2)
+                    peak = max(peak, _rss_mb(gm))
+                await done
+                ends: Counter[str] = Counter()
+                for call in calls:  # now read each to its end
+                    try:
+                        while await call.read() is not grpc.aio.EOF:
+                            pass
+                        ends["read to the end"] += 1
+                    except grpc.aio.AioRpcError as err:
+                        ends[err.code().name] += 1
+            peaks.append(peak)
+            print(
+                f"{tasks} tasks, {watching} watches that stop reading: GM peak RSS "
+                f"{peak:.0f} MB; the watches ended {dict(ends) or '-'}"
+            )
+    print(f"  kept for the slow watches: {peaks[1] - peaks[0]:+.0f} MB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     probes = parser.add_subparsers(dest="probe", required=True)
@@ -347,6 +390,9 @@ def main() -> None:
     idle.add_argument(
         "--stream-life", type=float, default=WORKER_STREAM_LIFE_S, help="worker_stream_life_s"
     )
+    slow = probes.add_parser("slow-watchers")
+    slow.add_argument("--tasks", type=int, default=20_000)
+    slow.add_argument("--watchers", type=int, default=20)
     args = parser.parse_args()
     if args.probe == "unreachable-lm":
         asyncio.run(unreachable_lm(not args.no_drop, args.tasks))
@@ -361,6 +407,8 @@ def main() -> None:
         asyncio.run(cancel(args.tasks))
     elif args.probe == "idle-worker":
         asyncio.run(idle_worker(args.agents, args.interval, args.seconds, args.stream_life))
+    elif args.probe == "slow-watchers":
+        asyncio.run(slow_watchers(args.tasks, args.watchers))
     else:
         asyncio.run(big_job(args.tasks))
 

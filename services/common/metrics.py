@@ -70,6 +70,18 @@ SUBMISSION_READ_WAIT_SECONDS = Histogram(
     ["gm"],
     buckets=_SECONDS,
 )
+WATCHES_CUT = Counter(
+    "megha_watches_cut_total",
+    "WatchJob streams a GM ended RESOURCE_EXHAUSTED because their client read too slowly "
+    "(WATCH_BACKLOG events waiting); the client watches again.",
+    ["gm"],
+)
+SUBMIT_STREAMS_PAUSED = Counter(
+    "megha_submit_streams_paused_total",
+    "Times a GM stopped reading a SubmitStream because its client left STREAM_ANSWERS_OWED "
+    "answers unread; it reads on as the client reads.",
+    ["gm"],
+)
 QUEUE_MESSAGES = Counter(
     "megha_queue_messages_total",
     "Messages a GM published to user queues for the jobs submitted to it (several jobs "

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -25,6 +25,8 @@ _OPEN = {common_pb2.TASK_STATE_PLACED, common_pb2.TASK_STATE_RUNNING}
 _NOT_TAKEN = {common_pb2.TASK_STATE_UNSPECIFIED, common_pb2.TASK_STATE_REJECTED}
 # A GM's own word on an attempt, not an LM's: queued here, or dropped here.
 _NOT_LAUNCHED = _NOT_TAKEN | {common_pb2.TASK_STATE_QUEUED}
+# Events a WatchJob stream may have waiting to be sent (``Watch``): about 2.5 MB of them.
+WATCH_BACKLOG = 10_000
 # Lifecycle order: a late, older event never overwrites a newer state of the same attempt.
 _RANK = {
     common_pb2.TASK_STATE_QUEUED: 1,
@@ -38,6 +40,46 @@ _RANK = {
     common_pb2.TASK_STATE_REJECTED: 5,
     common_pb2.TASK_STATE_CANCELLED: 5,
 }
+
+
+class Watch:
+    """The events of a job one WatchJob stream has not sent yet, at most ``bound``.
+
+    The stream sends as fast as its client reads (gRPC flow control); a client that
+    reads slower than the job's tasks change state would have the GM keep every event
+    of a 100,000-task job for it (three or more a task, ~250 bytes each, per watcher).
+    A watch that falls ``bound`` events behind is cut instead: its events are dropped
+    at once and the stream ends RESOURCE_EXHAUSTED, and the client watches again (a new
+    watch starts with each task's current state, so nothing is missed: ``follow``).
+    """
+
+    __slots__ = ("_events", "_ready", "bound", "cut")
+
+    def __init__(self, bound: int | None = None):
+        self.bound = WATCH_BACKLOG if bound is None else bound
+        self.cut = False
+        self._events: deque[common_pb2.TaskEvent] = deque()
+        self._ready = asyncio.Event()
+
+    def put(self, event: common_pb2.TaskEvent) -> None:
+        if self.cut:
+            return
+        if len(self._events) >= self.bound:
+            self.cut = True
+            self._events.clear()
+        else:
+            self._events.append(event)
+        self._ready.set()
+
+    def empty(self) -> bool:
+        return not self._events
+
+    async def get(self) -> common_pb2.TaskEvent | None:
+        """The next event; None once the watch is cut."""
+        while not self._events and not self.cut:
+            self._ready.clear()
+            await self._ready.wait()
+        return None if self.cut else self._events.popleft()
 
 
 @dataclass(eq=False)
@@ -58,7 +100,7 @@ class JobRecord:
     relayed: set[str] | None = None
     _statuses: dict[str, bytes] = field(default_factory=dict)
     _by_state: dict[int, int] = field(default_factory=dict)  # tasks in each state
-    watchers: list[asyncio.Queue] = field(default_factory=list)
+    watchers: list[Watch] = field(default_factory=list)
 
     @property
     def size(self) -> int:
@@ -76,6 +118,11 @@ class JobRecord:
     def statuses(self) -> list[global_master_pb2.TaskStatus]:
         parse = global_master_pb2.TaskStatus.FromString
         return [parse(data) for data in self._statuses.values()]
+
+    def kept(self) -> list[bytes]:
+        """Every task's status as kept now, serialized: the same bytes objects the record
+        holds (a reference each, 8 bytes a task), to be parsed one at a time later."""
+        return list(self._statuses.values())
 
     def store(
         self, status: global_master_pb2.TaskStatus, before: int | None, task_id: str = ""
@@ -248,7 +295,7 @@ class JobBook:
                 status.previous_end.CopyFrom(event)
                 job.store(status, before)
                 for watcher in job.watchers:
-                    watcher.put_nowait(event)
+                    watcher.put(event)
             elif remembered:
                 job.store(status, before)
             return
@@ -268,7 +315,7 @@ class JobBook:
         else:
             self.open.pop((job.job_id, task_id), None)
         for watcher in job.watchers:
-            watcher.put_nowait(event)
+            watcher.put(event)
 
     def accepted(self, task: common_pb2.Task, lm_id: str) -> None:
         """An LM accepted ``task``: PLACED there, unless an event already told as much

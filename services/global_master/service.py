@@ -95,7 +95,7 @@ from services.core.task import TaskSpec
 from services.core.user_queues import UserQueues
 from services.core.vdc import Vdc, VdcError
 from services.global_master.gangs import GANG_RETRY_S, GangJob, Gangs, gang_fields, gang_of
-from services.global_master.jobs import JobBook, status_event
+from services.global_master.jobs import JobBook, Watch, status_event
 from services.global_master.predictions import LifetimePredictions
 
 log = logging.getLogger("megha.gm")
@@ -107,6 +107,11 @@ MAX_LISTED_JOBS = 1_000
 # the broker confirmed its job); past this one is refused RESOURCE_EXHAUSTED, telling
 # the client to retry: an overloaded GM says so at once instead of answering ever later.
 MAX_SUBMISSIONS = 10_000
+# Answers a SubmitStream may owe its client (jobs read and not yet answered, or answered
+# and not yet read by the client): past this the GM reads no more of that stream until
+# the client reads, so a client that sends without reading is held back by gRPC's flow
+# control instead of the GM keeping its answers (and taking its jobs) without bound.
+STREAM_ANSWERS_OWED = 4_096
 # Jobs of up to this many tasks are scheduled while the broker confirms them, bigger ones
 # once it has (see SubmitJob).
 SCHEDULE_BEFORE_CONFIRM = 16
@@ -587,6 +592,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             answers.put_nowait(reply)
 
         outstanding = 0
+        owed_fewer = asyncio.Event()  # set as answers go out: a paused read goes on
         queueing = QueueingDelay()  # this client's clock against ours
         read_waits = metrics.SUBMISSION_READ_WAIT_SECONDS.labels(self.gm_id)
 
@@ -594,6 +600,11 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             nonlocal outstanding
             try:
                 async for message in request_iterator:
+                    if outstanding >= STREAM_ANSWERS_OWED:
+                        metrics.SUBMIT_STREAMS_PAUSED.labels(self.gm_id).inc()
+                        while outstanding >= STREAM_ANSWERS_OWED:
+                            owed_fewer.clear()
+                            await owed_fewer.wait()
                     read_ns = time.time_ns()
                     # A message may carry more submissions (``more_jobs``): each its own job.
                     for one in (message, *message.more_jobs):
@@ -633,10 +644,12 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
                         reading = False
                         break
                     more.append(ready)
-                outstanding -= 1 + len(more)
                 if more:
                     answer.more_answers.extend(more)
                 yield answer
+                # Owed until the client has read it (the yield returns once gRPC took it).
+                outstanding -= 1 + len(more)
+                owed_fewer.set()
         finally:
             reader.cancel()
 
@@ -996,26 +1009,40 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         job = self.jobs.get(request.job_id)
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r} known here")
-        updates: asyncio.Queue = asyncio.Queue()
+        updates = Watch()
         job.watchers.append(updates)
         # Copy every status now, with no await between subscribing and copying: an event
         # applied later reaches this watcher through ``updates`` only, so none comes twice.
-        # A later attempt's status first replays how the attempt before it ended.
-        current = []
-        for status in job.statuses():
-            if status.HasField("previous_end"):
-                current.append(status.previous_end)
-            current.append(status_event(job, status))
+        # The copy is of references to the kept bytes, each parsed as it is sent: a
+        # client slow to read a 100,000-task job holds 0.8 MB here, not every status.
+        current = job.kept()
         try:
-            for event in current:
-                yield global_master_pb2.WatchJobResponse(event=event)
+            for data in current:
+                if updates.cut:
+                    break
+                status = global_master_pb2.TaskStatus.FromString(data)
+                # A later attempt's status first replays how the attempt before it ended.
+                if status.HasField("previous_end"):
+                    yield global_master_pb2.WatchJobResponse(event=status.previous_end)
+                yield global_master_pb2.WatchJobResponse(event=status_event(job, status))
+            del current
             # The record may turn done while events are still queued for this watcher:
             # deliver everything queued before ending the stream.
-            while not (job.done and updates.empty()):
+            while not updates.cut and not (job.done and updates.empty()):
                 event = await updates.get()
+                if event is None:
+                    break
                 yield global_master_pb2.WatchJobResponse(event=event)
         finally:
             job.watchers.remove(updates)
+        if updates.cut:
+            metrics.WATCHES_CUT.labels(self.gm_id).inc()
+            log.info("watch cut", extra={"job_id": request.job_id, "behind": updates.bound})
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"this watch of job {shown(request.job_id)} fell {updates.bound:,} events "
+                "behind: watch again (a new watch starts with each task's current state)",
+            )
 
     async def ListJobs(self, request, context):
         if not 0 <= request.limit <= MAX_LISTED_JOBS:
