@@ -3,13 +3,14 @@ its bounds."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 
 from hypothesis import given
 from hypothesis import strategies as st
 
 from services._proto.megha.v1 import common_pb2
-from services.global_master.jobs import JobBook
+from services.global_master.jobs import JobBook, Watch
 
 S = common_pb2
 
@@ -413,3 +414,42 @@ def test_a_relayed_task_preempted_then_finished_elsewhere_is_asked_no_more():
     book.apply(event("t0", S.TASK_STATE_SUCCEEDED, attempt=1, node_id="w2"))  # recovered
     assert book.relayed_unheard(10.0, 100, start + 30) == []
     assert book.get("j").status("t0").state == S.TASK_STATE_SUCCEEDED
+
+
+async def test_a_watch_hands_events_in_order_until_it_falls_its_bound_behind():
+    book, watch = JobBook(), Watch(bound=3)
+    book.queued(task("a"))
+    book.get("j").watchers.append(watch)
+    waiting = asyncio.ensure_future(watch.get())
+    await asyncio.sleep(0)
+    assert not waiting.done()  # nothing yet: the watch waits
+    book.apply(event("a", S.TASK_STATE_PLACED, node_id="n1"))
+    assert (await waiting).state == S.TASK_STATE_PLACED
+    for state in (S.TASK_STATE_RUNNING, S.TASK_STATE_SUCCEEDED):
+        book.apply(event("a", state, node_id="n1"))
+    assert [(await watch.get()).state for _ in range(2)] == [
+        S.TASK_STATE_RUNNING,
+        S.TASK_STATE_SUCCEEDED,
+    ]
+    assert watch.empty() and not watch.cut
+    # Three events waiting is the bound; the fourth cuts it: nothing kept, none handed.
+    book.queued(task("b"))
+    for state in (S.TASK_STATE_PLACED, S.TASK_STATE_RUNNING, S.TASK_STATE_SUCCEEDED):
+        book.apply(event("b", state, node_id="n2"))
+    assert not watch.cut
+    book.queued(task("c"))
+    book.apply(event("c", S.TASK_STATE_PLACED, node_id="n2"))
+    assert watch.cut and watch.empty()
+    assert await watch.get() is None
+    book.apply(event("c", S.TASK_STATE_RUNNING, node_id="n2"))
+    assert watch.empty()  # a cut watch takes nothing more
+
+
+def test_kept_is_the_record_s_own_bytes_not_copies():
+    book = JobBook()
+    for name in ("a", "b"):
+        book.queued(task(name))
+    job = book.get("j")
+    kept = job.kept()
+    assert [s.task_id for s in job.statuses()] == ["a", "b"]
+    assert all(any(k is v for v in job._statuses.values()) for k in kept)
