@@ -3,6 +3,7 @@ full garbage collection of the process takes with it.
 
     python scripts/jobbook_bench.py                  # 500,000 tasks, the GM's default bound
     python scripts/jobbook_bench.py --tasks 100000 --json
+    python scripts/jobbook_bench.py --tasks 100000 --tasks-per-job 100000   # GetJob of a big job
 
 Each task is queued, then placed, running and succeeded (three events), as in a GM that
 sees every task of the federation. Uses only JobBook's public calls, so the same script
@@ -17,7 +18,7 @@ import time
 
 from _measure import emit, full_collection_ms, rss_kb
 
-from services._proto.megha.v1 import common_pb2
+from services._proto.megha.v1 import common_pb2, global_master_pb2
 from services.global_master.jobs import JobBook
 
 S = common_pb2
@@ -58,6 +59,21 @@ def fill(book: JobBook, tasks: int, per_job: int) -> float:
     return spent
 
 
+def get_job_ms(book: JobBook) -> float:
+    """How long GetJob's answer for the newest job takes to make (its loop is held so
+    long), the median of five."""
+    job = book.newest(1)[0]
+    times = []
+    for _ in range(5):
+        began = time.perf_counter()
+        if hasattr(job, "response"):
+            job.response()
+        else:  # an older checkout: each status parsed into the message
+            global_master_pb2.GetJobResponse(job=job.to_proto())
+        times.append(time.perf_counter() - began)
+    return round(1000 * sorted(times)[2], 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=500_000)
@@ -79,6 +95,7 @@ def main() -> None:
         "kb_per_task": round((rss_after - rss_before) / book.task_count, 3),
         "tracked_objects": tracked,
         "full_collection_ms": full_collection_ms(),
+        "get_job_ms": get_job_ms(book),
     }
     emit(out, args.json)
 

@@ -42,6 +42,31 @@ _RANK = {
 }
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_SHORT = [bytes((n,)) for n in range(0x80)]  # a length under 128 is one byte
+
+
+def _length(value: int) -> bytes:
+    return _SHORT[value] if value < 0x80 else _varint(value)
+
+
+def _tag(message, name: str) -> bytes:
+    """The key of the length-delimited field ``name`` (wire type 2) of ``message``."""
+    return _varint(message.DESCRIPTOR.fields_by_name[name].number << 3 | 2)
+
+
+_TASKS_TAG = _tag(global_master_pb2.Job, "tasks")
+_JOB_TAG = _tag(global_master_pb2.GetJobResponse, "job")
+
+
 class Watch:
     """The events of a job one WatchJob stream has not sent yet, at most ``bound``.
 
@@ -153,8 +178,22 @@ class JobRecord:
     def done(self) -> bool:
         return bool(self._statuses) and self.unfinished == 0
 
+    def serialized(self) -> bytes:
+        """The job as a serialized ``Job``, written from the kept statuses' bytes: a
+        repeated message field is its elements, each tagged and length-prefixed, so no
+        status is parsed. A 100,000-task job's GetJob held its GM's loop 0.4 s, parsing
+        every status into the message; written so and parsed at once, 0.1 s."""
+        head = global_master_pb2.Job(job_id=self.job_id, queue=self.queue).SerializeToString()
+        tag, kept = _TASKS_TAG, self._statuses.values()
+        return head + b"".join([tag + _length(len(data)) + data for data in kept])
+
     def to_proto(self) -> global_master_pb2.Job:
-        return global_master_pb2.Job(job_id=self.job_id, queue=self.queue, tasks=self.statuses())
+        return global_master_pb2.Job.FromString(self.serialized())
+
+    def response(self) -> global_master_pb2.GetJobResponse:
+        """GetJob's answer, parsed once from ``serialized`` (not a copy of ``to_proto``)."""
+        job = self.serialized()
+        return global_master_pb2.GetJobResponse.FromString(_JOB_TAG + _length(len(job)) + job)
 
     def summary(self) -> global_master_pb2.JobSummary:
         states = [

@@ -971,7 +971,7 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         job = self.jobs.get(request.job_id)
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {request.job_id!r} known here")
-        return global_master_pb2.GetJobResponse(job=job.to_proto())
+        return job.response()
 
     async def GetTaskOutput(self, request, context):
         """A task attempt's output, asked of the LM and node it ran on (see below)."""

@@ -9,7 +9,7 @@ import gc
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services._proto.megha.v1 import common_pb2
+from services._proto.megha.v1 import common_pb2, global_master_pb2
 from services.global_master.jobs import JobBook, Watch
 
 S = common_pb2
@@ -453,3 +453,25 @@ def test_kept_is_the_record_s_own_bytes_not_copies():
     kept = job.kept()
     assert [s.task_id for s in job.statuses()] == ["a", "b"]
     assert all(any(k is v for v in job._statuses.values()) for k in kept)
+
+
+@given(
+    st.lists(
+        st.tuples(st.text(min_size=1, max_size=300), st.integers(0, 3), st.integers(0, 2)),
+        max_size=20,
+        unique_by=lambda t: t[0],
+    )
+)
+def test_a_job_written_from_its_kept_bytes_is_the_job_built_field_by_field(tasks):
+    # Ids up to 300 characters: statuses over 127 bytes take a two-byte length.
+    book = JobBook()
+    for task_id, ends, attempt in tasks:
+        book.queued(task(task_id, attempt))
+        states = (S.TASK_STATE_PLACED, S.TASK_STATE_RUNNING, S.TASK_STATE_SUCCEEDED)
+        for state in states[:ends]:
+            book.apply(event(task_id, state, attempt=attempt, node_id="n1"))
+    job = book.record("j", "q")
+    built = global_master_pb2.Job(job_id="j", queue="q", tasks=job.statuses())
+    assert job.to_proto() == built
+    assert job.response() == global_master_pb2.GetJobResponse(job=built)
+    assert job.serialized() == built.SerializeToString()
