@@ -11,7 +11,8 @@ Run from the repository root, with RabbitMQ up:
     python scripts/probes.py frozen-broker [--seconds 15]
         RabbitMQ's beam.smp stopped, then resumed (it stops the broker for everyone)
     python scripts/probes.py big-job [--tasks 100000]
-        one job of many 1 ms tasks: throughput, memory of each process, GetJob's size
+        one job of many 1 ms tasks: how late the GM's loop ran while it took the job,
+        throughput, memory of each process, GetJob's size
     python scripts/probes.py whole-crash [--tasks 400] [--after 3] [--times 1] [--kill NAMES]
         every process (or those named, e.g. lm-lm-1,gm-gm-1) killed (-9) at once while
         tasks queue, start, run and end, then restarted (RabbitMQ stays up): is every
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -205,6 +207,14 @@ async def big_job(tasks: int) -> None:
         began = time.monotonic()
         reply = await fed.gm().submit(sim_tasks(tasks, 0.001, cpu_milli=500))
         print(f"{tasks} tasks submitted in {time.monotonic() - began:.1f} s")
+        await asyncio.sleep(1.0)  # the GM's stall watcher logs a late loop once it runs
+        lags = [
+            float(m) for m in re.findall(r"event loop ran ([0-9.]+) s late", fed.log("gm-gm-1"))
+        ]
+        print(
+            f"  the GM's loop while it took the job: {len(lags)} turns 0.1 s late or more, "
+            f"the latest {max(lags, default=0):.2f} s"
+        )
         await fed.events.wait_succeeded(set(reply.task_ids), timeout_s=900)
         took = time.monotonic() - began
         print(f"  all succeeded in {took:.1f} s ({tasks / took:.0f} tasks/s)")

@@ -112,6 +112,9 @@ MAX_SUBMISSIONS = 10_000
 # the client reads, so a client that sends without reading is held back by gRPC's flow
 # control instead of the GM keeping its answers (and taking its jobs) without bound.
 STREAM_ANSWERS_OWED = 4_096
+# A big job's tasks are checked this many at a time, the GM's other work let run between
+# (a 100,000-task job held its loop for seconds).
+TASKS_BETWEEN_TURNS = 512
 # Jobs of up to this many tasks are scheduled while the broker confirms them, bigger ones
 # once it has (see SubmitJob).
 SCHEDULE_BEFORE_CONFIRM = 16
@@ -772,6 +775,12 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         batch.tasks.extend(request.tasks)
         specs: list[TaskSpec] = []
         for i, task in enumerate(batch.tasks):
+            if i and not i % TASKS_BETWEEN_TURNS:
+                # A big job is checked in turns with the GM's other work. Only here: no
+                # state has changed yet, so a call cancelled at this await (its client
+                # gone) leaves nothing behind. The booking below runs in one go (cut
+                # short, booked tasks would count as taken for a retry, never queued).
+                await asyncio.sleep(0)
             task.task_id = task.task_id or f"{job_id}.{i}"
             task.job_id, task.queue, task.index = job_id, queue, i
             task.owner = owner  # the caller's, whatever the client wrote

@@ -1,4 +1,5 @@
-"""Clients that do not read: a GM keeps a bounded amount for each, not everything.
+"""Clients that do not read, and big jobs: a GM keeps a bounded amount for each client,
+and reads a big job in turns with its other work.
 
 A WatchJob client that reads slower than its job's tasks change state is cut once it is
 ``WATCH_BACKLOG`` events behind (RESOURCE_EXHAUSTED, and ``follow`` watches again without
@@ -97,3 +98,30 @@ async def test_a_stream_that_sends_without_reading_is_held_back_then_answered(mo
         assert answered == set(range(200))
         for i in range(200):
             assert gm.jobs.get(f"s{i}") is not None
+
+
+async def test_a_big_job_is_checked_in_turns_with_the_gm_s_other_work(monkeypatch):
+    monkeypatch.setattr(gm_service, "TASKS_BETWEEN_TURNS", 10)
+    async with embedded_federation("big-turns") as (_config, gm, _bus, _client):
+        turns = 0
+
+        async def other_work():
+            nonlocal turns
+            while True:
+                await asyncio.sleep(0)
+                turns += 1
+
+        job = global_master_pb2.SubmitJobRequest(job_id="big")
+        job.tasks.extend(sim_tasks(100, 0.01, cpu_milli=100))
+        job.tasks[-1].attempt = 1  # the federation's to set: found once the other 99 are checked
+        ticker = asyncio.ensure_future(other_work())
+        await asyncio.sleep(0)
+        turns = 0
+        with pytest.raises(gm_service.Refused) as refused:
+            await gm._queue_job(job, "big")
+        ticker.cancel()
+        assert refused.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        # A turn for the rest after each 10 tasks checked (none without the turns: the
+        # job is checked before anything is awaited); and the refused job left nothing.
+        assert turns >= 9
+        assert gm.jobs.get("big") is None
