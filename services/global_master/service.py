@@ -112,8 +112,8 @@ MAX_SUBMISSIONS = 10_000
 # the client reads, so a client that sends without reading is held back by gRPC's flow
 # control instead of the GM keeping its answers (and taking its jobs) without bound.
 STREAM_ANSWERS_OWED = 4_096
-# A big job's tasks are checked this many at a time, the GM's other work let run between
-# (a 100,000-task job held its loop for seconds).
+# A big job's tasks are checked, booked and scheduled this many at a time, the GM's other
+# work let run between (a 100,000-task job held its loop for seconds).
 TASKS_BETWEEN_TURNS = 512
 # Jobs of up to this many tasks are scheduled while the broker confirms them, bigger ones
 # once it has (see SubmitJob).
@@ -776,10 +776,8 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         specs: list[TaskSpec] = []
         for i, task in enumerate(batch.tasks):
             if i and not i % TASKS_BETWEEN_TURNS:
-                # A big job is checked in turns with the GM's other work. Only here: no
-                # state has changed yet, so a call cancelled at this await (its client
-                # gone) leaves nothing behind. The booking below runs in one go (cut
-                # short, booked tasks would count as taken for a retry, never queued).
+                # A big job is checked in turns with the GM's other work (nothing has
+                # changed yet: a call cancelled here, its client gone, leaves nothing).
                 await asyncio.sleep(0)
             task.task_id = task.task_id or f"{job_id}.{i}"
             task.job_id, task.queue, task.index = job_id, queue, i
@@ -880,15 +878,16 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         # it), and the confirm is small next to the time its own tasks take to place.
         key = _message_key(batch)
         local = self._local[key] = self._held[key] = Batch(None, remaining=len(batch.tasks))
-        pending = [
-            Pending(task, spec, local) for task, spec in zip(batch.tasks, specs, strict=True)
-        ]
-        for task in batch.tasks:
-            self.jobs.queued(task)
-            self._holding[task.task_id] = local
         # A gang is one plan, not rounds of its tasks: started at once whatever its size.
-        early = gang or len(pending) <= SCHEDULE_BEFORE_CONFIRM
+        early = gang or len(batch.tasks) <= SCHEDULE_BEFORE_CONFIRM
+        pending: list[Pending] = []
         if early:
+            # Booked in one go: a call cancelled while a gang was half booked would
+            # leave its booked tasks counted as taken (a retry's would never run).
+            pending = [
+                Pending(task, spec, local) for task, spec in zip(batch.tasks, specs, strict=True)
+            ]
+            self._book(batch.tasks, local)
             if gang:
                 self.gangs.start(GangJob(job_id, queue, pending, request.min_tasks))
             else:
@@ -899,8 +898,23 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
             await asyncio.sleep(0)
             await asyncio.sleep(0)
         try:
-            await self._enqueue(queue, body)
             if not early:
+                # A big job is booked in turns with the GM's other work; cut short (its
+                # client gone), what was booked is undone below like a failed publish.
+                for start in range(0, len(batch.tasks), TASKS_BETWEEN_TURNS):
+                    if start:
+                        await asyncio.sleep(0)
+                    part = batch.tasks[start : start + TASKS_BETWEEN_TURNS]
+                    pending.extend(
+                        Pending(task, spec, local)
+                        for task, spec in zip(part, specs[start : start + len(part)], strict=True)
+                    )
+                    self._book(part, local)
+            await self._enqueue(queue, body)
+            if not early and len(pending) > TASKS_BETWEEN_TURNS:
+                # Stored: scheduled in turns too, whatever becomes of this call.
+                self._spawn(self._push_in_turns(queue, pending))
+            elif not early:
                 self._push(queue, pending)
         except BaseException as err:
             # Unknown whether the broker stored it (a lost confirm, a client gone). Tasks
@@ -975,6 +989,20 @@ class GlobalMaster(global_master_pb2_grpc.GlobalMasterServicer):
         for item in items:
             self.scheduler.submit(queue, item)
         self._wake.set()
+
+    async def _push_in_turns(self, queue: str, items: list[Pending]) -> None:
+        """``_push``, ``TASKS_BETWEEN_TURNS`` at a time, the GM's other work let run between
+        (the first part is scheduled meanwhile)."""
+        for start in range(0, len(items), TASKS_BETWEEN_TURNS):
+            if start:
+                await asyncio.sleep(0)
+            self._push(queue, items[start : start + TASKS_BETWEEN_TURNS])
+
+    def _book(self, tasks, batch: Batch) -> None:
+        """``tasks`` are queued here, held by ``batch`` (scheduled from memory)."""
+        for task in tasks:
+            self.jobs.queued(task)
+            self._holding[task.task_id] = batch
 
     async def GetJob(self, request, context):
         job = self.jobs.get(request.job_id)

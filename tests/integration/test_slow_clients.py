@@ -16,12 +16,12 @@ import grpc
 import pytest
 from prometheus_client import REGISTRY
 
-from services._proto.megha.v1 import global_master_pb2, global_master_pb2_grpc
+from services._proto.megha.v1 import common_pb2, global_master_pb2, global_master_pb2_grpc
 from services.common.server import channel
 from services.core.states import TERMINAL
 from services.global_master import jobs as gm_jobs
 from services.global_master import service as gm_service
-from tests.integration.harness import embedded_federation, sim_tasks
+from tests.integration.harness import embedded_federation, job_in_state, sim_tasks
 
 pytestmark = pytest.mark.integration
 
@@ -125,3 +125,27 @@ async def test_a_big_job_is_checked_in_turns_with_the_gm_s_other_work(monkeypatc
         # job is checked before anything is awaited); and the refused job left nothing.
         assert turns >= 9
         assert gm.jobs.get("big") is None
+
+
+async def test_a_big_job_cut_short_while_booked_is_queued_whole_by_its_retry(monkeypatch):
+    # Its client gone while the GM booked it in turns: what was booked is undone, so the
+    # client's retry (the same job id) queues every task, and each runs once.
+    monkeypatch.setattr(gm_service, "TASKS_BETWEEN_TURNS", 100)
+    async with embedded_federation("big-cut", workers=BIG) as (_config, gm, _bus, client):
+        tasks = sim_tasks(2000, 0.01, cpu_milli=100)
+        job = global_master_pb2.SubmitJobRequest(job_id="big")
+        job.tasks.extend(tasks)
+        submitting = asyncio.ensure_future(gm._submit_job(job))
+        while not submitting.done():
+            record = gm.jobs.get("big")
+            if record is not None and 0 < record.size < 2000:
+                submitting.cancel()  # in the middle of the booking
+                break
+            await asyncio.sleep(0)
+        with pytest.raises(asyncio.CancelledError):
+            await submitting
+        # Undone: each task ended REJECTED (not taken), the booked and the others alike.
+        assert gm.jobs.get("big").counts() == {common_pb2.TASK_STATE_REJECTED: 2000}
+        reply = await client.submit(tasks, job_id="big")
+        assert len(reply.task_ids) == 2000
+        await job_in_state(client, "big", common_pb2.TASK_STATE_SUCCEEDED, timeout_s=60)
